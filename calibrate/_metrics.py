@@ -1,0 +1,146 @@
+"""Metrics of cascade outputs and of delegation signals. All work along the last axis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import stats
+
+__all__ = [
+    "DECISION_THRESHOLD",
+    "DVQuality",
+    "GroupRow",
+    "accuracy",
+    "auroc",
+    "binary_delegation_value",
+    "delegation_value",
+    "dv_quality",
+    "group_table",
+    "mean_value_at_k",
+    "predict",
+]
+
+DECISION_THRESHOLD = 0.5
+"""A score s is read as the prediction 1[s >= 0.5] everywhere (accuracy, 0-1 error, v_bin)."""
+
+
+def predict(scores: ArrayLike) -> NDArray[np.bool_]:
+    """Hard prediction 1[s >= 0.5]."""
+    return np.asarray(scores) >= DECISION_THRESHOLD
+
+
+def delegation_value(label: ArrayLike, probe: ArrayLike, expert: ArrayLike) -> NDArray[np.float64]:
+    """v = P_e(y|x) - P_p(y|x) = (2y - 1)(expert - probe)."""
+    y = np.asarray(label)
+    return (2.0 * y - 1.0) * (np.asarray(expert, np.float64) - np.asarray(probe, np.float64))
+
+
+def binary_delegation_value(label: ArrayLike, probe: ArrayLike, expert: ArrayLike) -> NDArray[np.float64]:
+    """v_bin = 1[probe wrong and expert right], reading scores at 0.5."""
+    y = np.asarray(label).astype(bool)
+    return ((predict(probe) != y) & (predict(expert) == y)).astype(np.float64)
+
+
+def auroc(scores: ArrayLike, labels: ArrayLike) -> NDArray[np.float64]:
+    """Area under the ROC curve along the last axis, ties counted one half:
+    AUROC = (sum of positive ranks - n1 (n1 + 1) / 2) / (n1 n0), with average ranks for ties.
+
+    `labels` broadcasts against `scores`. Rows with a single class give NaN.
+    """
+    x = np.asarray(scores, dtype=np.float64)
+    y = np.broadcast_to(np.asarray(labels), x.shape).astype(bool)
+    n = x.shape[-1]
+    order = np.argsort(x, axis=-1, kind="stable")
+    xs = np.take_along_axis(x, order, axis=-1)
+    ys = np.take_along_axis(y, order, axis=-1)
+    position = np.arange(n)
+    # Each run of equal scores shares the average of its positions: (first + last) / 2.
+    changes = xs[..., 1:] != xs[..., :-1]
+    starts_run = np.concatenate([np.ones((*x.shape[:-1], 1), bool), changes], axis=-1)
+    ends_run = np.concatenate([changes, np.ones((*x.shape[:-1], 1), bool)], axis=-1)
+    first = np.maximum.accumulate(np.where(starts_run, position, 0), axis=-1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends_run, position, n - 1), -1), axis=-1), -1)
+    rank = (first + last) / 2.0 + 1.0
+    n1 = ys.sum(axis=-1)
+    n0 = n - n1
+    u = np.where(ys, rank, 0.0).sum(axis=-1) - n1 * (n1 + 1) / 2.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((n1 > 0) & (n0 > 0), u / (n1 * n0), np.nan)
+
+
+def accuracy(scores: ArrayLike, labels: ArrayLike) -> NDArray[np.float64]:
+    """Fraction of 1[s >= 0.5] == y along the last axis."""
+    y = np.asarray(labels).astype(bool)
+    return (predict(scores) == y).mean(axis=-1)
+
+
+@dataclass(frozen=True)
+class DVQuality:
+    """How well the DV score d(x) predicts the delegation value v: MSE and Spearman rank correlation."""
+
+    mse: float
+    spearman: float
+    n: int
+
+
+def dv_quality(dv: ArrayLike, value: ArrayLike) -> DVQuality:
+    """MSE = mean (d - v)^2 and Spearman's rho between d and v."""
+    d = np.asarray(dv, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    rho = float(stats.spearmanr(d, v).statistic) if d.size > 1 else float("nan")
+    return DVQuality(mse=float(np.mean((d - v) ** 2)), spearman=rho, n=int(d.size))
+
+
+def mean_value_at_k(signal: ArrayLike, value: ArrayLike, fractions: ArrayLike) -> NDArray[np.float64]:
+    """Mean v of the top-k examples ranked by `signal`, k = max(1, round(f N)), for each fraction f.
+
+    Ties in the signal are broken by position, so the result is deterministic.
+    """
+    s = np.asarray(signal, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    order = np.lexsort((np.arange(s.size), -s))
+    prefix = np.cumsum(v[order])
+    k = np.clip(np.floor(np.asarray(fractions, np.float64) * s.size + 0.5).astype(int), 1, s.size)
+    return prefix[k - 1] / k
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One row of the group-conditional table: mean v of all examples of a group, and, per
+    selection rule, the mean v of the selected examples and the group's delegation rate."""
+
+    group: str
+    n: int
+    mean_v_all: float
+    mean_v_selected: dict[str, float]
+    delegation_rate: dict[str, float]
+
+
+def group_table(value: ArrayLike, groups: ArrayLike, selections: Mapping[str, ArrayLike]) -> list[GroupRow]:
+    """Per group g: mean v over g; for each named selection mask S, mean v over g and S
+    (NaN if empty) and |g and S| / |g|."""
+    v = np.asarray(value, dtype=np.float64)
+    g = np.asarray(groups).astype(str)
+    masks = {name: np.asarray(mask, dtype=bool) for name, mask in selections.items()}
+    rows = []
+    for name in np.unique(g):
+        in_group = g == name
+        selected_mean = {}
+        rates = {}
+        for rule, mask in masks.items():
+            chosen = in_group & mask
+            selected_mean[rule] = float(v[chosen].mean()) if chosen.any() else float("nan")
+            rates[rule] = float(chosen.sum() / in_group.sum())
+        rows.append(
+            GroupRow(
+                group=str(name),
+                n=int(in_group.sum()),
+                mean_v_all=float(v[in_group].mean()),
+                mean_v_selected=selected_mean,
+                delegation_rate=rates,
+            )
+        )
+    return rows

@@ -1,0 +1,267 @@
+"""Random calibration/evaluation splits and the per-threshold statistics computed on them.
+
+Everything here carries a leading axis R of trials (random splits), so that one code path
+serves the sweep (R = 1 per seed) and guarantee validation (R = 500).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._ltt import Candidates
+from ._metrics import auroc, delegation_value, predict
+from ._policies import MergeRule, Policy, merge_scores, threshold_grid, uncertainty_signal
+
+__all__ = [
+    "OBJECTIVES",
+    "Objective",
+    "Scores",
+    "SplitMetrics",
+    "Splits",
+    "evaluate_delegation",
+    "policy_signal",
+    "random_splits",
+    "signal_reference",
+    "split_sizes",
+    "threshold_candidates",
+]
+
+Objective = Literal["auroc", "accuracy"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+# Trials processed together; bounds the (trials, thresholds, examples) work arrays.
+_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Scores of the examples a cascade is calibrated and evaluated on (one probe seed's test split)."""
+
+    label: NDArray[np.int64]
+    probe: NDArray[np.float64]
+    expert: NDArray[np.float64]
+    dv: NDArray[np.float64]
+    group: NDArray[np.str_] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.label)
+        for name in ("probe", "expert", "dv"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, label has {n}")
+        if self.group is not None and len(self.group) != n:
+            raise ValueError(f"group has {len(self.group)} entries, label has {n}")
+
+    @property
+    def n(self) -> int:
+        return len(self.label)
+
+    @property
+    def value(self) -> NDArray[np.float64]:
+        """The true delegation value v = (2y - 1)(expert - probe)."""
+        return delegation_value(self.label, self.probe, self.expert)
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Index sets of R random splits: a calibration half cut into D_est (optimisation) and D_cal
+    (testing), and the other half for evaluation. Each array has shape (R, size)."""
+
+    est: NDArray[np.int64]
+    cal: NDArray[np.int64]
+    evaluation: NDArray[np.int64]
+
+    @property
+    def calibration(self) -> NDArray[np.int64]:
+        return np.concatenate([self.est, self.cal], axis=1)
+
+    @property
+    def trials(self) -> int:
+        return self.est.shape[0]
+
+    def trial(self, r: int) -> Splits:
+        return Splits(self.est[r : r + 1], self.cal[r : r + 1], self.evaluation[r : r + 1])
+
+
+def split_sizes(n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3) -> tuple[int, int, int]:
+    """(n_est, n_cal, n_eval): floor(cal_fraction n) for calibration, of which round(est_fraction .)
+    goes to D_est and the rest to D_cal; the remainder is for evaluation."""
+    n_half = int(np.floor(cal_fraction * n))
+    n_est = int(np.floor(est_fraction * n_half + 0.5))
+    return n_est, n_half - n_est, n - n_half
+
+
+def random_splits(
+    n: int,
+    trials: int,
+    seed: int | ArrayLike,
+    *,
+    cal_fraction: float = 0.5,
+    est_fraction: float = 0.3,
+) -> Splits:
+    """R independent uniformly random splits of range(n) (numpy Generator seeded by `seed`)."""
+    n_est, n_cal, n_eval = split_sizes(n, cal_fraction, est_fraction)
+    if min(n_est, n_cal, n_eval) < 1:
+        raise ValueError(f"{n} examples are too few to split into D_est, D_cal and evaluation")
+    rng = np.random.default_rng(seed)
+    perm = rng.permuted(np.tile(np.arange(n, dtype=np.int64), (trials, 1)), axis=1)
+    return Splits(perm[:, :n_est], perm[:, n_est : n_est + n_cal], perm[:, n_est + n_cal :])
+
+
+def signal_reference(policy: Policy, splits: Splits) -> NDArray[np.int64]:
+    """The calibration examples a policy's signal and thresholds may be fitted on.
+
+    Calibrated policies use D_est only: the LTT guarantee needs the candidate thresholds (and
+    the signal they cut) to be independent of D_cal, the split that tests them. Top-k policies
+    test nothing, so they use the whole calibration half.
+    """
+    return splits.est if policy.calibrated else splits.calibration
+
+
+def policy_signal(scores: Scores, policy: Policy, splits: Splits) -> NDArray[np.float64]:
+    """The delegation signal of every example, shape (R, n) (or (1, n) when it does not depend
+    on the split). Uncertainty is -|F(p) - 0.5| with F the empirical CDF of the probe scores of
+    the trial's `signal_reference`."""
+    if policy.signal == "dv":
+        return scores.dv[None, :]
+    if policy.signal == "oracle":
+        return scores.value[None, :]
+    if policy.signal == "uncertainty":
+        return uncertainty_signal(scores.probe, scores.probe[signal_reference(policy, splits)])
+    raise ValueError(f"policy {policy.name!r} has no per-example signal")
+
+
+def _rows(signal: NDArray[np.float64], index: NDArray[np.int64]) -> NDArray[np.float64]:
+    """signal[r, index[r]] for every trial r, with a (1, n) signal shared by all trials."""
+    if signal.shape[0] == 1:
+        return signal[0][index]
+    return np.take_along_axis(signal, index, axis=1)
+
+
+def _auroc_path(
+    probe: NDArray[np.float64], merged: NDArray[np.float64], label: NDArray[np.bool_]
+) -> NDArray[np.float64]:
+    """AUROC of the cascade when the first m inputs are delegated, for m = 0..n; shape (R, n+1).
+
+    Inputs (R, n) are in delegation order. Delegating input i changes only the pairs (i, j)
+    with j of the other class, so the Mann-Whitney U moves by a sum over one row: O(n^2) per
+    trial instead of a sort per threshold.
+    """
+    current = probe.copy()
+    y = label.astype(np.float64)
+    n1 = y.sum(axis=1)
+    n0 = y.shape[1] - n1
+    u = np.empty((probe.shape[0], probe.shape[1] + 1))
+    u[:, 0] = auroc(probe, label) * n1 * n0
+    for m in range(probe.shape[1]):
+        old = current[:, m : m + 1]
+        new = merged[:, m : m + 1]
+        # h(s, c) = 1[s > c] + 1/2 1[s = c]: the pair score of i against j from i's side.
+        dh = (new > current).astype(np.float64) - (old > current)
+        dh += 0.5 * ((new == current).astype(np.float64) - (old == current))
+        # A positive i gains against negatives; a negative i loses against positives.
+        weight = np.where(label[:, m : m + 1], 1.0 - y, -y)
+        u[:, m + 1] = u[:, m] + np.einsum("rn,rn->r", dh, weight)
+        current[:, m] = merged[:, m]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return u / (n1 * n0)[:, None]
+
+
+def threshold_candidates(
+    scores: Scores,
+    signal: NDArray[np.float64],
+    splits: Splits,
+    *,
+    merge: MergeRule,
+    objective: Objective,
+    n_grid: int = 100,
+) -> list[Candidates]:
+    """Per-threshold statistics on D_est and D_cal for every trial of `splits`.
+
+    Thresholds are `threshold_grid` of the signal on the trial's D_est (independent of D_cal,
+    which tests them). On D_est:
+    budget, objective risk (1 - AUROC or 0-1 error; a one-class D_est counts as AUROC 0) and
+    error. On D_cal: integer delegation and error counts.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+    merged_all = merge_scores(scores.probe, scores.expert, merge)
+    wrong_probe = predict(scores.probe) != scores.label.astype(bool)
+    wrong_merged = predict(merged_all) != scores.label.astype(bool)
+    out: list[Candidates] = []
+    for start in range(0, splits.trials, _CHUNK):
+        part = Splits(*(a[start : start + _CHUNK] for a in (splits.est, splits.cal, splits.evaluation)))
+        sig = signal if signal.shape[0] == 1 else signal[start : start + _CHUNK]
+        thresholds = threshold_grid(_rows(sig, part.est), n_grid)  # (R, T)
+
+        # D_est, sorted by decreasing signal (ties by position) = the order of delegation.
+        s_est = _rows(sig, part.est)
+        order = np.argsort(-s_est, axis=1, kind="stable")
+        est_sorted = np.take_along_axis(part.est, order, axis=1)
+        s_sorted = np.take_along_axis(s_est, order, axis=1)
+        n_est = est_sorted.shape[1]
+        # m_j = #{s > lambda_j}: the delegated inputs are exactly the first m_j in this order.
+        m = (s_sorted[:, None, :] > thresholds[:, :, None]).sum(axis=2)  # (R, T)
+        err_step = wrong_merged[est_sorted].astype(np.int64) - wrong_probe[est_sorted]
+        err_path = np.concatenate(
+            [wrong_probe[est_sorted].sum(axis=1, keepdims=True), np.cumsum(err_step, axis=1)], axis=1
+        )
+        err_path[:, 1:] += err_path[:, :1]
+        est_error = np.take_along_axis(err_path, m, axis=1) / n_est
+        if objective == "auroc":
+            path = _auroc_path(
+                scores.probe[est_sorted], merged_all[est_sorted], scores.label[est_sorted].astype(bool)
+            )
+            est_objective = 1.0 - np.nan_to_num(np.take_along_axis(path, m, axis=1), nan=0.0)
+        else:
+            est_objective = est_error
+
+        # D_cal: integer counts per threshold.
+        s_cal = _rows(sig, part.cal)
+        delegated = s_cal[:, None, :] > thresholds[:, :, None]  # (R, T, n_cal)
+        cal_delegated = delegated.sum(axis=2)
+        step = (wrong_merged[part.cal].astype(np.int64) - wrong_probe[part.cal])[:, None, :]
+        cal_errors = wrong_probe[part.cal].sum(axis=1)[:, None] + (delegated * step).sum(axis=2)
+
+        for r in range(thresholds.shape[0]):
+            out.append(
+                Candidates(
+                    thresholds=thresholds[r],
+                    est_budget=m[r] / n_est,
+                    est_objective=est_objective[r],
+                    est_error=est_error[r],
+                    cal_delegated=cal_delegated[r].astype(np.int64),
+                    cal_errors=cal_errors[r].astype(np.int64),
+                    n_est=n_est,
+                    n_cal=int(part.cal.shape[1]),
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class SplitMetrics:
+    """Cascade metrics on evaluation sets, arrays of the delegation masks' leading shape."""
+
+    auroc: NDArray[np.float64]
+    accuracy: NDArray[np.float64]
+    realised: NDArray[np.float64]
+
+
+def evaluate_delegation(
+    scores: Scores, index: NDArray[np.int64], delegated: NDArray[np.bool_], merge: MergeRule
+) -> SplitMetrics:
+    """AUROC, accuracy and delegation rate of the cascade on `index` (shape (..., n_eval))
+    with delegation masks of the same shape."""
+    probe = scores.probe[index]
+    merged = merge_scores(probe, scores.expert[index], merge)
+    output = np.where(delegated, merged, probe)
+    label = scores.label[index].astype(bool)
+    return SplitMetrics(
+        auroc=auroc(output, label),
+        accuracy=(predict(output) == label).mean(axis=-1),
+        realised=delegated.mean(axis=-1),
+    )

@@ -1,0 +1,244 @@
+"""The policy comparison: budgets x policies x batch sizes x seeds x objectives, as a tidy table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._fwer import FWER_METHODS, FWERMethod
+from ._ltt import budget_control
+from ._policies import (
+    DEFAULT_POLICIES,
+    MERGE_RULES,
+    POLICIES,
+    MergeRule,
+    Policy,
+    median_rank_signal,
+    topk_mask,
+)
+from ._splits import (
+    OBJECTIVES,
+    Scores,
+    SplitMetrics,
+    evaluate_delegation,
+    policy_signal,
+    random_splits,
+    split_sizes,
+    threshold_candidates,
+)
+
+__all__ = ["DEFAULT_BUDGETS", "SWEEP_COLUMNS", "MergeChoice", "SweepConfig", "SweepResult", "sweep"]
+
+MergeChoice = Literal["default", "overwrite", "average"]
+
+DEFAULT_BUDGETS: tuple[float, ...] = tuple(float(b) for b in np.round(np.linspace(0.05, 0.95, 20), 6))
+
+SWEEP_COLUMNS: tuple[str, ...] = (
+    "seed",
+    "policy",
+    "merge",
+    "objective",
+    "budget",
+    "batch_size",
+    "auroc",
+    "accuracy",
+    "realised",
+    "threshold",
+    "n_certified",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """What to compare. `merge="default"` uses each policy's own rule (overwrite for DV and
+    oracle policies, average for uncertainty ones); "overwrite"/"average" impose one rule on all
+    (the score-merging controls)."""
+
+    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    batch_sizes: tuple[int, ...] = (32, 64, 128)
+    objectives: tuple[str, ...] = OBJECTIVES
+    delta: float = 0.1
+    merge: MergeChoice = "default"
+    n_grid: int = 100
+    cal_fraction: float = 0.5
+    est_fraction: float = 0.3
+    fwer: FWERMethod = "fixed-sequence"
+    pareto: bool = True
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.budgets or not all(0 < b < 1 for b in self.budgets):
+            raise ValueError(f"budgets must lie in (0, 1), got {self.budgets}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must lie in (0, 1), got {self.delta}")
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise ValueError(f"unknown policy {unknown}; choose from {tuple(POLICIES)}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch sizes must be positive, got {self.batch_sizes}")
+        if not self.objectives or any(o not in OBJECTIVES for o in self.objectives):
+            raise ValueError(f"objectives must be among {OBJECTIVES}, got {self.objectives}")
+        if self.merge != "default" and self.merge not in MERGE_RULES:
+            raise ValueError(f"merge must be 'default' or one of {MERGE_RULES}, got {self.merge!r}")
+        if self.fwer not in FWER_METHODS:
+            raise ValueError(f"fwer must be one of {FWER_METHODS}, got {self.fwer!r}")
+        if self.n_grid < 1:
+            raise ValueError(f"n_grid must be at least 1, got {self.n_grid}")
+
+    def merge_for(self, policy: Policy) -> MergeRule:
+        return policy.merge if self.merge == "default" else self.merge
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """`table`: tidy columns (SWEEP_COLUMNS), one row per policy x budget x batch size x seed x
+    objective; calibrated policies do not depend on the batch size and top-k policies not on
+    the objective, so their rows repeat across those axes. `ltt`: one audit record per
+    calibrated (policy, objective, seed, budget). `baselines`: probe-only and expert-only
+    metrics on each seed's evaluation half."""
+
+    config: SweepConfig
+    table: dict[str, NDArray]
+    ltt: list[dict[str, object]] = field(repr=False)
+    baselines: dict[str, NDArray] = field(repr=False)
+
+
+def _rows_for(
+    rows: dict[str, list],
+    *,
+    seed: int,
+    policy: str,
+    merge: str,
+    objectives: tuple[str, ...],
+    batch_sizes: tuple[int, ...],
+    budgets: tuple[float, ...],
+    metrics: SplitMetrics,
+    thresholds: NDArray[np.float64],
+    n_certified: NDArray[np.int64],
+) -> None:
+    for objective in objectives:
+        for batch_size in batch_sizes:
+            for a, budget in enumerate(budgets):
+                rows["seed"].append(seed)
+                rows["policy"].append(policy)
+                rows["merge"].append(merge)
+                rows["objective"].append(objective)
+                rows["budget"].append(budget)
+                rows["batch_size"].append(batch_size)
+                rows["auroc"].append(metrics.auroc[a])
+                rows["accuracy"].append(metrics.accuracy[a])
+                rows["realised"].append(metrics.realised[a])
+                rows["threshold"].append(thresholds[a])
+                rows["n_certified"].append(n_certified[a])
+
+
+def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = None) -> SweepResult:
+    """Compare the policies on every seed's test split: one random calibration/evaluation split
+    per seed (seeded by (split_seed, seed)), calibrated policies by budget control on the
+    calibration half, top-k policies per batch of the evaluation half in its random order."""
+    config = config or SweepConfig()
+    budgets = np.asarray(config.budgets)
+    rows: dict[str, list] = {c: [] for c in SWEEP_COLUMNS}
+    ltt: list[dict[str, object]] = []
+    baselines: dict[str, list] = {
+        k: [] for k in ("seed", "n_eval", "probe_auroc", "probe_accuracy", "expert_auroc", "expert_accuracy")
+    }
+    no_threshold = np.full(budgets.size, np.nan)
+    no_count = np.full(budgets.size, -1, dtype=np.int64)
+    for seed in sorted(scores_by_seed):
+        scores = scores_by_seed[seed]
+        splits = random_splits(
+            scores.n,
+            1,
+            [config.split_seed, seed],
+            cal_fraction=config.cal_fraction,
+            est_fraction=config.est_fraction,
+        )
+        evaluation = splits.evaluation[0]
+        nobody = np.zeros((1, evaluation.size), bool)
+        probe_only = evaluate_delegation(scores, evaluation[None], nobody, "overwrite")
+        expert_only = evaluate_delegation(scores, evaluation[None], ~nobody, "overwrite")
+        baselines["seed"].append(seed)
+        baselines["n_eval"].append(evaluation.size)
+        baselines["probe_auroc"].append(probe_only.auroc[0])
+        baselines["probe_accuracy"].append(probe_only.accuracy[0])
+        baselines["expert_auroc"].append(expert_only.auroc[0])
+        baselines["expert_accuracy"].append(expert_only.accuracy[0])
+
+        for name in config.policies:
+            policy = POLICIES[name]
+            merge = config.merge_for(policy)
+            common = dict(rows=rows, seed=seed, policy=name, merge=merge, budgets=config.budgets)
+            if policy.calibrated:
+                signal = policy_signal(scores, policy, splits)
+                signal_eval = signal[0][evaluation]  # one split: row 0
+                for objective in config.objectives:
+                    (candidates,) = threshold_candidates(
+                        scores, signal, splits, merge=merge, objective=objective, n_grid=config.n_grid
+                    )
+                    results = [
+                        budget_control(
+                            candidates,
+                            alpha=float(a),
+                            delta=config.delta,
+                            fwer=config.fwer,
+                            pareto=config.pareto,
+                        )
+                        for a in budgets
+                    ]
+                    thresholds = np.array([r.threshold for r in results], dtype=np.float64)
+                    for r in results:
+                        ltt.append({"seed": seed, "policy": name, "objective": objective, **r.to_dict()})
+                    delegated = signal_eval[None, :] > thresholds[:, None]
+                    metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _rows_for(
+                        **common,
+                        objectives=(objective,),
+                        batch_sizes=config.batch_sizes,
+                        metrics=metrics,
+                        thresholds=thresholds,
+                        n_certified=np.array([r.certified.size for r in results]),
+                    )
+            elif policy.mechanism == "topk":
+                signal_eval = policy_signal(scores, policy, splits)[0][evaluation]
+                for batch_size in config.batch_sizes:
+                    delegated = topk_mask(signal_eval, budgets, batch_size)
+                    metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _rows_for(
+                        **common,
+                        objectives=config.objectives,
+                        batch_sizes=(batch_size,),
+                        metrics=metrics,
+                        thresholds=no_threshold,
+                        n_certified=no_count,
+                    )
+            else:  # central-k over the whole evaluation pool
+                signal_eval = median_rank_signal(scores.probe[evaluation])
+                delegated = topk_mask(signal_eval, budgets, evaluation.size)
+                metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                _rows_for(
+                    **common,
+                    objectives=config.objectives,
+                    batch_sizes=config.batch_sizes,
+                    metrics=metrics,
+                    thresholds=no_threshold,
+                    n_certified=no_count,
+                )
+    table = {c: np.asarray(v) for c, v in rows.items()}
+    return SweepResult(
+        config=config,
+        table=table,
+        ltt=ltt,
+        baselines={k: np.asarray(v) for k, v in baselines.items()},
+    )
+
+
+def calibration_size(n: int, config: SweepConfig | None = None) -> int:
+    """|D_cal| for a test split of n examples under `config`'s split fractions."""
+    config = config or SweepConfig()
+    return split_sizes(n, config.cal_fraction, config.est_fraction)[1]

@@ -1,0 +1,221 @@
+"""Empirical validation of the guarantees over many random calibration/evaluation splits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._fwer import FWERMethod
+from ._ltt import ControlResult, budget_control, empirical_control, performance_control
+from ._policies import POLICIES, MergeRule
+from ._pvalues import ProportionCI, clopper_pearson
+from ._splits import (
+    Objective,
+    Scores,
+    Splits,
+    evaluate_delegation,
+    policy_signal,
+    random_splits,
+    threshold_candidates,
+)
+
+__all__ = ["SelectorSummary", "ValidationMode", "ValidationResult", "validate"]
+
+ValidationMode = Literal["budget", "performance"]
+
+
+@dataclass(frozen=True)
+class SelectorSummary:
+    """How one selector fared over the trials. A violation is a trial whose returned policy
+    breaks the target on the evaluation half (budget: realised rate > alpha; performance:
+    error > alpha); trials without a policy never violate, so the rate is unconditional."""
+
+    trials: int
+    selections: int
+    violations: int
+    violation: ProportionCI
+    selection: ProportionCI
+    mean_realised_budget: float
+    mean_accuracy: float
+
+    @property
+    def violation_rate(self) -> float:
+        return self.violation.proportion
+
+    @property
+    def selection_rate(self) -> float:
+        return self.selection.proportion
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "trials": self.trials,
+            "violation_rate": self.violation_rate,
+            "violation_ci95": [self.violation.low, self.violation.high],
+            "selection_rate": self.selection_rate,
+            "selection_ci95": [self.selection.low, self.selection.high],
+            "mean_realised_budget": self.mean_realised_budget,
+            "mean_accuracy": self.mean_accuracy,
+        }
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """`tested`: the LTT selector; `empirical`: the plug-in selector (performance mode only).
+    `per_trial`: one entry per trial (seed, threshold, realised, accuracy, violated, ...)."""
+
+    mode: ValidationMode
+    policy: str
+    alpha: float
+    delta: float
+    objective: str
+    pareto: bool
+    split_sizes: tuple[int, int, int]
+    tested: SelectorSummary
+    empirical: SelectorSummary | None
+    per_trial: dict[str, NDArray] = field(repr=False)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "mode": self.mode,
+            "policy": self.policy,
+            "alpha": self.alpha,
+            "delta": self.delta,
+            "objective": self.objective,
+            "pareto": self.pareto,
+            "n_est": self.split_sizes[0],
+            "n_cal": self.split_sizes[1],
+            "n_eval": self.split_sizes[2],
+            **self.tested.to_dict(),
+        }
+        if self.empirical is not None:
+            out["empirical"] = self.empirical.to_dict()
+        return out
+
+
+def _summary(selected: NDArray[np.bool_], violated: NDArray[np.bool_], realised, acc) -> SelectorSummary:
+    trials = selected.size
+    chosen = int(selected.sum())
+    return SelectorSummary(
+        trials=trials,
+        selections=chosen,
+        violations=int(violated.sum()),
+        violation=clopper_pearson(int(violated.sum()), trials),
+        selection=clopper_pearson(chosen, trials),
+        mean_realised_budget=float(realised[selected].mean()) if chosen else float("nan"),
+        mean_accuracy=float(acc[selected].mean()) if chosen else float("nan"),
+    )
+
+
+def _outcome(
+    results: list[ControlResult],
+    scores: Scores,
+    splits: Splits,
+    signal_eval: NDArray[np.float64],
+    merge: MergeRule,
+    mode: ValidationMode,
+    alpha: float,
+) -> dict[str, NDArray]:
+    """Per-trial results of the chosen thresholds on the evaluation halves."""
+    thresholds = np.array([np.nan if r.threshold is None else r.threshold for r in results])
+    selected = ~np.isnan(thresholds)
+    delegated = signal_eval > np.where(selected, thresholds, np.inf)[:, None]
+    metrics = evaluate_delegation(scores, splits.evaluation, delegated, merge)
+    risk = metrics.realised if mode == "budget" else 1.0 - metrics.accuracy
+    return {
+        "threshold": thresholds,
+        "realised": metrics.realised,
+        "accuracy": metrics.accuracy,
+        "auroc": metrics.auroc,
+        "selected": selected,
+        "violated": selected & (risk > alpha),
+    }
+
+
+def validate(
+    scores_by_seed: Mapping[int, Scores],
+    *,
+    mode: ValidationMode,
+    alpha: float,
+    delta: float,
+    trials: int = 500,
+    policy: str = "ctd",
+    objective: Objective = "auroc",
+    merge: MergeRule | None = None,
+    pareto: bool = True,
+    fwer: FWERMethod = "fixed-sequence",
+    cal_fraction: float = 0.5,
+    est_fraction: float = 0.3,
+    n_grid: int = 100,
+    seed: int = 0,
+) -> ValidationResult:
+    """Repeat calibration on `trials` random splits (spread round-robin over the probe seeds) and
+    measure the realised risk of each returned policy on the held-out evaluation half.
+
+    Budget mode certifies R_B <= alpha and optimises `objective`; performance mode certifies
+    the 0-1 error R_P <= alpha (its Pareto objective is the error itself) and also runs the
+    empirical selector on the same candidates.
+    """
+    if mode not in ("budget", "performance"):
+        raise ValueError(f"mode must be 'budget' or 'performance', got {mode!r}")
+    spec = POLICIES.get(policy)
+    if spec is None or not spec.calibrated:
+        calibrated = [p.name for p in POLICIES.values() if p.calibrated]
+        raise ValueError(f"validation needs a calibrated policy, one of {calibrated}; got {policy!r}")
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    merge_rule: MergeRule = merge or spec.merge
+    fit_objective: Objective = objective if mode == "budget" else "accuracy"
+    seeds = sorted(scores_by_seed)
+    per_seed = np.bincount(np.arange(trials) % len(seeds), minlength=len(seeds))
+
+    parts: list[dict[str, NDArray]] = []
+    sizes = (0, 0, 0)
+    control = budget_control if mode == "budget" else performance_control
+    for probe_seed, count in zip(seeds, per_seed, strict=True):
+        if count == 0:
+            continue
+        scores = scores_by_seed[probe_seed]
+        splits = random_splits(
+            scores.n, int(count), [seed, probe_seed], cal_fraction=cal_fraction, est_fraction=est_fraction
+        )
+        sizes = (splits.est.shape[1], splits.cal.shape[1], splits.evaluation.shape[1])
+        signal = policy_signal(scores, spec, splits)
+        candidates = threshold_candidates(
+            scores, signal, splits, merge=merge_rule, objective=fit_objective, n_grid=n_grid
+        )
+        signal = np.broadcast_to(signal, (int(count), scores.n))
+        signal_eval = np.take_along_axis(signal, splits.evaluation, axis=1)
+        tested = [control(c, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto) for c in candidates]
+        part = {"seed": np.full(int(count), probe_seed)}
+        part |= _outcome(tested, scores, splits, signal_eval, merge_rule, mode, alpha)
+        if mode == "performance":
+            plug_in = [empirical_control(c, alpha=alpha, pareto=pareto) for c in candidates]
+            outcome = _outcome(plug_in, scores, splits, signal_eval, merge_rule, mode, alpha)
+            part |= {f"empirical_{k}": v for k, v in outcome.items() if k != "auroc"}
+        parts.append(part)
+    per_trial = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def summary(prefix: str) -> SelectorSummary:
+        return _summary(
+            per_trial[f"{prefix}selected"],
+            per_trial[f"{prefix}violated"],
+            per_trial[f"{prefix}realised"],
+            per_trial[f"{prefix}accuracy"],
+        )
+
+    return ValidationResult(
+        mode=mode,
+        policy=policy,
+        alpha=float(alpha),
+        delta=float(delta),
+        objective=fit_objective,
+        pareto=pareto,
+        split_sizes=sizes,
+        tested=summary(""),
+        empirical=summary("empirical_") if mode == "performance" else None,
+        per_trial=per_trial,
+    )

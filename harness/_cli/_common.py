@@ -1,0 +1,82 @@
+"""Shared pieces of the CLI: clean errors, list-valued options, output."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import numpy as np
+import typer
+from rich.console import Console
+
+from .._errors import InputError
+from .._tables import dumps
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+stderr = Console(stderr=True)
+stdout = Console()
+
+
+def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Turn an InputError into one line on stderr and exit code 2, with no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(code=2) from None
+
+    return wrapper
+
+
+def parse_floats(text: str, option: str) -> tuple[float, ...]:
+    """'0.1,0.2,0.5' or 'START:STOP:COUNT' (evenly spaced, both ends included)."""
+    try:
+        if ":" in text:
+            start, stop, count = text.split(":")
+            values = np.round(np.linspace(float(start), float(stop), int(count)), 6)
+        else:
+            values = np.array([float(v) for v in text.split(",") if v.strip()])
+    except ValueError:
+        raise InputError(f"{option} {text!r}: expected numbers like 0.1,0.2 or START:STOP:COUNT") from None
+    if values.size == 0:
+        raise InputError(f"{option} {text!r}: no values")
+    return tuple(float(v) for v in values)
+
+
+def parse_unit_interval(values: tuple[float, ...], option: str) -> tuple[float, ...]:
+    bad = [v for v in values if not 0 < v < 1]
+    if bad:
+        raise InputError(f"{option}: {bad[0]:g} is outside (0, 1)")
+    return values
+
+
+def parse_ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{option} {text!r}: expected integers like 32,64,128") from None
+    if not values or min(values) < 1:
+        raise InputError(f"{option} {text!r}: expected positive integers")
+    return values
+
+
+def parse_names(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise InputError(
+            f"{option}: unknown value {unknown[0] if unknown else text!r}; choose from {', '.join(allowed)}"
+        )
+    return names
+
+
+def print_json(value: object) -> None:
+    """One JSON object on stdout, nothing else."""
+    sys.stdout.write(dumps(value) + "\n")

@@ -1,0 +1,178 @@
+"""The scores table (SPEC section 2): the contract between stages, read and checked row by row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+import calibrate
+
+from ._errors import InputError
+from ._tables import RawTable, read_table, write_table
+
+__all__ = ["SCORES_COLUMNS", "SPLITS", "ScoresTable", "read_scores", "write_scores"]
+
+SCORES_COLUMNS: tuple[str, ...] = ("id", "group", "split", "label", "probe", "expert", "dv", "seed", "arch")
+SPLITS: tuple[str, ...] = ("dev", "test")
+
+
+@dataclass(frozen=True)
+class ScoresTable:
+    """A checked scores table: one row per (example, probe seed), columns as numpy arrays."""
+
+    source: str
+    id: NDArray[np.str_]
+    group: NDArray[np.str_]
+    split: NDArray[np.str_]
+    label: NDArray[np.int64]
+    probe: NDArray[np.float64]
+    expert: NDArray[np.float64]
+    dv: NDArray[np.float64]
+    seed: NDArray[np.int64]
+    arch: NDArray[np.str_]
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(int(s) for s in np.unique(self.seed))
+
+    def test_scores(self) -> dict[int, calibrate.Scores]:
+        """The test split of every seed, ready for calibration."""
+        out = {}
+        for seed in self.seeds:
+            rows = (self.seed == seed) & (self.split == "test")
+            if rows.any():
+                out[seed] = calibrate.Scores(
+                    label=self.label[rows],
+                    probe=self.probe[rows],
+                    expert=self.expert[rows],
+                    dv=self.dv[rows],
+                    group=self.group[rows],
+                )
+        return out
+
+    def columns(self) -> dict[str, NDArray]:
+        return {name: getattr(self, name) for name in SCORES_COLUMNS}
+
+
+def _strings(raw: RawTable, name: str) -> NDArray[np.str_]:
+    values = raw.columns[name]
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, float) and np.isnan(v)) or str(v) == "":
+            raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: empty value")
+    return values.astype(str)
+
+
+def _numbers(
+    raw: RawTable, name: str, *, allow_empty: NDArray[np.bool_] | None = None
+) -> NDArray[np.float64]:
+    """Float column; CSV text is parsed, empty cells are NaN only where `allow_empty` says so."""
+    values = raw.columns[name]
+    if values.dtype.kind in "fiub":
+        out = values.astype(np.float64)
+    else:
+        out = np.empty(len(values))
+        for i, v in enumerate(values):
+            if v is None or str(v).strip() == "":
+                out[i] = np.nan
+                continue
+            try:
+                out[i] = float(v)
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"{raw.path}: column '{name}', {raw.where(i)}: {v!r} is not a number"
+                ) from None
+    missing = np.isnan(out)
+    if allow_empty is not None:
+        missing &= ~allow_empty
+    if missing.any():
+        i = int(np.flatnonzero(missing)[0])
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: missing value (NaN or empty)")
+    return out
+
+
+def _integers(raw: RawTable, name: str) -> NDArray[np.int64]:
+    values = _numbers(raw, name)
+    fractional = values != np.round(values)
+    if fractional.any():
+        i = int(np.flatnonzero(fractional)[0])
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]!r} is not an integer")
+    return values.astype(np.int64)
+
+
+def read_scores(path: Path | str) -> ScoresTable:
+    """Read and check a scores table; the first problem found is raised as one InputError line
+    naming the file, the column and the row."""
+    raw = read_table(Path(path))
+    missing = [c for c in SCORES_COLUMNS if c not in raw.columns]
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise InputError(
+            f"{raw.path}: missing column{'s' if len(missing) > 1 else ''} {names} "
+            f"(a scores table has {', '.join(SCORES_COLUMNS)})"
+        )
+    if len(raw) == 0:
+        raise InputError(f"{raw.path}: the table has no rows")
+
+    split = _strings(raw, "split")
+    bad_split = ~np.isin(split, SPLITS)
+    if bad_split.any():
+        i = int(np.flatnonzero(bad_split)[0])
+        raise InputError(f"{raw.path}: column 'split', {raw.where(i)}: {split[i]!r} is not one of {SPLITS}")
+    label = _numbers(raw, "label")
+    bad_label = ~np.isin(label, (0.0, 1.0))
+    if bad_label.any():
+        i = int(np.flatnonzero(bad_label)[0])
+        raise InputError(f"{raw.path}: column 'label', {raw.where(i)}: {label[i]:g} is not 0 or 1")
+    scores = {}
+    for name in ("probe", "expert"):
+        values = _numbers(raw, name)
+        outside = (values < 0) | (values > 1)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]:g} is outside [0, 1]")
+        scores[name] = values
+    dv = _numbers(raw, "dv", allow_empty=split == "dev")
+    if np.isinf(dv).any():
+        i = int(np.flatnonzero(np.isinf(dv))[0])
+        raise InputError(f"{raw.path}: column 'dv', {raw.where(i)}: infinite value")
+    seed = _integers(raw, "seed")
+    ids = _strings(raw, "id")
+    table = ScoresTable(
+        source=str(raw.path),
+        id=ids,
+        group=_strings(raw, "group"),
+        split=split,
+        label=label.astype(np.int64),
+        probe=scores["probe"],
+        expert=scores["expert"],
+        dv=dv,
+        seed=seed,
+        arch=_strings(raw, "arch"),
+    )
+    _check_unique_ids(raw, table)
+    if not (split == "test").any():
+        raise InputError(f"{raw.path}: column 'split': no 'test' rows, so there is nothing to calibrate on")
+    return table
+
+
+def _check_unique_ids(raw: RawTable, table: ScoresTable) -> None:
+    keys = np.char.add(np.char.add(table.split, "\x00" + np.char.mod("%d", table.seed).astype(str)), "\x00")
+    keys = np.char.add(keys, table.id)
+    _, counts = np.unique(keys, return_counts=True)
+    if (counts > 1).any():
+        seen: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if key in seen:
+                raise InputError(
+                    f"{raw.path}: column 'id', {raw.where(i)}: id {table.id[i]!r} repeats in split "
+                    f"'{table.split[i]}', seed {table.seed[i]} (first at {raw.where(seen[key])})"
+                )
+            seen[key] = i
+
+
+def write_scores(path: Path | str, columns: dict[str, NDArray]) -> Path:
+    """Write a scores table (Parquet, or CSV when the name ends .csv)."""
+    return write_table(Path(path), {name: columns[name] for name in SCORES_COLUMNS})

@@ -1,0 +1,175 @@
+"""Reading and writing column tables as Parquet or CSV (chosen by the file name).
+
+Tables are plain `dict[str, numpy array]`. Writes are atomic: a temporary file in the target
+folder is renamed into place, so an interrupted write never leaves a half-written table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from ._errors import InputError
+
+__all__ = ["RawTable", "atomic_path", "dumps", "read_table", "write_json", "write_jsonl", "write_table"]
+
+
+class RawTable:
+    """Columns as read from disk, with a way to name a row in error messages.
+
+    CSV cells are strings (an empty cell is ""); Parquet columns keep their types.
+    `where(i)` names data row i: "line L" for CSV (the header is line 1), "row R" for Parquet.
+    """
+
+    def __init__(self, path: Path, columns: dict[str, NDArray], where: Callable[[int], str]):
+        self.path = path
+        self.columns = columns
+        self.where = where
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+
+def _is_csv(path: Path) -> bool:
+    return path.suffix.lower() == ".csv"
+
+
+def read_table(path: Path) -> RawTable:
+    """Read a Parquet or CSV table; any failure becomes one InputError line naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a .parquet or .csv file")
+    if _is_csv(path):
+        return _read_csv(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
+    columns = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    return RawTable(path, columns, lambda i: f"row {i + 1}")
+
+
+def _read_csv(path: Path) -> RawTable:
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                raise InputError(f"{path}: empty file, expected a header line")
+            lines: list[int] = []
+            rows: list[list[str]] = []
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise InputError(
+                        f"{path}: line {reader.line_num}: {len(row)} fields, the header has {len(header)}"
+                    )
+                rows.append(row)
+                lines.append(reader.line_num)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise InputError(f"{path}: malformed CSV ({exc})") from None
+    columns = {name: np.array([r[j] for r in rows], dtype=object) for j, name in enumerate(header)}
+    line_of = np.asarray(lines)
+    return RawTable(path, columns, lambda i: f"line {line_of[i]}")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success rename it to `path`, else delete it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float | np.floating):
+        return "" if math.isnan(value) else repr(float(value))
+    if isinstance(value, np.generic):
+        return str(value.item())
+    return str(value)
+
+
+def write_table(path: Path, columns: Mapping[str, NDArray]) -> Path:
+    """Write columns to `path` (.csv or Parquet otherwise), atomically. NaN becomes an empty CSV cell."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if _is_csv(path):
+            names = list(columns)
+            with tmp.open("w", newline="", encoding="utf-8") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(names)
+                arrays = [np.asarray(columns[n]) for n in names]
+                for i in range(len(arrays[0]) if arrays else 0):
+                    writer.writerow([_cell(a[i]) for a in arrays])
+        else:
+            pq.write_table(pa.table({k: np.asarray(v) for k, v in columns.items()}), tmp)
+    return path
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _finite(value: object) -> object:
+    """JSON has no NaN or Infinity: write them as null and "inf"."""
+    if isinstance(value, float | np.floating):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_finite(v) for v in value.tolist()]
+    return value
+
+
+def dumps(value: object, **kwargs: object) -> str:
+    """Strict JSON (no NaN) of dicts, lists, numpy scalars and arrays."""
+    return json.dumps(_finite(value), default=_json_default, allow_nan=False, **kwargs)
+
+
+def write_json(path: Path, value: object) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(dumps(value, indent=2) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def write_jsonl(path: Path, records: list[dict[str, object]]) -> Path:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(dumps(record) + "\n")
+    return Path(path)
