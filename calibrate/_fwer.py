@@ -1,8 +1,9 @@
 """Family-wise error rate control over a family of p-values.
 
-Each procedure is a small strategy with one method, `run(p_values, delta)`, that returns an
-`FWERResult`. `p_values` arrive in the order that the caller fixed in advance; only
-fixed-sequence testing uses that order (Bonferroni and Holm are order-free).
+Each procedure is a small strategy: `run(p_values, delta)` for one family, and `run_batch` for
+R families at once (rows of a 2-D array, NaN marking positions outside a row's family). `run`
+is `run_batch` on one row, so there is one implementation of each procedure. p-values arrive
+in the order the caller fixed in advance; only fixed-sequence testing uses that order.
 
 References
 ----------
@@ -21,12 +22,14 @@ from numpy.typing import ArrayLike, NDArray
 __all__ = [
     "FWER_METHODS",
     "Bonferroni",
+    "FWERBatch",
     "FWERMethod",
     "FWERProcedure",
     "FWERResult",
     "FixedSequence",
     "Holm",
     "control_fwer",
+    "fwer_procedure",
 ]
 
 FWERMethod = Literal["fixed-sequence", "bonferroni", "holm"]
@@ -35,7 +38,7 @@ FWER_METHODS: tuple[str, ...] = get_args(FWERMethod)
 
 @dataclass(frozen=True)
 class FWERResult:
-    """Outcome of one FWER procedure.
+    """Outcome of one FWER procedure on one family.
 
     Attributes
     ----------
@@ -59,102 +62,158 @@ class FWERResult:
         return int(self.rejected.sum())
 
 
+@dataclass(frozen=True)
+class FWERBatch:
+    """Outcome of one FWER procedure on R families (rows).
+
+    rejected (R, m) bool; order (R, m) positions in testing order, of which the first
+    n_tested[r] were tested; levels (R, m) aligned with `order` (NaN where not tested);
+    stopped_at (R,) position in `order` of the first non-rejection, -1 if none.
+    """
+
+    rejected: NDArray[np.bool_]
+    order: NDArray[np.int64]
+    n_tested: NDArray[np.int64]
+    levels: NDArray[np.float64]
+    stopped_at: NDArray[np.int64]
+
+    def row(self, r: int) -> FWERResult:
+        n = int(self.n_tested[r])
+        stop = int(self.stopped_at[r])
+        return FWERResult(
+            rejected=self.rejected[r],
+            tested=self.order[r, :n],
+            levels=self.levels[r, :n],
+            stopped_at=None if stop < 0 else stop,
+        )
+
+
 class FWERProcedure(Protocol):
     name: str
+
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch: ...
 
     def run(self, p_values: ArrayLike, delta: float) -> FWERResult: ...
 
 
 def _prepare(p_values: ArrayLike, delta: float) -> NDArray[np.float64]:
     p = np.asarray(p_values, dtype=np.float64)
-    if p.ndim != 1:
-        raise ValueError(f"p_values must be one-dimensional, got shape {p.shape}")
+    if p.ndim != 2:
+        raise ValueError(f"p_values must be two-dimensional (families, hypotheses), got shape {p.shape}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     return p
 
 
-class FixedSequence:
+def _first(mask: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """Index of the first True per row, -1 where there is none."""
+    return np.where(mask.any(axis=1), mask.argmax(axis=1), -1).astype(np.int64)
+
+
+class _Procedure:
+    name: str
+
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
+        raise NotImplementedError
+
+    def run(self, p_values: ArrayLike, delta: float) -> FWERResult:
+        p = np.asarray(p_values, dtype=np.float64)
+        if p.ndim != 1:
+            raise ValueError(f"p_values must be one-dimensional, got shape {p.shape}")
+        return self.run_batch(p[None, :], delta).row(0)
+
+
+class FixedSequence(_Procedure):
     """Fixed-sequence testing: test H_0, H_1, ... at level delta; stop at the first p > delta.
 
     Valid without any correction because a hypothesis is tested only when all earlier ones
     were rejected. Starting from one end only: a multi-start variant that tests each start
-    at delta would double the error rate.
+    at delta would double the error rate. In a batch, each row's family is its non-NaN prefix.
     """
 
     name = "fixed-sequence"
 
-    def run(self, p_values: ArrayLike, delta: float) -> FWERResult:
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
         p = _prepare(p_values, delta)
-        passed = p <= delta
-        failures = np.flatnonzero(~passed)
-        stop = int(failures[0]) if failures.size else None
-        n_tested = p.size if stop is None else stop + 1
-        rejected = np.zeros(p.size, dtype=bool)
-        rejected[: n_tested if stop is None else stop] = True
-        return FWERResult(
+        in_family = ~np.isnan(p)
+        position = np.arange(p.shape[1])
+        stop = _first(in_family & ~(p <= delta))
+        n_tested = np.where(stop >= 0, stop + 1, in_family.sum(axis=1))
+        rejected = in_family & ((stop < 0)[:, None] | (position[None, :] < stop[:, None]))
+        return FWERBatch(
             rejected=rejected,
-            tested=np.arange(n_tested, dtype=np.int64),
-            levels=np.full(n_tested, delta),
+            order=np.broadcast_to(position, p.shape).astype(np.int64),
+            n_tested=n_tested.astype(np.int64),
+            levels=np.where(position[None, :] < n_tested[:, None], delta, np.nan),
             stopped_at=stop,
         )
 
 
-class Bonferroni:
+class Bonferroni(_Procedure):
     """Bonferroni: reject every H_j with p_j <= delta / m."""
 
     name = "bonferroni"
 
-    def run(self, p_values: ArrayLike, delta: float) -> FWERResult:
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
         p = _prepare(p_values, delta)
-        level = delta / max(p.size, 1)
-        return FWERResult(
-            rejected=p <= level,
-            tested=np.arange(p.size, dtype=np.int64),
-            levels=np.full(p.size, level),
-            stopped_at=None,
+        in_family = ~np.isnan(p)
+        m = np.maximum(in_family.sum(axis=1), 1)
+        level = (delta / m)[:, None]
+        return FWERBatch(
+            rejected=in_family & (p <= level),
+            order=np.broadcast_to(np.arange(p.shape[1]), p.shape).astype(np.int64),
+            n_tested=in_family.sum(axis=1).astype(np.int64),
+            levels=np.where(in_family, level, np.nan),
+            stopped_at=np.full(p.shape[0], -1, dtype=np.int64),
         )
 
 
-class Holm:
+class Holm(_Procedure):
     """Holm step-down: sort p ascending, reject p_(i) <= delta / (m - i) for i = 0, 1, ... until one fails."""
 
     name = "holm"
 
-    def run(self, p_values: ArrayLike, delta: float) -> FWERResult:
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
         p = _prepare(p_values, delta)
-        m = p.size
-        order = np.argsort(p, kind="stable")
-        levels = delta / (m - np.arange(m))
-        passed = p[order] <= levels
-        failures = np.flatnonzero(~passed)
-        stop = int(failures[0]) if failures.size else None
-        n_tested = m if stop is None else stop + 1
-        rejected = np.zeros(m, dtype=bool)
-        rejected[order[: m if stop is None else stop]] = True
-        return FWERResult(
+        m = (~np.isnan(p)).sum(axis=1)
+        order = np.argsort(p, axis=1, kind="stable")  # NaN (outside the family) sorts last
+        p_sorted = np.take_along_axis(p, order, axis=1)
+        step = np.arange(p.shape[1])[None, :]
+        in_family = step < m[:, None]
+        with np.errstate(divide="ignore"):
+            levels = np.where(in_family, delta / (m[:, None] - step), np.nan)
+        stop = _first(in_family & ~(p_sorted <= levels))
+        n_tested = np.where(stop >= 0, stop + 1, m)
+        rejected_sorted = in_family & ((stop < 0)[:, None] | (step < stop[:, None]))
+        rejected = np.zeros_like(rejected_sorted)
+        np.put_along_axis(rejected, order, rejected_sorted, axis=1)
+        return FWERBatch(
             rejected=rejected,
-            tested=order[:n_tested].astype(np.int64),
-            levels=levels[:n_tested],
+            order=order.astype(np.int64),
+            n_tested=n_tested.astype(np.int64),
+            levels=np.where(step < n_tested[:, None], levels, np.nan),
             stopped_at=stop,
         )
 
 
-_PROCEDURES: dict[str, type[FixedSequence] | type[Bonferroni] | type[Holm]] = {
+_PROCEDURES: dict[str, type[_Procedure]] = {
     FixedSequence.name: FixedSequence,
     Bonferroni.name: Bonferroni,
     Holm.name: Holm,
 }
 
 
-def control_fwer(
-    p_values: ArrayLike, delta: float, method: FWERMethod | FWERProcedure = "fixed-sequence"
-) -> FWERResult:
-    """Run an FWER procedure (by name or instance) at level delta over ordered p-values."""
+def fwer_procedure(method: FWERMethod | FWERProcedure) -> FWERProcedure:
+    """A procedure instance from its name (or the instance itself)."""
     if isinstance(method, str):
         if method not in _PROCEDURES:
             raise ValueError(f"unknown FWER method {method!r}; choose one of {FWER_METHODS}")
-        procedure: FWERProcedure = _PROCEDURES[method]()
-    else:
-        procedure = method
-    return procedure.run(p_values, delta)
+        return _PROCEDURES[method]()
+    return method
+
+
+def control_fwer(
+    p_values: ArrayLike, delta: float, method: FWERMethod | FWERProcedure = "fixed-sequence"
+) -> FWERResult:
+    """Run an FWER procedure (by name or instance) at level delta over one family of ordered p-values."""
+    return fwer_procedure(method).run(p_values, delta)

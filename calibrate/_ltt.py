@@ -11,23 +11,29 @@ Angelopoulos et al. (2021). Learn then Test. Laufer-Goldshtein et al. (2023). Pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._fwer import FWERMethod, FWERProcedure, control_fwer
-from ._pareto import pareto_front
+from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
+from ._pareto import pareto_rows
 from ._pvalues import binomial_kstar, binomial_pvalue
 
 __all__ = [
+    "CandidateBatch",
     "Candidates",
+    "ControlBatch",
     "ControlMode",
     "ControlResult",
     "budget_control",
+    "budget_control_batch",
     "empirical_control",
+    "empirical_control_batch",
     "performance_control",
+    "performance_control_batch",
 ]
 
 ControlMode = Literal["budget", "performance", "empirical"]
@@ -60,6 +66,41 @@ class Candidates:
     cal_errors: NDArray[np.int64]
     n_est: int
     n_cal: int
+
+
+_FIELDS = ("thresholds", "est_budget", "est_objective", "est_error", "cal_delegated", "cal_errors")
+
+
+@dataclass(frozen=True)
+class CandidateBatch(Sequence[Candidates]):
+    """The `Candidates` of R calibration splits, as (R, T) arrays; indexing gives one trial."""
+
+    thresholds: NDArray[np.float64]
+    est_budget: NDArray[np.float64]
+    est_objective: NDArray[np.float64]
+    est_error: NDArray[np.float64]
+    cal_delegated: NDArray[np.int64]
+    cal_errors: NDArray[np.int64]
+    n_est: int
+    n_cal: int
+
+    @classmethod
+    def stack(cls, items: Sequence[Candidates]) -> CandidateBatch:
+        if len({(c.thresholds.size, c.n_est, c.n_cal) for c in items}) != 1:
+            raise ValueError("candidates to stack need equal threshold counts and split sizes")
+        arrays = {f: np.stack([getattr(c, f) for c in items]) for f in _FIELDS}
+        return cls(**arrays, n_est=items[0].n_est, n_cal=items[0].n_cal)
+
+    def __len__(self) -> int:
+        return self.thresholds.shape[0]
+
+    def __getitem__(self, r: int) -> Candidates:  # type: ignore[override]
+        if not isinstance(r, int | np.integer):
+            raise TypeError("index a CandidateBatch with an integer trial number")
+        return Candidates(**{f: getattr(self, f)[r] for f in _FIELDS}, n_est=self.n_est, n_cal=self.n_cal)
+
+    def __iter__(self) -> Iterator[Candidates]:
+        return (self[r] for r in range(len(self)))
 
 
 @dataclass(frozen=True)
@@ -119,61 +160,226 @@ class ControlResult:
         }
 
 
-def _fwer_name(method: FWERMethod | FWERProcedure) -> str:
-    return method if isinstance(method, str) else method.name
+@dataclass(frozen=True)
+class ControlBatch:
+    """Controller outcomes for R trials at one (alpha, delta).
+
+    `order` (R, T): candidate indices in testing order, of which the first n_candidates[r]
+    were under test; `k` and `pvalues` (R, T) are aligned with `order` (p NaN beyond the
+    family). `certified` (R, T) is a mask in candidate index space. `selected` is -1 and
+    `threshold` NaN where no policy is returned; `stopped_at` is -1 where nothing failed.
+    """
+
+    mode: ControlMode
+    alpha: float
+    delta: float
+    fwer: str
+    pareto: bool
+    n: int
+    kstar: int
+    n_est: int
+    n_cal: int
+    order: NDArray[np.int64]
+    n_candidates: NDArray[np.int64]
+    k: NDArray[np.int64]
+    pvalues: NDArray[np.float64]
+    certified: NDArray[np.bool_]
+    stopped_at: NDArray[np.int64]
+    selected: NDArray[np.int64]
+    threshold: NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return self.selected.size
+
+    def trial(self, r: int) -> ControlResult:
+        n = int(self.n_candidates[r])
+        order = self.order[r, :n]
+        stop = int(self.stopped_at[r])
+        selected = int(self.selected[r])
+        return ControlResult(
+            mode=self.mode,
+            alpha=self.alpha,
+            delta=self.delta,
+            fwer=self.fwer,
+            pareto=self.pareto,
+            threshold=None if selected < 0 else float(self.threshold[r]),
+            selected=None if selected < 0 else selected,
+            order=order,
+            k=self.k[r, :n],
+            n=self.n,
+            pvalues=self.pvalues[r, :n],
+            kstar=self.kstar,
+            certified=order[self.certified[r, order]],
+            stopped_at=None if stop < 0 else stop,
+            n_est=self.n_est,
+            n_cal=self.n_cal,
+        )
 
 
-def _best(candidates: NDArray[np.int64], *keys: NDArray[np.float64]) -> int:
-    """The candidate minimising keys lexicographically, ties to the smallest index."""
-    order = np.lexsort((candidates, *(key[candidates] for key in reversed(keys))))
-    return int(candidates[order[0]])
+def _check(alpha: float, delta: float | None) -> None:
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if delta is not None and not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
-def _test(
-    c: Candidates,
+def _first_by(mask: NDArray[np.bool_], *keys: NDArray) -> NDArray[np.int64]:
+    """Per row, the index minimising `keys` lexicographically (then the index) among `mask`;
+    -1 where the mask is empty."""
+    index = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
+    masked = [np.where(mask, key, np.inf) for key in reversed(keys)]
+    best = np.lexsort((index, *masked), axis=1)[:, 0]
+    return np.where(mask.any(axis=1), best, -1).astype(np.int64)
+
+
+def _family_order(
+    in_family: NDArray[np.bool_], order_keys: tuple[NDArray, ...], counts: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Testing order per row: family members first, sorted by `order_keys` then index.
+    Returns (order, family sizes, D_cal counts aligned with order)."""
+    index = np.broadcast_to(np.arange(in_family.shape[1]), in_family.shape)
+    keys = [np.where(in_family, key, np.inf) for key in reversed(order_keys)]
+    order = np.lexsort((index, *keys), axis=1).astype(np.int64)
+    k = np.take_along_axis(counts, order, axis=1).astype(np.int64)
+    return order, in_family.sum(axis=1).astype(np.int64), k
+
+
+def _test_in_order(
+    c: CandidateBatch,
     mode: ControlMode,
-    order: NDArray[np.int64],
+    in_family: NDArray[np.bool_],
+    order_keys: tuple[NDArray, ...],
     counts: NDArray[np.int64],
     alpha: float,
     delta: float,
     fwer: FWERMethod | FWERProcedure,
     pareto: bool,
-) -> tuple[ControlResult, NDArray[np.int64]]:
-    k = counts[order].astype(np.int64)
-    pvalues = binomial_pvalue(k, c.n_cal, alpha)
-    outcome = control_fwer(pvalues, delta, fwer)
-    certified = order[outcome.rejected]
-    result = ControlResult(
+) -> ControlBatch:
+    """Order the family, compute exact binomial p-values from the D_cal counts, and run the
+    FWER procedure on every row."""
+    order, n_candidates, k = _family_order(in_family, order_keys, counts)
+    member = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
+    pvalues = np.where(member, binomial_pvalue(k, c.n_cal, alpha), np.nan)
+    procedure = fwer_procedure(fwer)
+    outcome = procedure.run_batch(pvalues, delta)
+    certified = np.zeros_like(outcome.rejected)
+    np.put_along_axis(certified, order, outcome.rejected, axis=1)
+    return ControlBatch(
         mode=mode,
         alpha=float(alpha),
         delta=float(delta),
-        fwer=_fwer_name(fwer),
+        fwer=procedure.name,
         pareto=pareto,
-        threshold=None,
-        selected=None,
-        order=order,
-        k=k,
         n=c.n_cal,
-        pvalues=pvalues,
         kstar=int(binomial_kstar(c.n_cal, alpha, delta)),
-        certified=certified,
-        stopped_at=outcome.stopped_at,
         n_est=c.n_est,
         n_cal=c.n_cal,
+        order=order,
+        n_candidates=n_candidates,
+        k=k,
+        pvalues=pvalues,
+        certified=certified,
+        stopped_at=outcome.stopped_at,
+        selected=np.full(len(c), -1, dtype=np.int64),
+        threshold=np.full(len(c), np.nan),
     )
-    return result, certified
 
 
-def _with_selection(result: ControlResult, c: Candidates, selected: int | None) -> ControlResult:
-    threshold = None if selected is None else float(c.thresholds[selected])
-    return ControlResult(**{**result.__dict__, "selected": selected, "threshold": threshold})
+def _select(batch: ControlBatch, c: CandidateBatch, selected: NDArray[np.int64]) -> ControlBatch:
+    rows = np.arange(selected.size)
+    threshold = np.where(selected >= 0, c.thresholds[rows, np.maximum(selected, 0)], np.nan)
+    return ControlBatch(**{**batch.__dict__, "selected": selected, "threshold": threshold})
 
 
-def _check(alpha: float, delta: float) -> None:
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+def _pareto_members(budget: NDArray, objective: NDArray) -> NDArray[np.bool_]:
+    """The Pareto-optimal candidates of every row, as a mask in candidate index space."""
+    order, keep = pareto_rows(budget, objective)
+    members = np.zeros(budget.shape, dtype=bool)
+    np.put_along_axis(members, order, keep, axis=1)
+    return members
+
+
+def budget_control_batch(
+    c: CandidateBatch,
+    *,
+    alpha: float,
+    delta: float,
+    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
+    pareto: bool = True,
+) -> ControlBatch:
+    """Certify P(R_B(lambda) <= alpha) >= 1 - delta for every certified lambda, then pick the
+    certified lambda with the best empirical objective on D_est; for each of R trials.
+
+    Candidates (Pareto-filtered on D_est over (budget, objective)) are tested from
+    conservative to aggressive (increasing D_est budget, then decreasing threshold) with
+    p_j = P(Binomial(n_cal, alpha) <= k_j), k_j the delegation count on D_cal. "Never
+    delegate" has zero risk, so it is the answer when nothing else is certified.
+    pareto=False is budget-only LTT: every threshold is tested and the most aggressive
+    certified one (largest D_est budget, then smallest threshold) is chosen; the objective
+    plays no part.
+    """
+    _check(alpha, delta)
+    members = _pareto_members(c.est_budget, c.est_objective) if pareto else np.ones(c.thresholds.shape, bool)
+    batch = _test_in_order(
+        c, "budget", members, (c.est_budget, -c.thresholds), c.cal_delegated, alpha, delta, fwer, pareto
+    )
+    if pareto:
+        best = _first_by(batch.certified, c.est_objective, c.est_budget)
+    else:
+        best = _first_by(batch.certified, -c.est_budget, c.thresholds)
+    never = np.argmax(np.isposinf(c.thresholds), axis=1)
+    return _select(batch, c, np.where(best >= 0, best, never).astype(np.int64))
+
+
+def performance_control_batch(
+    c: CandidateBatch,
+    *,
+    alpha: float,
+    delta: float,
+    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
+    pareto: bool = True,
+) -> ControlBatch:
+    """Certify P(R_P(lambda) <= alpha) >= 1 - delta, R_P the cascade's 0-1 error, then pick the
+    certified lambda with the smallest empirical budget on D_est; no policy if none is certified.
+
+    Candidates (Pareto-filtered over (budget, error) unless pareto=False) are tested in order
+    of increasing D_est error, ties by D_est budget, with k_j the error count on D_cal.
+    """
+    _check(alpha, delta)
+    members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
+    batch = _test_in_order(
+        c, "performance", members, (c.est_error, c.est_budget), c.cal_errors, alpha, delta, fwer, pareto
+    )
+    return _select(batch, c, _first_by(batch.certified, c.est_budget, c.est_error))
+
+
+def empirical_control_batch(c: CandidateBatch, *, alpha: float, pareto: bool = True) -> ControlBatch:
+    """The plug-in baseline: accept every candidate whose D_cal error k/n is at most alpha (no
+    test), then pick the smallest D_est budget. Same candidates and order as performance control."""
+    _check(alpha, None)
+    members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
+    order, n_candidates, k = _family_order(members, (c.est_error, c.est_budget), c.cal_errors)
+    accepted = members & (c.cal_errors <= alpha * c.n_cal)
+    plug_in = ControlBatch(
+        mode="empirical",
+        alpha=float(alpha),
+        delta=float("nan"),
+        fwer="none",
+        pareto=pareto,
+        n=c.n_cal,
+        kstar=int(np.floor(alpha * c.n_cal)),
+        n_est=c.n_est,
+        n_cal=c.n_cal,
+        order=order,
+        n_candidates=n_candidates,
+        k=k,
+        pvalues=np.full(order.shape, np.nan),
+        certified=accepted,
+        stopped_at=np.full(len(c), -1, dtype=np.int64),
+        selected=np.full(len(c), -1, dtype=np.int64),
+        threshold=np.full(len(c), np.nan),
+    )
+    return _select(plug_in, c, _first_by(accepted, c.est_budget, c.est_error))
 
 
 def budget_control(
@@ -184,27 +390,9 @@ def budget_control(
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
 ) -> ControlResult:
-    """Certify P(R_B(lambda) <= alpha) >= 1 - delta for every certified lambda, then pick the
-    certified lambda with the best empirical objective on D_est.
-
-    Candidates (Pareto-filtered on D_est over (budget, objective)) are tested from
-    conservative to aggressive with p_j = P(Binomial(n_cal, alpha) <= k_j), k_j the delegation
-    count on D_cal. "Never delegate" has zero risk, so it is the answer when nothing else is
-    certified. pareto=False is budget-only LTT: every threshold is tested and the most
-    aggressive certified one (largest D_est budget) is chosen; the objective plays no part.
-    """
-    _check(alpha, delta)
-    candidates = pareto_front(c.est_budget, c.est_objective) if pareto else np.arange(c.thresholds.size)
-    # Conservative to aggressive: increasing D_est budget, then decreasing threshold.
-    order = candidates[np.lexsort((-c.thresholds[candidates], c.est_budget[candidates]))]
-    result, certified = _test(c, "budget", order, c.cal_delegated, alpha, delta, fwer, pareto)
-    if not certified.size:
-        selected = int(np.flatnonzero(np.isposinf(c.thresholds))[0])
-    elif pareto:
-        selected = _best(certified, c.est_objective, c.est_budget)
-    else:
-        selected = _best(certified, -c.est_budget, c.thresholds)
-    return _with_selection(result, c, selected)
+    """`budget_control_batch` for one calibration split."""
+    batch = CandidateBatch.stack([c])
+    return budget_control_batch(batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto).trial(0)
 
 
 def performance_control(
@@ -215,49 +403,11 @@ def performance_control(
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
 ) -> ControlResult:
-    """Certify P(R_P(lambda) <= alpha) >= 1 - delta, R_P the cascade's 0-1 error, then pick the
-    certified lambda with the smallest empirical budget on D_est; no policy if none is certified.
-
-    Candidates (Pareto-filtered over (budget, error) unless pareto=False) are tested in order
-    of increasing D_est error, ties by D_est budget, with k_j the error count on D_cal.
-    """
-    _check(alpha, delta)
-    candidates = _performance_order(c, pareto)
-    result, certified = _test(c, "performance", candidates, c.cal_errors, alpha, delta, fwer, pareto)
-    selected = _best(certified, c.est_budget, c.est_error) if certified.size else None
-    return _with_selection(result, c, selected)
-
-
-def _performance_order(c: Candidates, pareto: bool) -> NDArray[np.int64]:
-    candidates = pareto_front(c.est_budget, c.est_error) if pareto else np.arange(c.thresholds.size)
-    return candidates[np.lexsort((candidates, c.est_budget[candidates], c.est_error[candidates]))]
+    """`performance_control_batch` for one calibration split."""
+    batch = CandidateBatch.stack([c])
+    return performance_control_batch(batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto).trial(0)
 
 
 def empirical_control(c: Candidates, *, alpha: float, pareto: bool = True) -> ControlResult:
-    """The plug-in baseline: accept every candidate whose D_cal error k/n is at most alpha (no
-    test), then pick the smallest D_est budget. Same candidates and order as performance control."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    order = _performance_order(c, pareto)
-    k = c.cal_errors[order].astype(np.int64)
-    accepted = order[k <= alpha * c.n_cal]
-    result = ControlResult(
-        mode="empirical",
-        alpha=float(alpha),
-        delta=float("nan"),
-        fwer="none",
-        pareto=pareto,
-        threshold=None,
-        selected=None,
-        order=order,
-        k=k,
-        n=c.n_cal,
-        pvalues=np.full(k.size, np.nan),
-        kstar=int(np.floor(alpha * c.n_cal)),
-        certified=accepted,
-        stopped_at=None,
-        n_est=c.n_est,
-        n_cal=c.n_cal,
-    )
-    selected = _best(accepted, c.est_budget, c.est_error) if accepted.size else None
-    return _with_selection(result, c, selected)
+    """`empirical_control_batch` for one calibration split."""
+    return empirical_control_batch(CandidateBatch.stack([c]), alpha=alpha, pareto=pareto).trial(0)

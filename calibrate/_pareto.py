@@ -11,16 +11,36 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["pareto_front"]
+__all__ = ["pareto_front", "pareto_rows"]
+
+
+def pareto_rows(budget: ArrayLike, objective: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """Pareto filtering of every row of (R, N) arrays at once, minimising both coordinates.
+
+    Returns `order` (R, N), each row's indices sorted by (budget, objective, index), and
+    `keep` (R, N), aligned with `order`: True for the non-dominated points. Point i is
+    dominated if some j has budget_j <= budget_i and objective_j <= objective_i with one
+    strict; among exact duplicates only the smallest index is kept. O(N log N) per row.
+    """
+    b = np.asarray(budget, dtype=np.float64)
+    o = np.asarray(objective, dtype=np.float64)
+    if b.shape != o.shape or b.ndim != 2:
+        raise ValueError(f"budget and objective must be 2-d of equal shape, got {b.shape}, {o.shape}")
+    if np.isnan(b).any() or np.isnan(o).any():
+        raise ValueError("budget and objective must not contain NaN")
+    index = np.broadcast_to(np.arange(b.shape[1]), b.shape)
+    order = np.lexsort((index, o, b), axis=1)
+    o_sorted = np.take_along_axis(o, order, axis=1)
+    # A point survives iff its objective is strictly below every objective sorted before it.
+    best_before = np.minimum.accumulate(
+        np.concatenate([np.full((b.shape[0], 1), np.inf), o_sorted[:, :-1]], axis=1), axis=1
+    )
+    return order.astype(np.int64), o_sorted < best_before
 
 
 def pareto_front(budget: ArrayLike, objective: ArrayLike) -> NDArray[np.int64]:
-    """Indices of the non-dominated points when minimising both coordinates, in O(N log N).
-
-    Point i is dominated if some j has budget_j <= budget_i and objective_j <= objective_i
-    with at least one strict. Among exact duplicates the smallest index is kept, so the
-    result is deterministic. Returned indices are sorted by increasing budget (and so by
-    decreasing objective).
+    """Indices of the non-dominated points of (budget, objective), minimising both; see
+    `pareto_rows`. Sorted by increasing budget (and so by decreasing objective).
 
     Parameters
     ----------
@@ -30,14 +50,5 @@ def pareto_front(budget: ArrayLike, objective: ArrayLike) -> NDArray[np.int64]:
     o = np.asarray(objective, dtype=np.float64)
     if b.shape != o.shape or b.ndim != 1:
         raise ValueError(f"budget and objective must be 1-d of equal length, got {b.shape}, {o.shape}")
-    if np.isnan(b).any() or np.isnan(o).any():
-        raise ValueError("budget and objective must not contain NaN")
-    # Sort by budget, then objective, then index; a point survives iff its objective is
-    # strictly below every objective seen before it.
-    if b.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(b.size), o, b))
-    o_sorted = o[order]
-    best_before = np.minimum.accumulate(np.concatenate(([np.inf], o_sorted[:-1])))
-    keep = o_sorted < best_before
-    return order[keep].astype(np.int64)
+    order, keep = pareto_rows(b[None, :], o[None, :])
+    return order[0][keep[0]]

@@ -137,14 +137,24 @@ def topk_mask(signal: ArrayLike, budgets: ArrayLike, batch_size: int) -> NDArray
     return rank[None, :] < k[:, batch]
 
 
-def threshold_grid(signal_cal: ArrayLike, n_grid: int = 100) -> NDArray[np.float64]:
+def threshold_grid(signal: ArrayLike, n_grid: int = 100, *, presorted: bool = False) -> NDArray[np.float64]:
     """Candidate thresholds, most conservative first: [+inf (never delegate), then the
     quantiles of the given signal at levels 1, ..., 0 (n_grid values)].
 
-    Leading axes of `signal_cal` index trials; the result has shape (..., n_grid + 1).
+    Quantiles interpolate linearly between order statistics (numpy's default method).
+    Leading axes of `signal` index trials; the result has shape (..., n_grid + 1). With
+    presorted=True the signal's last axis is already in increasing order.
     """
-    s = np.asarray(signal_cal, dtype=np.float64)
-    levels = np.linspace(1.0, 0.0, n_grid)
-    q = np.moveaxis(np.quantile(s, levels, axis=-1), 0, -1)
+    s = np.asarray(signal, dtype=np.float64)
+    s = s if presorted else np.sort(s, axis=-1)
+    position = np.linspace(1.0, 0.0, n_grid) * (s.shape[-1] - 1)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, s.shape[-1] - 1)
+    fraction = position - low
+    below, above = s[..., low], s[..., high]
+    gap = above - below
+    # Interpolate from the nearer end (as numpy does) so the grid stays monotone and within
+    # [below, above] whatever the rounding.
+    q = np.where(fraction >= 0.5, above - gap * (1 - fraction), below + gap * fraction)
     never = np.full((*q.shape[:-1], 1), np.inf)
     return np.concatenate([never, q], axis=-1)

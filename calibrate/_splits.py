@@ -12,7 +12,7 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._ltt import Candidates
+from ._ltt import CandidateBatch
 from ._metrics import auroc, delegation_value, predict
 from ._policies import MergeRule, Policy, merge_scores, threshold_grid, uncertainty_signal
 
@@ -170,76 +170,90 @@ def _auroc_path(
         return u / (n1 * n0)[:, None]
 
 
+def _count_above(
+    values: NDArray[np.float64], thresholds: NDArray[np.float64], weights: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """For every row r and threshold j: #{i : values[r, i] > thresholds[r, j]} and the sum of
+    weights[r, i] over those i. One stable sort of values and thresholds together per row:
+    values come first in the concatenation, so a value equal to a threshold sorts before it
+    and does not count as above it."""
+    n = values.shape[1]
+    keys = np.concatenate([values, thresholds], axis=1)
+    order = np.argsort(keys, axis=1, kind="stable")  # stable: values before equal thresholds
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(keys.shape[1])[None, :], axis=1)
+    at = position[:, n:]  # where each threshold landed
+    is_value = order < n
+    count_le = np.take_along_axis(np.cumsum(is_value, axis=1), at, axis=1)
+    padded = np.concatenate([weights, np.zeros(thresholds.shape, weights.dtype)], axis=1)
+    weight_le = np.take_along_axis(np.cumsum(np.take_along_axis(padded, order, axis=1), axis=1), at, axis=1)
+    return n - count_le, weights.sum(axis=1, keepdims=True) - weight_le
+
+
 def threshold_candidates(
     scores: Scores,
     signal: NDArray[np.float64],
     splits: Splits,
     *,
     merge: MergeRule,
-    objective: Objective,
+    objective: Objective | None,
     n_grid: int = 100,
-) -> list[Candidates]:
+) -> CandidateBatch:
     """Per-threshold statistics on D_est and D_cal for every trial of `splits`.
 
     Thresholds are `threshold_grid` of the signal on the trial's D_est (independent of D_cal,
-    which tests them). On D_est:
-    budget, objective risk (1 - AUROC or 0-1 error; a one-class D_est counts as AUROC 0) and
-    error. On D_cal: integer delegation and error counts.
+    which tests them). On D_est: budget, 0-1 error and the objective risk (1 - AUROC, the
+    error, or NaN when `objective` is None because no caller needs it; a one-class D_est
+    counts as AUROC 0). On D_cal: integer delegation and error counts.
     """
-    if objective not in OBJECTIVES:
+    if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     merged_all = merge_scores(scores.probe, scores.expert, merge)
-    wrong_probe = predict(scores.probe) != scores.label.astype(bool)
-    wrong_merged = predict(merged_all) != scores.label.astype(bool)
-    out: list[Candidates] = []
+    wrong_probe = (predict(scores.probe) != scores.label.astype(bool)).astype(np.int64)
+    # Error change when an input is delegated: +1 the expert breaks it, -1 it fixes it.
+    error_step = (predict(merged_all) != scores.label.astype(bool)).astype(np.int64) - wrong_probe
+    parts: list[dict[str, NDArray]] = []
     for start in range(0, splits.trials, _CHUNK):
         part = Splits(*(a[start : start + _CHUNK] for a in (splits.est, splits.cal, splits.evaluation)))
         sig = signal if signal.shape[0] == 1 else signal[start : start + _CHUNK]
-        thresholds = threshold_grid(_rows(sig, part.est), n_grid)  # (R, T)
-
-        # D_est, sorted by decreasing signal (ties by position) = the order of delegation.
         s_est = _rows(sig, part.est)
+        # D_est in decreasing signal: the inputs above threshold j are the first m_j of them.
         order = np.argsort(-s_est, axis=1, kind="stable")
         est_sorted = np.take_along_axis(part.est, order, axis=1)
-        s_sorted = np.take_along_axis(s_est, order, axis=1)
-        n_est = est_sorted.shape[1]
-        # m_j = #{s > lambda_j}: the delegated inputs are exactly the first m_j in this order.
-        m = (s_sorted[:, None, :] > thresholds[:, :, None]).sum(axis=2)  # (R, T)
-        err_step = wrong_merged[est_sorted].astype(np.int64) - wrong_probe[est_sorted]
-        err_path = np.concatenate(
-            [wrong_probe[est_sorted].sum(axis=1, keepdims=True), np.cumsum(err_step, axis=1)], axis=1
-        )
-        err_path[:, 1:] += err_path[:, :1]
-        est_error = np.take_along_axis(err_path, m, axis=1) / n_est
+        thresholds = threshold_grid(np.take_along_axis(s_est, order[:, ::-1], axis=1), n_grid, presorted=True)
+        m, _ = _count_above(s_est, thresholds, np.zeros_like(s_est, dtype=np.int64))
+        error_path = np.concatenate(
+            [np.zeros((m.shape[0], 1), np.int64), np.cumsum(error_step[est_sorted], axis=1)], axis=1
+        ) + wrong_probe[est_sorted].sum(axis=1, keepdims=True)
+        est_error = np.take_along_axis(error_path, m, axis=1) / est_sorted.shape[1]
         if objective == "auroc":
             path = _auroc_path(
                 scores.probe[est_sorted], merged_all[est_sorted], scores.label[est_sorted].astype(bool)
             )
             est_objective = 1.0 - np.nan_to_num(np.take_along_axis(path, m, axis=1), nan=0.0)
-        else:
+        elif objective == "accuracy":
             est_objective = est_error
+        else:
+            est_objective = np.full(m.shape, np.nan)
 
-        # D_cal: integer counts per threshold.
-        s_cal = _rows(sig, part.cal)
-        delegated = s_cal[:, None, :] > thresholds[:, :, None]  # (R, T, n_cal)
-        cal_delegated = delegated.sum(axis=2)
-        step = (wrong_merged[part.cal].astype(np.int64) - wrong_probe[part.cal])[:, None, :]
-        cal_errors = wrong_probe[part.cal].sum(axis=1)[:, None] + (delegated * step).sum(axis=2)
-
-        for r in range(thresholds.shape[0]):
-            out.append(
-                Candidates(
-                    thresholds=thresholds[r],
-                    est_budget=m[r] / n_est,
-                    est_objective=est_objective[r],
-                    est_error=est_error[r],
-                    cal_delegated=cal_delegated[r].astype(np.int64),
-                    cal_errors=cal_errors[r].astype(np.int64),
-                    n_est=n_est,
-                    n_cal=int(part.cal.shape[1]),
-                )
-            )
-    return out
+        cal_delegated, error_change = _count_above(_rows(sig, part.cal), thresholds, error_step[part.cal])
+        parts.append(
+            {
+                "thresholds": thresholds,
+                "est_budget": m / est_sorted.shape[1],
+                "est_objective": est_objective,
+                "est_error": est_error,
+                "cal_delegated": cal_delegated.astype(np.int64),
+                "cal_errors": (wrong_probe[part.cal].sum(axis=1, keepdims=True) + error_change).astype(
+                    np.int64
+                ),
+            }
+        )
+    return CandidateBatch(
+        **{k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
+        n_est=int(splits.est.shape[1]),
+        n_cal=int(splits.cal.shape[1]),
+    )
 
 
 @dataclass(frozen=True)
@@ -252,16 +266,22 @@ class SplitMetrics:
 
 
 def evaluate_delegation(
-    scores: Scores, index: NDArray[np.int64], delegated: NDArray[np.bool_], merge: MergeRule
+    scores: Scores,
+    index: NDArray[np.int64],
+    delegated: NDArray[np.bool_],
+    merge: MergeRule,
+    *,
+    with_auroc: bool = True,
 ) -> SplitMetrics:
     """AUROC, accuracy and delegation rate of the cascade on `index` (shape (..., n_eval))
-    with delegation masks of the same shape."""
+    with delegation masks of the same shape. with_auroc=False skips the AUROC (NaN), the one
+    metric here that needs a sort."""
     probe = scores.probe[index]
     merged = merge_scores(probe, scores.expert[index], merge)
     output = np.where(delegated, merged, probe)
     label = scores.label[index].astype(bool)
     return SplitMetrics(
-        auroc=auroc(output, label),
+        auroc=auroc(output, label) if with_auroc else np.full(output.shape[:-1], np.nan),
         accuracy=(predict(output) == label).mean(axis=-1),
         realised=delegated.mean(axis=-1),
     )

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._fwer import FWERMethod
-from ._ltt import ControlResult, budget_control, empirical_control, performance_control
+from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
 from ._policies import POLICIES, MergeRule
 from ._pvalues import ProportionCI, clopper_pearson
 from ._splits import (
@@ -71,7 +71,7 @@ class ValidationResult:
     policy: str
     alpha: float
     delta: float
-    objective: str
+    objective: str | None
     pareto: bool
     split_sizes: tuple[int, int, int]
     tested: SelectorSummary
@@ -111,7 +111,7 @@ def _summary(selected: NDArray[np.bool_], violated: NDArray[np.bool_], realised,
 
 
 def _outcome(
-    results: list[ControlResult],
+    results: ControlBatch,
     scores: Scores,
     splits: Splits,
     signal_eval: NDArray[np.float64],
@@ -120,16 +120,15 @@ def _outcome(
     alpha: float,
 ) -> dict[str, NDArray]:
     """Per-trial results of the chosen thresholds on the evaluation halves."""
-    thresholds = np.array([np.nan if r.threshold is None else r.threshold for r in results])
-    selected = ~np.isnan(thresholds)
+    thresholds = results.threshold
+    selected = results.selected >= 0
     delegated = signal_eval > np.where(selected, thresholds, np.inf)[:, None]
-    metrics = evaluate_delegation(scores, splits.evaluation, delegated, merge)
+    metrics = evaluate_delegation(scores, splits.evaluation, delegated, merge, with_auroc=False)
     risk = metrics.realised if mode == "budget" else 1.0 - metrics.accuracy
     return {
         "threshold": thresholds,
         "realised": metrics.realised,
         "accuracy": metrics.accuracy,
-        "auroc": metrics.auroc,
         "selected": selected,
         "violated": selected & (risk > alpha),
     }
@@ -168,13 +167,16 @@ def validate(
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
     merge_rule: MergeRule = merge or spec.merge
-    fit_objective: Objective = objective if mode == "budget" else "accuracy"
+    # Performance mode filters on the certified risk itself; budget-only LTT needs no objective.
+    fit_objective: Objective | None = objective if mode == "budget" else "accuracy"
+    if mode == "budget" and not pareto:
+        fit_objective = None
     seeds = sorted(scores_by_seed)
     per_seed = np.bincount(np.arange(trials) % len(seeds), minlength=len(seeds))
 
     parts: list[dict[str, NDArray]] = []
     sizes = (0, 0, 0)
-    control = budget_control if mode == "budget" else performance_control
+    control = budget_control_batch if mode == "budget" else performance_control_batch
     for probe_seed, count in zip(seeds, per_seed, strict=True):
         if count == 0:
             continue
@@ -189,13 +191,13 @@ def validate(
         )
         signal = np.broadcast_to(signal, (int(count), scores.n))
         signal_eval = np.take_along_axis(signal, splits.evaluation, axis=1)
-        tested = [control(c, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto) for c in candidates]
+        tested = control(candidates, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto)
         part = {"seed": np.full(int(count), probe_seed)}
         part |= _outcome(tested, scores, splits, signal_eval, merge_rule, mode, alpha)
         if mode == "performance":
-            plug_in = [empirical_control(c, alpha=alpha, pareto=pareto) for c in candidates]
+            plug_in = empirical_control_batch(candidates, alpha=alpha, pareto=pareto)
             outcome = _outcome(plug_in, scores, splits, signal_eval, merge_rule, mode, alpha)
-            part |= {f"empirical_{k}": v for k, v in outcome.items() if k != "auroc"}
+            part |= {f"empirical_{k}": v for k, v in outcome.items()}
         parts.append(part)
     per_trial = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
