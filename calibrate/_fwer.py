@@ -107,6 +107,8 @@ def _prepare(p_values: ArrayLike, delta: float) -> NDArray[np.float64]:
 
 def _first(mask: NDArray[np.bool_]) -> NDArray[np.int64]:
     """Index of the first True per row, -1 where there is none."""
+    if mask.shape[1] == 0:
+        return np.full(mask.shape[0], -1, dtype=np.int64)
     return np.where(mask.any(axis=1), mask.argmax(axis=1), -1).astype(np.int64)
 
 

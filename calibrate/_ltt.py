@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
 from ._pareto import pareto_rows
 from ._pvalues import binomial_kstar, binomial_pvalue
+from ._quota import count_at_most
 
 __all__ = [
     "CandidateBatch",
@@ -359,7 +360,7 @@ def empirical_control_batch(c: CandidateBatch, *, alpha: float, pareto: bool = T
     _check(alpha, None)
     members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
     order, n_candidates, k = _family_order(members, (c.est_error, c.est_budget), c.cal_errors)
-    accepted = members & (c.cal_errors <= alpha * c.n_cal)
+    accepted = members & (c.cal_errors <= count_at_most(alpha, c.n_cal))
     plug_in = ControlBatch(
         mode="empirical",
         alpha=float(alpha),
@@ -367,7 +368,7 @@ def empirical_control_batch(c: CandidateBatch, *, alpha: float, pareto: bool = T
         fwer="none",
         pareto=pareto,
         n=c.n_cal,
-        kstar=int(np.floor(alpha * c.n_cal)),
+        kstar=int(count_at_most(alpha, c.n_cal)),
         n_est=c.n_est,
         n_cal=c.n_cal,
         order=order,

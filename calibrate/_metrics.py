@@ -9,6 +9,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
+from ._quota import count_nearest
+
 __all__ = [
     "DECISION_THRESHOLD",
     "DVQuality",
@@ -103,7 +105,7 @@ def mean_value_at_k(signal: ArrayLike, value: ArrayLike, fractions: ArrayLike) -
     v = np.asarray(value, dtype=np.float64)
     order = np.lexsort((np.arange(s.size), -s))
     prefix = np.cumsum(v[order])
-    k = np.clip(np.floor(np.asarray(fractions, np.float64) * s.size + 0.5).astype(int), 1, s.size)
+    k = np.clip(count_nearest(fractions, s.size), 1, s.size)
     return prefix[k - 1] / k
 
 

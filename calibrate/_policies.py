@@ -8,6 +8,8 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ._quota import count_nearest
+
 __all__ = [
     "DEFAULT_POLICIES",
     "MERGE_RULES",
@@ -133,7 +135,7 @@ def topk_mask(signal: ArrayLike, budgets: ArrayLike, batch_size: int) -> NDArray
     sizes = np.minimum(batch_size, n - starts)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n) - starts[batch[order]]
-    k = np.floor(a[:, None] * sizes[None, :] + 0.5).astype(np.int64)  # (A, n_batches)
+    k = count_nearest(a[:, None], sizes[None, :])  # (A, n_batches)
     return rank[None, :] < k[:, batch]
 
 

@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike, NDArray
 from ._ltt import CandidateBatch
 from ._metrics import auroc, delegation_value, predict
 from ._policies import MergeRule, Policy, merge_scores, threshold_grid, uncertainty_signal
+from ._quota import count_at_most, count_nearest
 
 __all__ = [
     "OBJECTIVES",
@@ -89,8 +90,8 @@ class Splits:
 def split_sizes(n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3) -> tuple[int, int, int]:
     """(n_est, n_cal, n_eval): floor(cal_fraction n) for calibration, of which round(est_fraction .)
     goes to D_est and the rest to D_cal; the remainder is for evaluation."""
-    n_half = int(np.floor(cal_fraction * n))
-    n_est = int(np.floor(est_fraction * n_half + 0.5))
+    n_half = int(count_at_most(cal_fraction, n))
+    n_est = int(count_nearest(est_fraction, n_half))
     return n_est, n_half - n_est, n - n_half
 
 

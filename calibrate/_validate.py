@@ -65,7 +65,8 @@ class SelectorSummary:
 @dataclass(frozen=True)
 class ValidationResult:
     """`tested`: the LTT selector; `empirical`: the plug-in selector (performance mode only).
-    `per_trial`: one entry per trial (seed, threshold, realised, accuracy, violated, ...)."""
+    `split_sizes`: (n_est, n_cal, n_eval) per probe seed. `per_trial`: one entry per trial
+    (seed, threshold, realised, accuracy, selected, violated, ...)."""
 
     mode: ValidationMode
     policy: str
@@ -73,7 +74,7 @@ class ValidationResult:
     delta: float
     objective: str | None
     pareto: bool
-    split_sizes: tuple[int, int, int]
+    split_sizes: dict[int, tuple[int, int, int]]
     tested: SelectorSummary
     empirical: SelectorSummary | None
     per_trial: dict[str, NDArray] = field(repr=False)
@@ -86,9 +87,12 @@ class ValidationResult:
             "delta": self.delta,
             "objective": self.objective,
             "pareto": self.pareto,
-            "n_est": self.split_sizes[0],
-            "n_cal": self.split_sizes[1],
-            "n_eval": self.split_sizes[2],
+            # The smallest split over the seeds: D_cal's size bounds what can be certified.
+            **{
+                name: min(sizes[i] for sizes in self.split_sizes.values())
+                for i, name in enumerate(("n_est", "n_cal", "n_eval"))
+            },
+            "splits_by_seed": {str(seed): list(sizes) for seed, sizes in self.split_sizes.items()},
             **self.tested.to_dict(),
         }
         if self.empirical is not None:
@@ -175,7 +179,7 @@ def validate(
     per_seed = np.bincount(np.arange(trials) % len(seeds), minlength=len(seeds))
 
     parts: list[dict[str, NDArray]] = []
-    sizes = (0, 0, 0)
+    sizes: dict[int, tuple[int, int, int]] = {}
     control = budget_control_batch if mode == "budget" else performance_control_batch
     for probe_seed, count in zip(seeds, per_seed, strict=True):
         if count == 0:
@@ -184,7 +188,7 @@ def validate(
         splits = random_splits(
             scores.n, int(count), [seed, probe_seed], cal_fraction=cal_fraction, est_fraction=est_fraction
         )
-        sizes = (splits.est.shape[1], splits.cal.shape[1], splits.evaluation.shape[1])
+        sizes[probe_seed] = (splits.est.shape[1], splits.cal.shape[1], splits.evaluation.shape[1])
         signal = policy_signal(scores, spec, splits)
         candidates = threshold_candidates(
             scores, signal, splits, merge=merge_rule, objective=fit_objective, n_grid=n_grid

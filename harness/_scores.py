@@ -98,7 +98,7 @@ def _integers(raw: RawTable, name: str) -> NDArray[np.int64]:
     fractional = values != np.round(values)
     if fractional.any():
         i = int(np.flatnonzero(fractional)[0])
-        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]!r} is not an integer")
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]:g} is not an integer")
     return values.astype(np.int64)
 
 

@@ -65,22 +65,27 @@ def read_table(path: Path) -> RawTable:
 
 def _read_csv(path: Path) -> RawTable:
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        # utf-8-sig: spreadsheets often start CSV files with a byte-order mark.
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
                 raise InputError(f"{path}: empty file, expected a header line")
             lines: list[int] = []
             rows: list[list[str]] = []
-            for row in reader:
+            while True:
+                first_line = reader.line_num + 1  # a quoted field may span several lines
+                row = next(reader, None)
+                if row is None:
+                    break
                 if not row:
                     continue
                 if len(row) != len(header):
                     raise InputError(
-                        f"{path}: line {reader.line_num}: {len(row)} fields, the header has {len(header)}"
+                        f"{path}: line {first_line}: {len(row)} fields, the header has {len(header)}"
                     )
                 rows.append(row)
-                lines.append(reader.line_num)
+                lines.append(first_line)
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
@@ -99,10 +104,18 @@ def atomic_path(path: Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp creates the file owner-only; give it the mode a plain open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _cell(value: object) -> str:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
+try:  # typer >= 0.2x ships its own copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer uses the click package
+    from click import exceptions as click_exceptions
 
 from ._calibrate import register as _register_calibration
 
@@ -22,5 +29,19 @@ _register_calibration(app)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Usage errors (an unknown option, a value that is not one of
+    the choices) are one line on stderr with exit code 2, like every other bad input."""
+    try:
+        code = app(standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help(), file=sys.stderr)
+        sys.exit(2)
+    except click_exceptions.UsageError as exc:
+        message = exc.format_message().replace("Value error, ", "")
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        print(f"error: {message}{where}", file=sys.stderr)
+        sys.exit(2)
+    except click_exceptions.Abort:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
