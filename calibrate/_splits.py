@@ -171,24 +171,38 @@ def _auroc_path(
         return u / (n1 * n0)[:, None]
 
 
+def _error_terms(scores: Scores, merge: MergeRule) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Per example: 1 if the probe alone is wrong (read at 0.5), and the change in that when the
+    input is delegated: +1 if merging breaks it, -1 if it fixes it, 0 otherwise."""
+    label = scores.label.astype(bool)
+    wrong_probe = (predict(scores.probe) != label).astype(np.int64)
+    wrong_merged = (predict(merge_scores(scores.probe, scores.expert, merge)) != label).astype(np.int64)
+    return wrong_probe, wrong_merged - wrong_probe
+
+
+def _count_at_most(ordered: NDArray[np.float64], thresholds: NDArray[np.float64]) -> NDArray[np.int64]:
+    """#{i : ordered[r, i] <= thresholds[r, j]} for rows sorted in increasing order."""
+    return np.stack(
+        [np.searchsorted(row, cut, side="right") for row, cut in zip(ordered, thresholds, strict=True)]
+    )
+
+
 def _count_above(
     values: NDArray[np.float64], thresholds: NDArray[np.float64], weights: NDArray[np.int64]
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """For every row r and threshold j: #{i : values[r, i] > thresholds[r, j]} and the sum of
-    weights[r, i] over those i. One stable sort of values and thresholds together per row:
-    values come first in the concatenation, so a value equal to a threshold sorts before it
-    and does not count as above it."""
-    n = values.shape[1]
-    keys = np.concatenate([values, thresholds], axis=1)
-    order = np.argsort(keys, axis=1, kind="stable")  # stable: values before equal thresholds
-    position = np.empty_like(order)
-    np.put_along_axis(position, order, np.arange(keys.shape[1])[None, :], axis=1)
-    at = position[:, n:]  # where each threshold landed
-    is_value = order < n
-    count_le = np.take_along_axis(np.cumsum(is_value, axis=1), at, axis=1)
-    padded = np.concatenate([weights, np.zeros(thresholds.shape, weights.dtype)], axis=1)
-    weight_le = np.take_along_axis(np.cumsum(np.take_along_axis(padded, order, axis=1), axis=1), at, axis=1)
-    return n - count_le, weights.sum(axis=1, keepdims=True) - weight_le
+    weights[r, i] over those i, from one sort of each row and a binary search per threshold."""
+    order = np.argsort(values, axis=1)
+    at_most = _count_at_most(np.take_along_axis(values, order, axis=1), thresholds)
+    prefix = np.concatenate(
+        [
+            np.zeros((values.shape[0], 1), weights.dtype),
+            np.take_along_axis(weights, order, axis=1).cumsum(axis=1),
+        ],
+        axis=1,
+    )
+    above = values.shape[1] - at_most
+    return above, prefix[:, -1:] - np.take_along_axis(prefix, at_most, axis=1)
 
 
 def threshold_candidates(
@@ -210,9 +224,7 @@ def threshold_candidates(
     if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     merged_all = merge_scores(scores.probe, scores.expert, merge)
-    wrong_probe = (predict(scores.probe) != scores.label.astype(bool)).astype(np.int64)
-    # Error change when an input is delegated: +1 the expert breaks it, -1 it fixes it.
-    error_step = (predict(merged_all) != scores.label.astype(bool)).astype(np.int64) - wrong_probe
+    wrong_probe, error_step = _error_terms(scores, merge)
     parts: list[dict[str, NDArray]] = []
     for start in range(0, splits.trials, _CHUNK):
         part = Splits(*(a[start : start + _CHUNK] for a in (splits.est, splits.cal, splits.evaluation)))
@@ -221,8 +233,9 @@ def threshold_candidates(
         # D_est in decreasing signal: the inputs above threshold j are the first m_j of them.
         order = np.argsort(-s_est, axis=1, kind="stable")
         est_sorted = np.take_along_axis(part.est, order, axis=1)
-        thresholds = threshold_grid(np.take_along_axis(s_est, order[:, ::-1], axis=1), n_grid, presorted=True)
-        m, _ = _count_above(s_est, thresholds, np.zeros_like(s_est, dtype=np.int64))
+        increasing = np.take_along_axis(s_est, order[:, ::-1], axis=1)
+        thresholds = threshold_grid(increasing, n_grid, presorted=True)
+        m = s_est.shape[1] - _count_at_most(increasing, thresholds)
         error_path = np.concatenate(
             [np.zeros((m.shape[0], 1), np.int64), np.cumsum(error_step[est_sorted], axis=1)], axis=1
         ) + wrong_probe[est_sorted].sum(axis=1, keepdims=True)
@@ -277,12 +290,12 @@ def evaluate_delegation(
     """AUROC, accuracy and delegation rate of the cascade on `index` (shape (..., n_eval))
     with delegation masks of the same shape. with_auroc=False skips the AUROC (NaN), the one
     metric here that needs a sort."""
-    probe = scores.probe[index]
-    merged = merge_scores(probe, scores.expert[index], merge)
-    output = np.where(delegated, merged, probe)
-    label = scores.label[index].astype(bool)
-    return SplitMetrics(
-        auroc=auroc(output, label) if with_auroc else np.full(output.shape[:-1], np.nan),
-        accuracy=(predict(output) == label).mean(axis=-1),
-        realised=delegated.mean(axis=-1),
-    )
+    wrong_probe, error_step = _error_terms(scores, merge)
+    errors = wrong_probe[index] + np.where(delegated, error_step[index], 0)
+    if with_auroc:
+        probe = scores.probe[index]
+        output = np.where(delegated, merge_scores(probe, scores.expert[index], merge), probe)
+        area = auroc(output, scores.label[index])
+    else:
+        area = np.full(delegated.shape[:-1], np.nan)
+    return SplitMetrics(auroc=area, accuracy=1.0 - errors.mean(axis=-1), realised=delegated.mean(axis=-1))
