@@ -5,7 +5,7 @@ The CLI (`harness._cli`) is a thin layer over these functions, which a notebook 
 
 from ._calibration import calibrate_scores, check_calibration_size, resolve_scores, simulate, validate_scores
 from ._errors import InputError
-from ._scores import SCORES_COLUMNS, ScoresTable, read_scores, write_scores
+from ._scores import SCORES_COLUMNS, ScoresTable, read_scores, scores_from_columns, write_scores
 from ._simulate import SCENARIOS, Scenario, simulate_scores
 from ._tables import read_table, write_table
 
@@ -20,6 +20,7 @@ __all__ = [
     "read_scores",
     "read_table",
     "resolve_scores",
+    "scores_from_columns",
     "simulate",
     "simulate_scores",
     "validate_scores",

@@ -133,6 +133,12 @@ def calibrate_scores(scores_path: Path, out_dir: Path, config: SweepConfig | Non
         "baselines": {
             k: float(np.mean(v)) for k, v in result.baselines.items() if k not in ("seed", "n_eval")
         },
+        # How well the DV score ranks the true delegation value, on each seed's test split.
+        "dv_quality": {
+            str(seed): {"mse": q.mse, "spearman": q.spearman}
+            for seed, scores in table.test_scores().items()
+            for q in [calibrate.dv_quality(scores.dv, scores.value)]
+        },
         # Means over budgets and seeds at the largest batch size: one number per curve.
         "mean_over_budgets": _mean_by(at_largest, ("objective", "policy"), ("auroc", "accuracy", "realised")),
         "elapsed_s": round(elapsed, 3),

@@ -13,7 +13,7 @@ import calibrate
 from ._errors import InputError
 from ._tables import RawTable, read_table, write_table
 
-__all__ = ["SCORES_COLUMNS", "SPLITS", "ScoresTable", "read_scores", "write_scores"]
+__all__ = ["SCORES_COLUMNS", "SPLITS", "ScoresTable", "read_scores", "scores_from_columns", "write_scores"]
 
 SCORES_COLUMNS: tuple[str, ...] = ("id", "group", "split", "label", "probe", "expert", "dv", "seed", "arch")
 SPLITS: tuple[str, ...] = ("dev", "test")
@@ -105,7 +105,16 @@ def _integers(raw: RawTable, name: str) -> NDArray[np.int64]:
 def read_scores(path: Path | str) -> ScoresTable:
     """Read and check a scores table; the first problem found is raised as one InputError line
     naming the file, the column and the row."""
-    raw = read_table(Path(path))
+    return _checked(read_table(Path(path)))
+
+
+def scores_from_columns(columns: dict[str, NDArray], source: str = "<memory>") -> ScoresTable:
+    """Check an in-memory scores table (as `simulate_scores` returns) like a file."""
+    arrays = {name: np.asarray(values) for name, values in columns.items()}
+    return _checked(RawTable(Path(source), arrays, lambda i: f"row {i + 1}"))
+
+
+def _checked(raw: RawTable) -> ScoresTable:
     missing = [c for c in SCORES_COLUMNS if c not in raw.columns]
     if missing:
         names = ", ".join(repr(m) for m in missing)

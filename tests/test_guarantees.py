@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import calibrate
-from harness._simulate import simulate_scores
+from harness import scores_from_columns, simulate_scores
 
 DELTA = 0.1
 
@@ -28,28 +28,15 @@ def test_margin_is_what_it_claims() -> None:
     assert 1.0 - calibrate.binomial_pvalue(k, trials, DELTA) < 0.005
 
 
-def test_scores(scenario: str, n: int, seeds: int, random_state: int = 0) -> dict[int, calibrate.Scores]:
-    table = simulate_scores(scenario, n, seeds, n_dev=0, random_state=random_state)  # type: ignore[arg-type]
-    return {
-        seed: calibrate.Scores(
-            label=table["label"][rows],
-            probe=table["probe"][rows],
-            expert=table["expert"][rows],
-            dv=table["dv"][rows],
-            group=table["group"][rows],
-        )
-        for seed in range(seeds)
-        for rows in [table["seed"] == seed]
-    }
-
-
-test_scores.__test__ = False  # a helper, not a test
+def simulated(scenario: str, n: int, seeds: int, random_state: int = 0) -> dict[int, calibrate.Scores]:
+    columns = simulate_scores(scenario, n, seeds, n_dev=0, random_state=random_state)  # type: ignore[arg-type]
+    return scores_from_columns(columns).test_scores()
 
 
 @pytest.mark.parametrize("scenario", ["strong", "weak"])
 def test_budget_guarantee_over_500_splits(scenario: str) -> None:
     result = calibrate.validate(
-        test_scores(scenario, 1600, 3), mode="budget", alpha=0.3, delta=DELTA, trials=500
+        simulated(scenario, 1600, 3), mode="budget", alpha=0.3, delta=DELTA, trials=500
     )
     assert result.tested.trials == 500
     assert result.tested.selection_rate == 1.0  # budget control always has "never delegate"
@@ -61,7 +48,7 @@ def test_budget_guarantee_over_500_splits(scenario: str) -> None:
 @pytest.mark.parametrize("scenario", ["strong", "weak"])
 def test_empirical_selector_violates_far_more_often(scenario: str) -> None:
     result = calibrate.validate(
-        test_scores(scenario, 1600, 3), mode="performance", alpha=0.22, delta=DELTA, trials=500
+        simulated(scenario, 1600, 3), mode="performance", alpha=0.22, delta=DELTA, trials=500
     )
     assert result.empirical is not None
     assert result.tested.violation_rate <= DELTA + monte_carlo_margin(500)
@@ -75,7 +62,7 @@ def test_paper_qualitative_findings() -> None:
     """Weak expert: CTD plateaus and top-k spends its quota; strong expert: CTD beats
     uncertainty top-k at a moderate budget."""
     config = calibrate.SweepConfig(budgets=(0.334211, 0.95), batch_sizes=(128,))
-    weak = calibrate.sweep(test_scores("weak", 1600, 3), config).table
+    weak = calibrate.sweep(simulated("weak", 1600, 3), config).table
     at_95 = (weak["budget"] == 0.95) & (weak["objective"] == "accuracy")
     ctd = weak["realised"][at_95 & (weak["policy"] == "ctd")].mean()
     topk = weak["realised"][at_95 & (weak["policy"] == "unc-topk")].mean()
@@ -86,7 +73,7 @@ def test_paper_qualitative_findings() -> None:
         > weak["accuracy"][at_95 & (weak["policy"] == "unc-topk")].mean()
     )
 
-    strong = calibrate.sweep(test_scores("strong", 1600, 3), config).table
+    strong = calibrate.sweep(simulated("strong", 1600, 3), config).table
     at_33 = (strong["budget"] == 0.334211) & (strong["objective"] == "auroc")
     assert (
         strong["auroc"][at_33 & (strong["policy"] == "ctd")].mean()
@@ -103,7 +90,7 @@ CALIBRATION = 800
 @pytest.mark.parametrize("alpha", [0.1, 0.3, 0.5])
 @pytest.mark.parametrize("pareto", [True, False])
 def test_budget_guarantee_on_fresh_data(scenario: str, alpha: float, pareto: bool) -> None:
-    scores = test_scores(scenario, FRESH + CALIBRATION, 1, random_state=7)
+    scores = simulated(scenario, FRESH + CALIBRATION, 1, random_state=7)
     trials = 2000
     result = calibrate.validate(
         scores,
@@ -122,7 +109,7 @@ def test_budget_guarantee_on_fresh_data(scenario: str, alpha: float, pareto: boo
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario,alpha", [("strong", 0.2), ("weak", 0.22), ("weak", 0.25)])
 def test_performance_guarantee_on_fresh_data(scenario: str, alpha: float) -> None:
-    scores = test_scores(scenario, FRESH + CALIBRATION, 1, random_state=11)
+    scores = simulated(scenario, FRESH + CALIBRATION, 1, random_state=11)
     trials = 2000
     result = calibrate.validate(
         scores,
@@ -137,7 +124,7 @@ def test_performance_guarantee_on_fresh_data(scenario: str, alpha: float) -> Non
 
 @pytest.mark.slow
 def test_pareto_filtering_is_more_conservative_with_a_weak_expert() -> None:
-    scores = test_scores("weak", 1600, 3)
+    scores = simulated("weak", 1600, 3)
     pareto = calibrate.validate(scores, mode="budget", alpha=0.3, delta=DELTA, trials=2000)
     budget_only = calibrate.validate(scores, mode="budget", alpha=0.3, delta=DELTA, trials=2000, pareto=False)
     assert pareto.tested.violation_rate < budget_only.tested.violation_rate

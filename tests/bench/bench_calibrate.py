@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 import calibrate
-from harness._simulate import simulate_scores
+from harness import scores_from_columns, simulate_scores
 
 TRIALS = 500
 ALPHA = 0.3
@@ -41,17 +41,7 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def scores_by_seed() -> dict[int, calibrate.Scores]:
-    table = simulate_scores("strong", 1600, 3, n_dev=0)
-    return {
-        seed: calibrate.Scores(
-            label=table["label"][rows],
-            probe=table["probe"][rows],
-            expert=table["expert"][rows],
-            dv=table["dv"][rows],
-        )
-        for seed in range(3)
-        for rows in [table["seed"] == seed]
-    }
+    return scores_from_columns(simulate_scores("strong", 1600, 3, n_dev=0)).test_scores()
 
 
 def mapie_per_trial(scores: calibrate.Scores, trials: int) -> Callable[[], object]:
