@@ -122,6 +122,8 @@ class _Procedure:
         p = np.asarray(p_values, dtype=np.float64)
         if p.ndim != 1:
             raise ValueError(f"p_values must be one-dimensional, got shape {p.shape}")
+        if np.isnan(p).any():
+            raise ValueError("p_values must not contain NaN")
         return self.run_batch(p[None, :], delta).row(0)
 
 
@@ -138,6 +140,8 @@ class FixedSequence(_Procedure):
     def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
         p = _prepare(p_values, delta)
         in_family = ~np.isnan(p)
+        if (np.diff(in_family.astype(np.int8), axis=1) > 0).any():
+            raise ValueError("fixed-sequence testing needs each row's family (non-NaN) to be a prefix")
         position = np.arange(p.shape[1])
         stop = _first(in_family & ~(p <= delta))
         n_tested = np.where(stop >= 0, stop + 1, in_family.sum(axis=1))

@@ -12,13 +12,13 @@ Angelopoulos et al. (2021). Learn then Test. Laufer-Goldshtein et al. (2023). Pa
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
+from ._fwer import FixedSequence, FWERMethod, FWERProcedure, fwer_procedure
 from ._pareto import pareto_rows
 from ._pvalues import binomial_kstar, binomial_pvalue
 from ._quota import count_at_most
@@ -68,8 +68,35 @@ class Candidates:
     n_est: int
     n_cal: int
 
+    def __post_init__(self) -> None:
+        _check_candidates(self)
 
-_FIELDS = ("thresholds", "est_budget", "est_objective", "est_error", "cal_delegated", "cal_errors")
+
+def _check_candidates(c: Candidates | CandidateBatch) -> None:
+    """Shapes agree, never-delegate (+inf) is a candidate, rates lie in [0, 1] and D_cal counts
+    are integers in [0, n_cal]. est_objective may be NaN where no objective was computed."""
+    shape = np.shape(c.thresholds)
+    for name in _FIELDS:
+        if np.shape(getattr(c, name)) != shape:
+            raise ValueError(f"{name} has shape {np.shape(getattr(c, name))}, thresholds {shape}")
+    if np.isnan(c.thresholds).any() or not np.isposinf(c.thresholds).any(axis=-1).all():
+        raise ValueError("thresholds must be numbers and include +inf (never delegate)")
+    for name in ("est_budget", "est_error"):
+        values = np.asarray(getattr(c, name))
+        if not ((values >= 0) & (values <= 1)).all():
+            raise ValueError(f"{name} must lie in [0, 1]")
+    for name in ("cal_delegated", "cal_errors"):
+        counts = np.asarray(getattr(c, name))
+        if (
+            not np.issubdtype(counts.dtype, np.integer)
+            or counts.min(initial=0) < 0
+            or counts.max(initial=0) > c.n_cal
+        ):
+            raise ValueError(f"{name} must be integer counts in [0, n_cal]")
+
+
+# The per-threshold arrays of Candidates (everything but the split sizes).
+_FIELDS = tuple(f.name for f in fields(Candidates) if f.name not in ("n_est", "n_cal"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +111,9 @@ class CandidateBatch(Sequence[Candidates]):
     cal_errors: NDArray[np.int64]
     n_est: int
     n_cal: int
+
+    def __post_init__(self) -> None:
+        _check_candidates(self)
 
     @classmethod
     def stack(cls, items: Sequence[Candidates]) -> CandidateBatch:
@@ -111,7 +141,11 @@ class ControlResult:
     `order` lists the candidate indices in the order they were tested; `k` and `pvalues` are
     aligned with it. `certified` holds candidate indices whose hypothesis H: R > alpha was
     rejected. `threshold` is None when no policy is returned (performance control only); for
-    budget control it is +inf ("never delegate") when nothing riskier was certified.
+    budget control it is +inf ("never delegate") when nothing riskier was certified. `kstar`
+    is the largest count that rejects at level delta, so that under fixed-sequence testing a
+    hypothesis reached in the order is rejected iff k <= kstar; it is None under Holm and
+    Bonferroni, whose levels differ per hypothesis. For the empirical selector it is the
+    largest accepted error count, floor(alpha n).
     """
 
     mode: ControlMode
@@ -125,7 +159,7 @@ class ControlResult:
     k: NDArray[np.int64]
     n: int
     pvalues: NDArray[np.float64]
-    kstar: int
+    kstar: int | None
     certified: NDArray[np.int64]
     stopped_at: int | None
     n_est: int
@@ -177,7 +211,7 @@ class ControlBatch:
     fwer: str
     pareto: bool
     n: int
-    kstar: int
+    kstar: int | None
     n_est: int
     n_cal: int
     order: NDArray[np.int64]
@@ -274,7 +308,7 @@ def _test_in_order(
         fwer=procedure.name,
         pareto=pareto,
         n=c.n_cal,
-        kstar=int(binomial_kstar(c.n_cal, alpha, delta)),
+        kstar=int(binomial_kstar(c.n_cal, alpha, delta)) if procedure.name == FixedSequence.name else None,
         n_est=c.n_est,
         n_cal=c.n_cal,
         order=order,

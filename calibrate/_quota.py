@@ -11,12 +11,12 @@ from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["count_at_most", "count_nearest"]
 
-_SLACK = 1e-9  # relative: far above float rounding (1e-16), far below one count
+_ULPS = 4  # the decimal-to-binary error of f plus the product's rounding is about 2 ulps
 
 
 def _product(fraction: ArrayLike, n: ArrayLike) -> NDArray[np.float64]:
     x = np.asarray(fraction, dtype=np.float64) * np.asarray(n, dtype=np.float64)
-    return x + _SLACK * (1.0 + np.abs(x))
+    return x + _ULPS * np.spacing(np.abs(x))
 
 
 def count_at_most(fraction: ArrayLike, n: ArrayLike) -> NDArray[np.int64]:

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._ltt import CandidateBatch
 from ._metrics import auroc, delegation_value, predict
-from ._policies import MergeRule, Policy, merge_scores, threshold_grid, uncertainty_signal
+from ._policies import MergeRule, Policy, cascade_scores, merge_scores, threshold_grid, uncertainty_signal
 from ._quota import count_at_most, count_nearest
 
 __all__ = [
@@ -55,6 +55,14 @@ class Scores:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries, label has {n}")
         if self.group is not None and len(self.group) != n:
             raise ValueError(f"group has {len(self.group)} entries, label has {n}")
+        if not np.isin(self.label, (0, 1)).all():
+            raise ValueError("labels must be 0 or 1")
+        for name in ("probe", "expert"):
+            values = np.asarray(getattr(self, name), dtype=np.float64)
+            if not ((values >= 0) & (values <= 1)).all():  # also rejects NaN
+                raise ValueError(f"{name} scores must lie in [0, 1]")
+        if not np.isfinite(np.asarray(self.dv, dtype=np.float64)).all():
+            raise ValueError("dv scores must be finite")
 
     @property
     def n(self) -> int:
@@ -103,11 +111,13 @@ def random_splits(
     cal_fraction: float = 0.5,
     est_fraction: float = 0.3,
 ) -> Splits:
-    """R independent uniformly random splits of range(n) (numpy Generator seeded by `seed`)."""
+    """R independent uniformly random splits of range(n), from a numpy Generator seeded by the
+    integer(s) `seed` (any sign: each is mapped one-to-one to a non-negative entropy word)."""
     n_est, n_cal, n_eval = split_sizes(n, cal_fraction, est_fraction)
     if min(n_est, n_cal, n_eval) < 1:
         raise ValueError(f"{n} examples are too few to split into D_est, D_cal and evaluation")
-    rng = np.random.default_rng(seed)
+    words = [int(s) for s in np.atleast_1d(seed)]
+    rng = np.random.default_rng([2 * s if s >= 0 else -2 * s - 1 for s in words])
     perm = rng.permuted(np.tile(np.arange(n, dtype=np.int64), (trials, 1)), axis=1)
     return Splits(perm[:, :n_est], perm[:, n_est : n_est + n_cal], perm[:, n_est + n_cal :])
 
@@ -287,11 +297,15 @@ def threshold_candidates(
 
 @dataclass(frozen=True)
 class SplitMetrics:
-    """Cascade metrics on evaluation sets, arrays of the delegation masks' leading shape."""
+    """Cascade metrics on evaluation sets, arrays of the delegation masks' leading shape.
+    `errors` and `delegated` are the integer counts behind accuracy and the realised rate."""
 
     auroc: NDArray[np.float64]
     accuracy: NDArray[np.float64]
     realised: NDArray[np.float64]
+    errors: NDArray[np.int64]
+    delegated: NDArray[np.int64]
+    n: int
 
 
 def evaluate_delegation(
@@ -306,11 +320,14 @@ def evaluate_delegation(
     with delegation masks of the same shape. with_auroc=False skips the AUROC (NaN), the one
     metric here that needs a sort."""
     wrong_probe, error_step = _error_terms(scores, merge)
-    errors = wrong_probe[index] + np.where(delegated, error_step[index], 0)
+    errors = (wrong_probe[index] + np.where(delegated, error_step[index], 0)).sum(axis=-1)
+    calls = delegated.sum(axis=-1)
+    n = delegated.shape[-1]
     if with_auroc:
-        probe = scores.probe[index]
-        output = np.where(delegated, merge_scores(probe, scores.expert[index], merge), probe)
+        output = cascade_scores(scores.probe[index], scores.expert[index], delegated, merge)
         area = auroc(output, scores.label[index])
     else:
         area = np.full(delegated.shape[:-1], np.nan)
-    return SplitMetrics(auroc=area, accuracy=1.0 - errors.mean(axis=-1), realised=delegated.mean(axis=-1))
+    return SplitMetrics(
+        auroc=area, accuracy=1.0 - errors / n, realised=calls / n, errors=errors, delegated=calls, n=n
+    )

@@ -13,6 +13,7 @@ from ._fwer import FWERMethod
 from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
 from ._policies import POLICIES, MergeRule
 from ._pvalues import ProportionCI, clopper_pearson
+from ._quota import count_at_most
 from ._splits import (
     Objective,
     Scores,
@@ -128,13 +129,14 @@ def _outcome(
     selected = results.selected >= 0
     delegated = signal_eval > np.where(selected, thresholds, np.inf)[:, None]
     metrics = evaluate_delegation(scores, splits.evaluation, delegated, merge, with_auroc=False)
-    risk = metrics.realised if mode == "budget" else 1.0 - metrics.accuracy
+    # A violation is a loss count above alpha n on the evaluation half, decided on integers.
+    losses = metrics.delegated if mode == "budget" else metrics.errors
     return {
         "threshold": thresholds,
         "realised": metrics.realised,
         "accuracy": metrics.accuracy,
         "selected": selected,
-        "violated": selected & (risk > alpha),
+        "violated": selected & (losses > count_at_most(alpha, metrics.n)),
     }
 
 

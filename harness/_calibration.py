@@ -77,6 +77,8 @@ def simulate(
     scenario: Scenario, n: int, seeds: int, out: Path, *, n_dev: int | None = None, random_state: int = 0
 ) -> Path:
     """Write a synthetic scores table (see `harness._simulate`)."""
+    if Path(out).is_dir():
+        raise InputError(f"--out {out}: is a folder, expected a file name (.parquet or .csv)")
     return write_scores(out, simulate_scores(scenario, n, seeds, n_dev=n_dev, random_state=random_state))
 
 
@@ -102,6 +104,9 @@ def calibrate_scores(scores_path: Path, out_dir: Path, config: SweepConfig | Non
     summary.json. Returns the summary. Checks everything before writing anything."""
     config = config or SweepConfig()
     started = time.perf_counter()
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir}: exists and is not a folder")
     table = read_scores(scores_path)
     check_calibration_size(
         table,
@@ -164,6 +169,8 @@ def validate_scores(
     out: Path | None = None,
 ) -> ValidationResult:
     """Guarantee validation over random splits; with `out`, also write the per-trial table."""
+    if out is not None and Path(out).is_dir():
+        raise InputError(f"--out {out}: is a folder, expected a file name (.csv or .parquet)")
     table = read_scores(scores_path)
     check_calibration_size(table, alpha, delta, option="--alpha")
     result = calibrate.validate(

@@ -99,6 +99,11 @@ def _integers(raw: RawTable, name: str) -> NDArray[np.int64]:
     if fractional.any():
         i = int(np.flatnonzero(fractional)[0])
         raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]:g} is not an integer")
+    # Beyond 2^53 a float no longer holds every integer: the value read may not be the one written.
+    huge = np.abs(values) > 2.0**53
+    if huge.any():
+        i = int(np.flatnonzero(huge)[0])
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]:g} is out of range")
     return values.astype(np.int64)
 
 

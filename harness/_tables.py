@@ -71,6 +71,9 @@ def _read_csv(path: Path) -> RawTable:
             header = next(reader, None)
             if header is None:
                 raise InputError(f"{path}: empty file, expected a header line")
+            repeated = sorted({name for name in header if header.count(name) > 1})
+            if repeated:
+                raise InputError(f"{path}: line 1: column {repeated[0]!r} appears more than once")
             lines: list[int] = []
             rows: list[list[str]] = []
             while True:

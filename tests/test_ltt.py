@@ -180,7 +180,14 @@ def test_budget_control_returns_never_delegate_when_nothing_certified() -> None:
     rng = np.random.default_rng(42)
     c = random_candidates(rng)
     # (1 - 0.1)^5 = 0.59 > 0.1: even zero delegations on 5 calibration points certify nothing.
-    c = Candidates(**{**c.__dict__, "n_cal": 5, "cal_delegated": np.zeros_like(c.cal_delegated)})
+    c = Candidates(
+        **{
+            **c.__dict__,
+            "n_cal": 5,
+            "cal_delegated": np.zeros_like(c.cal_delegated),
+            "cal_errors": np.minimum(c.cal_errors, 5),
+        }
+    )
     for pareto in (True, False):
         r = budget_control(c, alpha=0.1, delta=0.1, pareto=pareto)
         assert r.certified.size == 0

@@ -7,9 +7,10 @@ import sys
 import typer
 
 try:  # typer >= 0.2x ships its own copy of click
-    from typer._click import exceptions as click_exceptions
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from typer.exceptions import Abort
 except ImportError:  # pragma: no cover - older typer uses the click package
-    from click import exceptions as click_exceptions
+    from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from ._calibrate import register as _register_calibration
 
@@ -33,15 +34,18 @@ def main() -> None:
     the choices) are one line on stderr with exit code 2, like every other bad input."""
     try:
         code = app(standalone_mode=False)
-    except click_exceptions.NoArgsIsHelpError as exc:
+    except NoArgsIsHelpError as exc:
         print(exc.ctx.get_help(), file=sys.stderr)
         sys.exit(2)
-    except click_exceptions.UsageError as exc:
+    except UsageError as exc:
         message = exc.format_message().replace("Value error, ", "")
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         print(f"error: {message}{where}", file=sys.stderr)
         sys.exit(2)
-    except click_exceptions.Abort:
+    except ClickException as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Abort:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

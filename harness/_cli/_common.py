@@ -31,6 +31,10 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         except InputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
+        except OSError as exc:  # a file the user named cannot be read or written
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+            raise typer.Exit(code=2) from None
 
     return wrapper
 
