@@ -84,7 +84,6 @@ from ._sweep import (
     MergeChoice,
     SweepConfig,
     SweepResult,
-    calibration_size,
     sweep,
 )
 from ._validate import SelectorSummary, ValidationMode, ValidationResult, validate
@@ -134,7 +133,6 @@ __all__ = [
     "binomial_pvalue",
     "budget_control",
     "budget_control_batch",
-    "calibration_size",
     "cascade_scores",
     "clopper_pearson",
     "control_fwer",

@@ -258,12 +258,17 @@ def _check(alpha: float, delta: float | None) -> None:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
-def _first_by(mask: NDArray[np.bool_], *keys: NDArray) -> NDArray[np.int64]:
-    """Per row, the index minimising `keys` lexicographically (then the index) among `mask`;
-    -1 where the mask is empty."""
+def _masked_order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
+    """Per row, candidate indices sorted by `keys` lexicographically, then index, with the
+    masked-in candidates first."""
     index = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
     masked = [np.where(mask, key, np.inf) for key in reversed(keys)]
-    best = np.lexsort((index, *masked), axis=1)[:, 0]
+    return np.lexsort((index, *masked), axis=1).astype(np.int64)
+
+
+def _first_by(mask: NDArray[np.bool_], *keys: NDArray) -> NDArray[np.int64]:
+    """Per row, the masked-in index minimising `keys` (then the index); -1 if none."""
+    best = _masked_order(mask, keys)[:, 0]
     return np.where(mask.any(axis=1), best, -1).astype(np.int64)
 
 
@@ -272,9 +277,7 @@ def _family_order(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Testing order per row: family members first, sorted by `order_keys` then index.
     Returns (order, family sizes, D_cal counts aligned with order)."""
-    index = np.broadcast_to(np.arange(in_family.shape[1]), in_family.shape)
-    keys = [np.where(in_family, key, np.inf) for key in reversed(order_keys)]
-    order = np.lexsort((index, *keys), axis=1).astype(np.int64)
+    order = _masked_order(in_family, order_keys)
     k = np.take_along_axis(counts, order, axis=1).astype(np.int64)
     return order, in_family.sum(axis=1).astype(np.int64), k
 

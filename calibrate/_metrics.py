@@ -52,6 +52,16 @@ def auroc(scores: ArrayLike, labels: ArrayLike) -> NDArray[np.float64]:
 
     `labels` broadcasts against `scores`. Rows with a single class give NaN.
     """
+    twice_u, n1, n0 = twice_mann_whitney_u(scores, labels)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((n1 > 0) & (n0 > 0), twice_u / (2.0 * n1 * n0), np.nan)
+
+
+def twice_mann_whitney_u(
+    scores: ArrayLike, labels: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:
+    """2U = 2 (sum of positive average ranks) - n1 (n1 + 1), an integer (held exactly in a
+    float up to 2^53), with the class sizes n1 and n0; along the last axis."""
     x = np.asarray(scores, dtype=np.float64)
     y = np.broadcast_to(np.asarray(labels), x.shape).astype(bool)
     n = x.shape[-1]
@@ -65,12 +75,11 @@ def auroc(scores: ArrayLike, labels: ArrayLike) -> NDArray[np.float64]:
     ends_run = np.concatenate([changes, np.ones((*x.shape[:-1], 1), bool)], axis=-1)
     first = np.maximum.accumulate(np.where(starts_run, position, 0), axis=-1)
     last = np.flip(np.minimum.accumulate(np.flip(np.where(ends_run, position, n - 1), -1), axis=-1), -1)
-    rank = (first + last) / 2.0 + 1.0
+    twice_rank = first + last + 2  # 2 x the average 1-based rank of the run: an integer
     n1 = ys.sum(axis=-1)
     n0 = n - n1
-    u = np.where(ys, rank, 0.0).sum(axis=-1) - n1 * (n1 + 1) / 2.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where((n1 > 0) & (n0 > 0), u / (n1 * n0), np.nan)
+    twice_u = np.where(ys, twice_rank, 0).sum(axis=-1) - n1 * (n1 + 1)
+    return twice_u.astype(np.float64), n1, n0
 
 
 def accuracy(scores: ArrayLike, labels: ArrayLike) -> NDArray[np.float64]:

@@ -63,8 +63,6 @@ POLICIES: dict[str, Policy] = {
         Policy("unc-central", "median-rank", "central", "average"),
     )
 }
-assert tuple(POLICIES) == POLICY_NAMES
-assert tuple(p.name for p in POLICIES.values() if p.calibrated) == get_args(CalibratedPolicyName)
 DEFAULT_POLICIES: tuple[str, ...] = ("ctd", "unc-calibrated", "dv-topk", "unc-topk", "oracle-topk")
 
 

@@ -152,6 +152,8 @@ class ProportionCI:
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> ProportionCI:
     """Exact (Clopper-Pearson) interval: [Beta_{a/2}(k, n-k+1), Beta_{1-a/2}(k+1, n-k)], a = 1-confidence."""
     k, n = int(k), int(n)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     tail = (1.0 - confidence) / 2.0

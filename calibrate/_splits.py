@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._ltt import CandidateBatch
-from ._metrics import auroc, delegation_value, predict
+from ._metrics import auroc, delegation_value, predict, twice_mann_whitney_u
 from ._policies import MergeRule, Policy, cascade_scores, merge_scores, threshold_grid, uncertainty_signal
 from ._quota import count_at_most, count_nearest
 
@@ -90,9 +90,6 @@ class Splits:
     @property
     def trials(self) -> int:
         return self.est.shape[0]
-
-    def trial(self, r: int) -> Splits:
-        return Splits(self.est[r : r + 1], self.cal[r : r + 1], self.evaluation[r : r + 1])
 
 
 def split_sizes(n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3) -> tuple[int, int, int]:
@@ -183,7 +180,7 @@ def _auroc_path(
     against_negatives = (~label).astype(np.float32)
     against_positives = -label.astype(np.float32)
     u2 = np.empty((probe.shape[0], probe.shape[1] + 1))  # 2 U
-    u2[:, 0] = 2.0 * auroc(probe, label) * n1 * n0
+    u2[:, 0] = twice_mann_whitney_u(probe, label)[0]
     for m in range(probe.shape[1]):
         old = current[:, m : m + 1]
         new = merged_rank[:, m : m + 1]
@@ -196,6 +193,25 @@ def _auroc_path(
         return u2 / (2.0 * n1 * n0)[:, None]
 
 
+# Above this many D_est examples the O(n^2) path costs more than one sort per threshold.
+_PATH_LIMIT = 4096
+
+
+def _auroc_at(
+    probe: NDArray[np.float64], merged: NDArray[np.float64], label: NDArray[np.bool_], m: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """AUROC of the cascade with the first m[r, j] inputs delegated, shape (R, T); inputs (R, n)
+    in delegation order. The incremental path for small n, a sort per threshold for large n."""
+    if probe.shape[1] <= _PATH_LIMIT:
+        return np.take_along_axis(_auroc_path(probe, merged, label), m, axis=1)
+    out = np.empty(m.shape)
+    position = np.arange(probe.shape[1])
+    for r in range(m.shape[0]):
+        output = np.where(position[None, :] < m[r][:, None], merged[r], probe[r])  # (T, n)
+        out[r] = auroc(output, label[r])
+    return out
+
+
 def _error_terms(scores: Scores, merge: MergeRule) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Per example: 1 if the probe alone is wrong (read at 0.5), and the change in that when the
     input is delegated: +1 if merging breaks it, -1 if it fixes it, 0 otherwise."""
@@ -205,7 +221,7 @@ def _error_terms(scores: Scores, merge: MergeRule) -> tuple[NDArray[np.int64], N
     return wrong_probe, wrong_merged - wrong_probe
 
 
-def _count_at_most(ordered: NDArray[np.float64], thresholds: NDArray[np.float64]) -> NDArray[np.int64]:
+def _count_not_above(ordered: NDArray[np.float64], thresholds: NDArray[np.float64]) -> NDArray[np.int64]:
     """#{i : ordered[r, i] <= thresholds[r, j]} for rows sorted in increasing order."""
     return np.stack(
         [np.searchsorted(row, cut, side="right") for row, cut in zip(ordered, thresholds, strict=True)]
@@ -218,7 +234,7 @@ def _count_above(
     """For every row r and threshold j: #{i : values[r, i] > thresholds[r, j]} and the sum of
     weights[r, i] over those i, from one sort of each row and a binary search per threshold."""
     order = np.argsort(values, axis=1)
-    at_most = _count_at_most(np.take_along_axis(values, order, axis=1), thresholds)
+    at_most = _count_not_above(np.take_along_axis(values, order, axis=1), thresholds)
     prefix = np.concatenate(
         [
             np.zeros((values.shape[0], 1), weights.dtype),
@@ -260,16 +276,18 @@ def threshold_candidates(
         est_sorted = np.take_along_axis(part.est, order, axis=1)
         increasing = np.take_along_axis(s_est, order[:, ::-1], axis=1)
         thresholds = threshold_grid(increasing, n_grid, presorted=True)
-        m = s_est.shape[1] - _count_at_most(increasing, thresholds)
+        m = s_est.shape[1] - _count_not_above(increasing, thresholds)
         error_path = np.concatenate(
             [np.zeros((m.shape[0], 1), np.int64), np.cumsum(error_step[est_sorted], axis=1)], axis=1
         ) + wrong_probe[est_sorted].sum(axis=1, keepdims=True)
         est_error = np.take_along_axis(error_path, m, axis=1) / est_sorted.shape[1]
         if objective == "auroc":
-            path = _auroc_path(
-                scores.probe[est_sorted], merged_all[est_sorted], scores.label[est_sorted].astype(bool)
+            est_objective = 1.0 - np.nan_to_num(
+                _auroc_at(
+                    scores.probe[est_sorted], merged_all[est_sorted], scores.label[est_sorted].astype(bool), m
+                ),
+                nan=0.0,
             )
-            est_objective = 1.0 - np.nan_to_num(np.take_along_axis(path, m, axis=1), nan=0.0)
         elif objective == "accuracy":
             est_objective = est_error
         else:

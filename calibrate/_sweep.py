@@ -27,7 +27,6 @@ from ._splits import (
     evaluate_delegation,
     policy_signal,
     random_splits,
-    split_sizes,
     threshold_candidates,
 )
 
@@ -178,8 +177,14 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 signal = policy_signal(scores, policy, splits)
                 signal_eval = signal[0][evaluation]  # one split: row 0
                 for objective in config.objectives:
+                    # Budget-only LTT never looks at the objective: skip computing it.
                     (candidates,) = threshold_candidates(
-                        scores, signal, splits, merge=merge, objective=objective, n_grid=config.n_grid
+                        scores,
+                        signal,
+                        splits,
+                        merge=merge,
+                        objective=objective if config.pareto else None,
+                        n_grid=config.n_grid,
                     )
                     results = [
                         budget_control(
@@ -236,9 +241,3 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
         ltt=ltt,
         baselines={k: np.asarray(v) for k, v in baselines.items()},
     )
-
-
-def calibration_size(n: int, config: SweepConfig | None = None) -> int:
-    """|D_cal| for a test split of n examples under `config`'s split fractions."""
-    config = config or SweepConfig()
-    return split_sizes(n, config.cal_fraction, config.est_fraction)[1]

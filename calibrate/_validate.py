@@ -32,13 +32,16 @@ ValidationMode = Literal["budget", "performance"]
 @dataclass(frozen=True)
 class SelectorSummary:
     """How one selector fared over the trials. A violation is a trial whose returned policy
-    breaks the target on the evaluation half (budget: realised rate > alpha; performance:
-    error > alpha); trials without a policy never violate, so the rate is unconditional."""
+    breaks the target on the evaluation half: more than floor(alpha n_eval) delegations
+    (budget) or errors (performance). `violation` is unconditional (a trial without a policy
+    does not violate), `conditional_violation` is over the trials that returned a policy, and
+    the means are over those trials too."""
 
     trials: int
     selections: int
     violations: int
     violation: ProportionCI
+    conditional_violation: ProportionCI
     selection: ProportionCI
     mean_realised_budget: float
     mean_accuracy: float
@@ -54,10 +57,15 @@ class SelectorSummary:
     def to_dict(self) -> dict[str, object]:
         return {
             "trials": self.trials,
+            "violations": self.violations,
+            "selections": self.selections,
             "violation_rate": self.violation_rate,
             "violation_ci95": [self.violation.low, self.violation.high],
+            "conditional_violation_rate": self.conditional_violation.proportion,
+            "conditional_violation_ci95": [self.conditional_violation.low, self.conditional_violation.high],
             "selection_rate": self.selection_rate,
             "selection_ci95": [self.selection.low, self.selection.high],
+            # Means over the trials that returned a policy.
             "mean_realised_budget": self.mean_realised_budget,
             "mean_accuracy": self.mean_accuracy,
         }
@@ -71,6 +79,8 @@ class ValidationResult:
 
     mode: ValidationMode
     policy: str
+    merge: MergeRule
+    fwer: str
     alpha: float
     delta: float
     objective: str | None
@@ -84,6 +94,8 @@ class ValidationResult:
         out: dict[str, object] = {
             "mode": self.mode,
             "policy": self.policy,
+            "merge": self.merge,
+            "fwer": self.fwer,
             "alpha": self.alpha,
             "delta": self.delta,
             "objective": self.objective,
@@ -109,6 +121,7 @@ def _summary(selected: NDArray[np.bool_], violated: NDArray[np.bool_], realised,
         selections=chosen,
         violations=int(violated.sum()),
         violation=clopper_pearson(int(violated.sum()), trials),
+        conditional_violation=clopper_pearson(int(violated.sum()), chosen),
         selection=clopper_pearson(chosen, trials),
         mean_realised_budget=float(realised[selected].mean()) if chosen else float("nan"),
         mean_accuracy=float(acc[selected].mean()) if chosen else float("nan"),
@@ -218,6 +231,8 @@ def validate(
     return ValidationResult(
         mode=mode,
         policy=policy,
+        merge=merge_rule,
+        fwer=fwer,
         alpha=float(alpha),
         delta=float(delta),
         objective=fit_objective,

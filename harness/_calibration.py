@@ -12,7 +12,7 @@ import calibrate
 from calibrate import SweepConfig, ValidationResult
 
 from ._errors import InputError
-from ._scores import ScoresTable, read_scores, write_scores
+from ._scores import read_scores, write_scores
 from ._simulate import Scenario, simulate_scores
 from ._tables import write_json, write_jsonl, write_table
 
@@ -47,7 +47,8 @@ def resolve_scores(scores: Path | None, run: str | None, runs_root: Path | None 
 
 
 def check_calibration_size(
-    table: ScoresTable,
+    by_seed: dict[int, calibrate.Scores],
+    source: str,
     alpha: float,
     delta: float,
     *,
@@ -55,20 +56,26 @@ def check_calibration_size(
     cal_fraction: float = 0.5,
     est_fraction: float = 0.3,
 ) -> None:
-    """Fail early when D_cal is too small for any threshold to be certified: zero losses must
-    reject H: R > alpha, i.e. (1 - alpha)^n_cal <= delta. Also require both labels per seed."""
+    """Fail early when a split is empty, or D_cal too small for any threshold to be certified:
+    zero losses must reject H: R > alpha, i.e. (1 - alpha)^n_cal <= delta. Also require both
+    labels per seed."""
     need = calibrate.min_calibration_size(alpha, delta)
-    for seed, scores in table.test_scores().items():
+    for seed, scores in by_seed.items():
         n_est, n_cal, n_eval = calibrate.split_sizes(scores.n, cal_fraction, est_fraction)
-        if min(n_est, n_eval) < 1 or n_cal < need:
+        if min(n_est, n_eval) < 1:
             raise InputError(
-                f"{table.source}: seed {seed} has {scores.n} test rows, so D_cal holds {n_cal}; "
+                f"{source}: seed {seed} has {scores.n} test rows, too few for D_est "
+                f"({n_est}), D_cal ({n_cal}) and the evaluation half ({n_eval})"
+            )
+        if n_cal < need:
+            raise InputError(
+                f"{source}: seed {seed} has {scores.n} test rows, so D_cal holds {n_cal}; "
                 f"{option} {alpha:g} with --delta {delta:g} needs at least {need} for any threshold "
                 f"to be certified"
             )
         if np.unique(scores.label).size < 2:
             raise InputError(
-                f"{table.source}: column 'label': the test split of seed {seed} has only label "
+                f"{source}: column 'label': the test split of seed {seed} has only label "
                 f"{int(scores.label[0])}; AUROC and accuracy need both classes"
             )
 
@@ -98,7 +105,9 @@ def _mean_by(table: dict[str, np.ndarray], keys: tuple[str, ...], values: tuple[
     return out
 
 
-def calibrate_scores(scores_path: Path, out_dir: Path, config: SweepConfig | None = None) -> dict:
+def calibrate_scores(
+    scores_path: Path, out_dir: Path, config: SweepConfig | None = None, *, arch: str | None = None
+) -> dict:
     """Run the policy sweep on a scores table and write it to `out_dir`:
     sweep.csv (tidy), ltt.jsonl (one audit record per calibrated row), baselines.csv and
     summary.json. Returns the summary. Checks everything before writing anything."""
@@ -108,21 +117,23 @@ def calibrate_scores(scores_path: Path, out_dir: Path, config: SweepConfig | Non
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: exists and is not a folder")
     table = read_scores(scores_path)
+    by_seed = table.test_scores(arch)
     check_calibration_size(
-        table,
+        by_seed,
+        table.source,
         min(config.budgets),
         config.delta,
         option="--budgets",
         cal_fraction=config.cal_fraction,
         est_fraction=config.est_fraction,
     )
-    result = calibrate.sweep(table.test_scores(), config)
+    result = calibrate.sweep(by_seed, config)
     elapsed = time.perf_counter() - started
-    out_dir = Path(out_dir)
     largest = max(config.batch_sizes)
     at_largest = {k: v[result.table["batch_size"] == largest] for k, v in result.table.items()}
     summary = {
         "scores": str(scores_path),
+        "arch": arch or table.archs[0],
         "out": str(out_dir),
         "table": str(out_dir / "sweep.csv"),
         "rows": int(result.table["seed"].size),
@@ -141,7 +152,7 @@ def calibrate_scores(scores_path: Path, out_dir: Path, config: SweepConfig | Non
         # How well the DV score ranks the true delegation value, on each seed's test split.
         "dv_quality": {
             str(seed): {"mse": q.mse, "spearman": q.spearman}
-            for seed, scores in table.test_scores().items()
+            for seed, scores in by_seed.items()
             for q in [calibrate.dv_quality(scores.dv, scores.value)]
         },
         # Means over budgets and seeds at the largest batch size: one number per curve.
@@ -165,17 +176,23 @@ def validate_scores(
     policy: str = "ctd",
     objective: calibrate.Objective = "auroc",
     pareto: bool = True,
+    fwer: calibrate.FWERMethod = "fixed-sequence",
+    merge: calibrate.MergeRule | None = None,
     seed: int = 0,
+    arch: str | None = None,
     out: Path | None = None,
 ) -> ValidationResult:
     """Guarantee validation over random splits; with `out`, also write the per-trial table."""
     if out is not None and Path(out).is_dir():
         raise InputError(f"--out {out}: is a folder, expected a file name (.csv or .parquet)")
     table = read_scores(scores_path)
-    check_calibration_size(table, alpha, delta, option="--alpha")
+    by_seed = table.test_scores(arch)
+    check_calibration_size(by_seed, table.source, alpha, delta, option="--alpha")
     result = calibrate.validate(
-        table.test_scores(),
+        by_seed,
         mode=mode,
+        fwer=fwer,
+        merge=merge,
         alpha=alpha,
         delta=delta,
         trials=trials,

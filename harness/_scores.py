@@ -38,11 +38,25 @@ class ScoresTable:
     def seeds(self) -> list[int]:
         return sorted(int(s) for s in np.unique(self.seed))
 
-    def test_scores(self) -> dict[int, calibrate.Scores]:
-        """The test split of every seed, ready for calibration."""
+    @property
+    def archs(self) -> list[str]:
+        return sorted(str(a) for a in np.unique(self.arch))
+
+    def test_scores(self, arch: str | None = None) -> dict[int, calibrate.Scores]:
+        """The test split of every seed for one probe configuration, ready for calibration.
+        `arch` may be left out when the table holds a single one."""
+        if arch is None:
+            if len(self.archs) > 1:
+                raise InputError(
+                    f"{self.source}: column 'arch': the table holds several probe configurations "
+                    f"({', '.join(self.archs)}); choose one with --arch"
+                )
+            arch = self.archs[0]
+        elif arch not in self.archs:
+            raise InputError(f"--arch {arch}: not in {self.source} (it has {', '.join(self.archs)})")
         out = {}
         for seed in self.seeds:
-            rows = (self.seed == seed) & (self.split == "test")
+            rows = (self.seed == seed) & (self.split == "test") & (self.arch == arch)
             if rows.any():
                 out[seed] = calibrate.Scores(
                     label=self.label[rows],
@@ -173,18 +187,22 @@ def _checked(raw: RawTable) -> ScoresTable:
 
 
 def _check_unique_ids(raw: RawTable, table: ScoresTable) -> None:
-    keys = np.char.add(np.char.add(table.split, "\x00" + np.char.mod("%d", table.seed).astype(str)), "\x00")
-    keys = np.char.add(keys, table.id)
-    _, counts = np.unique(keys, return_counts=True)
-    if (counts > 1).any():
-        seen: dict[str, int] = {}
-        for i, key in enumerate(keys):
-            if key in seen:
-                raise InputError(
-                    f"{raw.path}: column 'id', {raw.where(i)}: id {table.id[i]!r} repeats in split "
-                    f"'{table.split[i]}', seed {table.seed[i]} (first at {raw.where(seen[key])})"
-                )
-            seen[key] = i
+    """An id names one example within (split, seed, arch)."""
+    keys = [
+        "\x00".join(parts)
+        for parts in zip(table.split, table.seed.astype(str), table.arch, table.id, strict=True)
+    ]
+    if len(set(keys)) == len(keys):
+        return
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            raise InputError(
+                f"{raw.path}: column 'id', {raw.where(i)}: id '{table.id[i]}' repeats in split "
+                f"'{table.split[i]}', seed {table.seed[i]}, arch '{table.arch[i]}' "
+                f"(first at {raw.where(seen[key])})"
+            )
+        seen[key] = i
 
 
 def write_scores(path: Path | str, columns: dict[str, NDArray]) -> Path:

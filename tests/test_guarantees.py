@@ -41,8 +41,9 @@ def test_budget_guarantee_over_500_splits(scenario: str) -> None:
     assert result.tested.trials == 500
     assert result.tested.selection_rate == 1.0  # budget control always has "never delegate"
     assert result.tested.violation_rate <= DELTA + monte_carlo_margin(500)
-    # Realised budgets sit below the target on average: the guarantee is not met by luck.
-    assert result.tested.mean_realised_budget < 0.3
+    # Realised budgets sit below the target on average, yet the procedure is not trivially
+    # safe: it uses most of the budget (never delegating would also pass the line above).
+    assert 0.2 < result.tested.mean_realised_budget < 0.3
 
 
 @pytest.mark.parametrize("scenario", ["strong", "weak"])

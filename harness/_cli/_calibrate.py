@@ -15,6 +15,7 @@ from calibrate import (
     CalibratedPolicyName,
     FWERMethod,
     MergeChoice,
+    MergeRule,
     Objective,
     SweepConfig,
     ValidationMode,
@@ -41,6 +42,22 @@ RunOption = Annotated[
     str | None, typer.Option("--run", help="A run name: uses runs/NAME/scores.parquet instead of --scores.")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+ArchOption = Annotated[
+    str | None,
+    typer.Option("--arch", help="Probe configuration to use when the table holds several (column 'arch')."),
+]
+FwerOption = Annotated[FWERMethod, typer.Option("--fwer", help="Multiple-testing procedure.")]
+ParetoOption = Annotated[
+    bool,
+    typer.Option(
+        "--pareto/--no-pareto",
+        help=(
+            "Pareto-filter the thresholds on D_est. --no-pareto: in budget mode, budget-only LTT (test "
+            "every threshold, keep the most aggressive certified one); in performance mode, test every "
+            "threshold unfiltered."
+        ),
+    ),
+]
 DeltaOption = Annotated[
     float, typer.Option("--delta", help="Failure probability of the guarantee, in (0, 1).")
 ]
@@ -104,15 +121,12 @@ def calibrate_command(
             help="default: each policy's own rule; overwrite/average: one rule for all (merging controls).",
         ),
     ] = "default",
-    fwer: Annotated[
-        FWERMethod, typer.Option("--fwer", help="Multiple-testing procedure.")
-    ] = "fixed-sequence",
-    pareto: Annotated[
-        bool, typer.Option("--pareto/--no-pareto", help="Pareto-filtered LTT, or budget-only LTT.")
-    ] = True,
+    fwer: FwerOption = "fixed-sequence",
+    pareto: ParetoOption = True,
     split_seed: Annotated[
         int, typer.Option("--split-seed", help="Seed of the calibration/evaluation split.")
     ] = 0,
+    arch: ArchOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Compare the delegation policies over budgets, batch sizes, seeds and objectives.
@@ -141,7 +155,7 @@ def calibrate_command(
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    summary = calibrate_scores(scores_path, out, config)
+    summary = calibrate_scores(scores_path, out, config, arch=arch)
     if json_output:
         print_json(summary)
         return
@@ -185,10 +199,14 @@ def validate_command(
     objective: Annotated[
         Objective, typer.Option("--objective", help="Pareto objective in budget mode.")
     ] = "auroc",
-    pareto: Annotated[
-        bool, typer.Option("--pareto/--no-pareto", help="Pareto-filtered LTT, or budget-only LTT.")
-    ] = True,
+    pareto: ParetoOption = True,
+    fwer: FwerOption = "fixed-sequence",
+    merge: Annotated[
+        MergeRule | None,
+        typer.Option("--merge", help="Merge rule on delegated inputs [default: the policy's own]."),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random splits.")] = 0,
+    arch: ArchOption = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="Also write one row per trial to this table (.csv or .parquet)."),
@@ -214,7 +232,10 @@ def validate_command(
         policy=policy,
         objective=objective,
         pareto=pareto,
+        fwer=fwer,
+        merge=merge,
         seed=seed,
+        arch=arch,
         out=out,
     )
     record = {"scores": str(scores_path), **result.to_dict()}
