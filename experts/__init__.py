@@ -1,0 +1,68 @@
+"""The expert stage: score inputs with an expensive expert LLM behind an OpenAI-compatible API.
+
+Small composable pieces: value objects for settings (`Timeout`, `RateLimit`, `RetryPolicy`),
+an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM), a
+`ScoreCache` with its single `CacheWriter`, and the `ExpertClient` that joins them.
+"""
+
+from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
+from ._client import ExpertClient, Item, ItemResult, ProgressSink, RunStats, score_items
+from ._config import RateLimit, RetryPolicy, Timeout
+from ._endpoint import Endpoint, default_transport
+from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError, TransportError
+from ._limiter import Limiter, TokenBucket
+from ._prompts import Conversation, PromptTemplate, load_template, render_conversation
+from ._registry import (
+    BUILTIN_EXPERTS,
+    ExpertSpec,
+    add_expert,
+    expert_from_url,
+    experts_file,
+    load_experts,
+    resolve_expert,
+)
+from ._scoring import SCORING_METHODS, Request, Score, ScoringMethod, build_request, parse_response
+
+__all__ = [
+    "BUILTIN_EXPERTS",
+    "SCHEMA_VERSION",
+    "SCORING_METHODS",
+    "CacheKey",
+    "CacheWriter",
+    "ConfigError",
+    "Conversation",
+    "Endpoint",
+    "ExpertClient",
+    "ExpertError",
+    "ExpertSpec",
+    "FailureRow",
+    "HTTPStatusError",
+    "Item",
+    "ItemResult",
+    "Limiter",
+    "ProgressSink",
+    "PromptTemplate",
+    "RateLimit",
+    "Request",
+    "ResponseError",
+    "RetryPolicy",
+    "RunStats",
+    "Score",
+    "ScoreCache",
+    "ScoreRow",
+    "ScoringMethod",
+    "Timeout",
+    "TokenBucket",
+    "TransportError",
+    "add_expert",
+    "build_request",
+    "default_transport",
+    "expert_from_url",
+    "experts_file",
+    "load_experts",
+    "load_template",
+    "parse_response",
+    "render_conversation",
+    "resolve_expert",
+    "score_items",
+]

@@ -1,0 +1,292 @@
+"""The expert client: scores items through the cache, the limiter, retries and the endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
+from ._endpoint import Endpoint
+from ._errors import ExpertError, HTTPStatusError
+from ._limiter import Limiter
+from ._prompts import Conversation, PromptTemplate, load_template
+from ._registry import ExpertSpec
+from ._scoring import Request, build_request, parse_response
+
+__all__ = ["ExpertClient", "Item", "ItemResult", "ProgressSink", "RunStats", "score_items"]
+
+_LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input to score: an id and the conversation."""
+
+    id: str
+    conversation: Conversation
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """The outcome for one item, in input order. `score` is None when `source` is "failed",
+    and `reason` then says why (the last error's tag, e.g. "http-429", "timeout", "no-label-mass")."""
+
+    id: str
+    score: float | None
+    label_mass: float | None
+    source: Literal["cache", "expert", "failed"]
+    reason: str | None = None
+    attempts: int = 0
+
+
+@dataclass
+class RunStats:
+    """Counters of one run, for progress and the final report."""
+
+    total: int = 0
+    cached: int = 0
+    scored: int = 0
+    failed: int = 0
+    retries: int = 0
+    rate_limited: int = 0  # answers with status 429
+    in_flight: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    errors_seen: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def done(self) -> int:
+        return self.cached + self.scored + self.failed
+
+
+class ProgressSink(Protocol):
+    def update(self, stats: RunStats) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Pending:
+    index: int
+    item: Item
+    request: Request
+    key: str
+
+
+class ExpertClient:
+    """Scores items with one expert. The transport, clock, sleep and random source can be
+    injected (tests use them to avoid real waiting); by default httpx over aiohttp."""
+
+    def __init__(
+        self,
+        spec: ExpertSpec,
+        *,
+        cache: ScoreCache | None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        self.spec = spec
+        self.template: PromptTemplate = load_template(spec.template)
+        self.cache = cache
+        self._transport = transport
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random(0)
+        self._progress = progress
+
+    def request_for(self, item: Item) -> tuple[Request, str]:
+        """The request an item sends and its cache key."""
+        request = build_request(
+            self.spec.method,
+            self.template,
+            item.conversation,
+            self.spec.model,
+            top_logprobs=self.spec.top_logprobs,
+        )
+        key = CacheKey(
+            endpoint=self.spec.endpoint_id(),
+            model=self.spec.model,
+            method=self.spec.method,
+            labels=self.template.labels,
+            template_sha256=self.template.sha256,
+            body=request.body,
+        ).digest()
+        return request, key
+
+    async def score(self, items: Sequence[Item]) -> tuple[list[ItemResult], RunStats]:
+        """One result per item, aligned with `items`. Items with a cached score send nothing;
+        the others are queried; failures after the retry cap are recorded, never raised."""
+        stats = RunStats(total=len(items))
+        results: list[ItemResult | None] = [None] * len(items)
+        limiter = Limiter(self.spec.rate, clock=self._clock, sleep=self._sleep)
+        writer = CacheWriter(self.cache) if self.cache is not None else None
+        queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * self.spec.rate.concurrency)
+        endpoint = Endpoint(
+            self.spec.resolved_urls(),
+            api_key_env=self.spec.api_key_env,
+            timeout=self.spec.timeout,
+            max_connections=self.spec.rate.concurrency,
+            transport=self._transport,
+        )
+        if writer is not None:
+            writer.start()
+        workers = [
+            asyncio.create_task(self._worker(queue, endpoint, limiter, writer, results, stats))
+            for _ in range(self.spec.rate.concurrency)
+        ]
+        try:
+            for pending in self._misses(items, results, stats):
+                await queue.put(pending)
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            if writer is not None:
+                await writer.close()
+            await endpoint.aclose()
+            self._report(stats)
+        return [r for r in results if r is not None], stats
+
+    def _misses(
+        self, items: Sequence[Item], results: list[ItemResult | None], stats: RunStats
+    ) -> Iterator[_Pending]:
+        """Fill in cached results chunk by chunk and yield the items to query."""
+        for start in range(0, len(items), _LOOKUP_CHUNK):
+            chunk = [
+                (i, items[i], *self.request_for(items[i]))
+                for i in range(start, min(start + _LOOKUP_CHUNK, len(items)))
+            ]
+            cached = self.cache.get_many([key for *_, key in chunk]) if self.cache is not None else {}
+            for index, item, request, key in chunk:
+                hit = cached.get(key)
+                if hit is not None:
+                    results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache")
+                    stats.cached += 1
+                else:
+                    yield _Pending(index, item, request, key)
+            self._report(stats)
+
+    async def _worker(
+        self,
+        queue: asyncio.Queue[_Pending | None],
+        endpoint: Endpoint,
+        limiter: Limiter,
+        writer: CacheWriter | None,
+        results: list[ItemResult | None],
+        stats: RunStats,
+    ) -> None:
+        while (pending := await queue.get()) is not None:
+            results[pending.index] = await self._query(pending, endpoint, limiter, writer, stats)
+            self._report(stats)
+
+    async def _query(
+        self,
+        pending: _Pending,
+        endpoint: Endpoint,
+        limiter: Limiter,
+        writer: CacheWriter | None,
+        stats: RunStats,
+    ) -> ItemResult:
+        """One item through the retry loop: the only retry layer in the stage."""
+        policy = self.spec.retry
+        deadline = self._clock() + policy.deadline
+        request = pending.request
+        attempt = 0
+        while True:
+            attempt += 1
+            await limiter.admit(request.tokens)
+            try:
+                async with limiter.slot():
+                    stats.in_flight = limiter.in_flight
+                    payload, seconds = await endpoint.request("POST", request.path, request.body)
+                score = parse_response(self.spec.method, payload, self.template, request)
+            except ExpertError as exc:
+                stats.errors_seen[exc.reason] += 1
+                if isinstance(exc, HTTPStatusError) and exc.status == 429:
+                    stats.rate_limited += 1
+                delay = max(getattr(exc, "retry_after", None) or 0.0, policy.backoff(attempt, self._rng))
+                if not exc.retryable or attempt >= policy.max_attempts or self._clock() + delay > deadline:
+                    return self._failed(pending, exc, attempt, writer, stats)
+                stats.retries += 1
+                await self._sleep(delay)
+                continue
+            usage = payload.get("usage") or {} if isinstance(payload, dict) else {}
+            prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
+            stats.prompt_tokens += prompt_tokens or 0
+            stats.completion_tokens += completion_tokens or 0
+            stats.scored += 1
+            if writer is not None:
+                writer.put_score(self._row(pending, payload, score.p, score.label_mass, seconds, usage))
+            return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
+
+    def _row(
+        self,
+        pending: _Pending,
+        payload: Any,
+        p: float,
+        mass: float | None,
+        seconds: float,
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:
+        return {
+            "key": pending.key,
+            "expert": self.spec.name,
+            "item_id": pending.item.id,
+            "endpoint": self.spec.endpoint_id(),
+            "model": self.spec.model,
+            "method": self.spec.method,
+            "template_sha256": self.template.sha256,
+            "schema_version": SCHEMA_VERSION,
+            "score": p,
+            "label_mass": mass,
+            "response": json.dumps(payload, separators=(",", ":")),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "latency_ms": seconds * 1000.0,
+            "created": now(),
+        }
+
+    def _failed(
+        self, pending: _Pending, exc: ExpertError, attempts: int, writer: CacheWriter | None, stats: RunStats
+    ) -> ItemResult:
+        stats.failed += 1
+        stats.failure_reasons[exc.reason] += 1
+        if writer is not None:
+            writer.put_failure(
+                {
+                    "key": pending.key,
+                    "expert": self.spec.name,
+                    "item_id": pending.item.id,
+                    "reason": exc.reason,
+                    "message": str(exc)[:500],
+                    "attempts": attempts,
+                    "created": now(),
+                }
+            )
+        return ItemResult(pending.item.id, None, None, "failed", reason=exc.reason, attempts=attempts)
+
+    def _report(self, stats: RunStats) -> None:
+        if self._progress is not None:
+            self._progress.update(stats)
+
+
+def score_items(
+    spec: ExpertSpec, items: Sequence[Item], *, cache: ScoreCache | None, progress: ProgressSink | None = None
+) -> tuple[list[ItemResult], RunStats]:
+    """Synchronous wrapper over `ExpertClient.score` for scripts and notebooks."""
+    return asyncio.run(ExpertClient(spec, cache=cache, progress=progress).score(items))

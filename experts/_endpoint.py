@@ -1,0 +1,119 @@
+"""An OpenAI-compatible HTTP endpoint (one served model, one or more replicas)."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import httpx
+
+from ._config import Timeout
+from ._errors import ConfigError, HTTPStatusError, ResponseError, TransportError
+
+__all__ = ["Endpoint", "default_transport"]
+
+
+def default_transport(max_connections: int) -> httpx.AsyncBaseTransport:
+    """httpx over aiohttp: plain httpx slows down as concurrency grows (NOTES: 250 requests/s
+    at 64 in flight on 2 cores, against 1,800 with this transport)."""
+    from httpx_aiohttp import AiohttpTransport
+
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return AiohttpTransport(limits=limits)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header: a number, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+class Endpoint:
+    """POSTs JSON to `base_url + path` on the least-busy replica and returns the parsed answer.
+
+    The API key is read from the environment variable `api_key_env` at each request and sent
+    as a bearer token; it is never stored. Errors arrive as the `experts` exception tree.
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        *,
+        api_key_env: str | None = None,
+        timeout: Timeout | None = None,
+        max_connections: int = 64,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not base_urls:
+            raise ConfigError("an endpoint needs at least one base URL")
+        self.base_urls = tuple(url.rstrip("/") for url in base_urls)
+        self.api_key_env = api_key_env
+        self._in_flight = [0] * len(self.base_urls)
+        self._next = 0
+        self._client = httpx.AsyncClient(
+            transport=transport or default_transport(max_connections),
+            timeout=(timeout or Timeout()).to_httpx(),
+        )
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _pick(self) -> int:
+        """The replica with fewest requests in flight; ties go round-robin."""
+        n = len(self.base_urls)
+        start = self._next
+        best = min(range(n), key=lambda i: (self._in_flight[(start + i) % n], i))
+        self._next = (start + 1) % n
+        return (start + best) % n
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[Any, float]:
+        """(parsed JSON, seconds taken)."""
+        replica = self._pick()
+        url = self.base_urls[replica] + path
+        self._in_flight[replica] += 1
+        started = time.perf_counter()
+        try:
+            response = await self._client.request(method, url, json=body, headers=self._headers())
+            content = await response.aread()
+        except httpx.TimeoutException as exc:
+            raise TransportError(f"{url}: timed out ({type(exc).__name__})", reason="timeout") from None
+        except (TimeoutError, httpx.TransportError, aiohttp.ClientError, ConnectionError) as exc:
+            raise TransportError(f"{url}: {type(exc).__name__}: {exc}", reason="connection") from None
+        finally:
+            self._in_flight[replica] -= 1
+        elapsed = time.perf_counter() - started
+        if response.status_code >= 400:
+            detail = content[:200].decode("utf-8", "replace").strip()
+            raise HTTPStatusError(
+                response.status_code,
+                f"{url}: {detail}",
+                retry_after=_retry_after(response.headers.get("retry-after")),
+            )
+        try:
+            return json.loads(content), elapsed
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ResponseError(f"{url}: the answer is not JSON", reason="malformed-json") from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Endpoint:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

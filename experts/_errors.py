@@ -1,0 +1,54 @@
+"""The exceptions of the expert stage, one tree.
+
+    ExpertError                 anything that went wrong for an item or an endpoint
+    ├── ConfigError             a registry entry or option that cannot work (never retried)
+    ├── TransportError          connect/read/write timeouts, refused or dropped connections
+    ├── HTTPStatusError         a non-2xx answer; 408, 409, 425, 429 and 5xx are retried
+    └── ResponseError           a 2xx answer without a usable score: malformed JSON, missing
+                                logprobs, no mass on the label tokens (retried, never cached)
+
+httpx exceptions are translated where they enter (`experts._endpoint`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "ExpertError", "HTTPStatusError", "ResponseError", "TransportError"]
+
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class ExpertError(Exception):
+    """Base class. `retryable` says whether another attempt may succeed; `reason` is a short
+    machine-readable tag recorded in the failure ledger."""
+
+    retryable: bool = False
+    reason: str = "error"
+
+
+class ConfigError(ExpertError):
+    reason = "config"
+
+
+class TransportError(ExpertError):
+    retryable = True
+
+    def __init__(self, message: str, *, reason: str = "transport") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class HTTPStatusError(ExpertError):
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.retry_after = retry_after
+        self.retryable = status in _RETRYABLE_STATUS or status >= 500
+        self.reason = f"http-{status}"
+
+
+class ResponseError(ExpertError):
+    retryable = True
+
+    def __init__(self, message: str, *, reason: str = "bad-response") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,142 @@
+"""Scoring methods: the request each one sends and how its answer becomes P(high-stakes | x)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from ._errors import ResponseError
+from ._prompts import Conversation, PromptTemplate
+
+__all__ = [
+    "SCORING_METHODS",
+    "Request",
+    "Score",
+    "ScoringMethod",
+    "build_request",
+    "parse_response",
+]
+
+ScoringMethod = Literal["next-token", "likelihood"]
+SCORING_METHODS: tuple[str, ...] = get_args(ScoringMethod)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request: the path under the base URL, the full JSON body, and a token estimate
+    for the TPM limit (prompt characters / 4 plus the tokens asked for)."""
+
+    path: str
+    body: dict[str, Any]
+    tokens: int
+    prompt_chars: int  # likelihood: where each answer starts in the echoed text
+
+
+@dataclass(frozen=True)
+class Score:
+    """P(high-stakes | x) and, for next-token scoring, the probability mass on the label tokens."""
+
+    p: float
+    label_mass: float | None
+
+
+def build_request(
+    method: ScoringMethod,
+    template: PromptTemplate,
+    conversation: Conversation,
+    model: str,
+    *,
+    top_logprobs: int,
+) -> Request:
+    if method == "next-token":
+        messages = template.messages(conversation)
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": top_logprobs,
+        }
+        chars = sum(len(m["content"]) for m in messages)
+        return Request("/chat/completions", body, chars // 4 + 1, chars)
+    if method == "likelihood":
+        prompt = template.completion_prompt(conversation)
+        body = {
+            "model": model,
+            "prompt": [prompt + template.answers["high"], prompt + template.answers["low"]],
+            "max_tokens": 1,  # some servers reject 0; the generated token is ignored
+            "temperature": 0.0,
+            "echo": True,
+            "logprobs": 1,
+        }
+        return Request("/completions", body, 2 * (len(prompt) // 4 + 16), len(prompt))
+    raise ValueError(f"unknown scoring method {method!r}; choose one of {SCORING_METHODS}")
+
+
+def _label_of(token: str, labels: Mapping[str, str]) -> str | None:
+    """Which label a token spells, ignoring case and leading space markers (' ', 'Ġ', '▁')."""
+    word = token.strip().lstrip("Ġ▁").lower()
+    for name, label in labels.items():
+        if word == label.lower():
+            return name
+    return None
+
+
+def _next_token(payload: Mapping[str, Any], template: PromptTemplate) -> Score:
+    try:
+        top = payload["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        entries = [(str(t["token"]), float(t["logprob"])) for t in top]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ResponseError(
+            "the answer has no choices[0].logprobs.content[0].top_logprobs", reason="no-logprobs"
+        ) from None
+    mass = {"high": 0.0, "low": 0.0}
+    for token, logprob in entries:
+        label = _label_of(token, template.labels)
+        if label is not None:
+            mass[label] += math.exp(logprob)
+    total = mass["high"] + mass["low"]
+    if not total > 0:
+        raise ResponseError("no probability mass on the label tokens in top_logprobs", reason="no-label-mass")
+    return Score(p=mass["high"] / total, label_mass=total)
+
+
+def _answer_loglik(choice: Mapping[str, Any], prompt_chars: int, answer_chars: int) -> float:
+    """Sum of the echoed token logprobs that lie inside the answer's characters."""
+    logprobs = choice["logprobs"]
+    total, seen = 0.0, 0
+    end = prompt_chars + answer_chars
+    for offset, value in zip(logprobs["text_offset"], logprobs["token_logprobs"], strict=False):
+        if prompt_chars <= offset < end:
+            if value is None:
+                raise ResponseError("an answer token has no logprob", reason="no-logprobs")
+            total += float(value)
+            seen += 1
+    if seen == 0:
+        raise ResponseError("no echoed tokens fall inside the answer", reason="no-logprobs")
+    return total
+
+
+def _likelihood(payload: Mapping[str, Any], template: PromptTemplate, prompt_chars: int) -> Score:
+    try:
+        choices = sorted(payload["choices"], key=lambda c: c.get("index", 0))
+        high = _answer_loglik(choices[0], prompt_chars, len(template.answers["high"]))
+        low = _answer_loglik(choices[1], prompt_chars, len(template.answers["low"]))
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ResponseError(
+            "the answer lacks echoed prompt logprobs for both answers", reason="no-logprobs"
+        ) from None
+    # Softmax over the two answers, computed from the difference for stability.
+    return Score(p=1.0 / (1.0 + math.exp(min(low - high, 700.0))), label_mass=None)
+
+
+def parse_response(
+    method: ScoringMethod, payload: Mapping[str, Any], template: PromptTemplate, request: Request
+) -> Score:
+    """P(high-stakes | x) from the endpoint's JSON answer; ResponseError if it has none."""
+    if method == "next-token":
+        return _next_token(payload, template)
+    return _likelihood(payload, template, request.prompt_chars)
