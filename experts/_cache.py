@@ -77,7 +77,7 @@ class CacheKey:
     method: str
     labels: Mapping[str, str]
     template_sha256: str
-    body: Mapping[str, Any]  # the full request body as sent, defaults included
+    body: Mapping[str, Any]  # the full request (path and bodies) as sent, defaults included
 
     def digest(self) -> str:
         material = {

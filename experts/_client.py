@@ -120,7 +120,7 @@ class ExpertClient:
             method=self.spec.method,
             labels=self.template.labels,
             template_sha256=self.template.sha256,
-            body=request.body,
+            body={"path": request.path, "bodies": list(request.bodies)},
         ).digest()
         return request, key
 
@@ -212,8 +212,12 @@ class ExpertClient:
             try:
                 async with limiter.slot():
                     stats.in_flight = limiter.in_flight
-                    payload, seconds = await endpoint.request("POST", request.path, request.body)
-                score = parse_response(self.spec.method, payload, self.template, request)
+                    payloads, seconds = [], 0.0
+                    for body in request.bodies:
+                        payload, took = await endpoint.request("POST", request.path, body)
+                        payloads.append(payload)
+                        seconds += took
+                score = parse_response(self.spec.method, payloads, self.template, request)
             except ExpertError as exc:
                 stats.errors_seen[exc.reason] += 1
                 if isinstance(exc, HTTPStatusError) and exc.status == 429:
@@ -224,14 +228,15 @@ class ExpertClient:
                 stats.retries += 1
                 await self._sleep(delay)
                 continue
-            usage = payload.get("usage") or {} if isinstance(payload, dict) else {}
+            usage = _total_usage(payloads)
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
             stats.prompt_tokens += prompt_tokens or 0
             stats.completion_tokens += completion_tokens or 0
             stats.scored += 1
             if writer is not None:
-                writer.put_score(self._row(pending, payload, score.p, score.label_mass, seconds, usage))
+                response = payloads[0] if len(payloads) == 1 else payloads
+                writer.put_score(self._row(pending, response, score.p, score.label_mass, seconds, usage))
             return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
 
     def _row(
@@ -283,6 +288,17 @@ class ExpertClient:
     def _report(self, stats: RunStats) -> None:
         if self._progress is not None:
             self._progress.update(stats)
+
+
+def _total_usage(payloads: Sequence[Any]) -> dict[str, int]:
+    """Token usage summed over the answers that report it ({} if none does)."""
+    total: dict[str, int] = {}
+    for payload in payloads:
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        for name in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage, dict) and isinstance(usage.get(name), int):
+                total[name] = total.get(name, 0) + usage[name]
+    return total
 
 
 def score_items(

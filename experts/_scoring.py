@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -25,13 +25,20 @@ SCORING_METHODS: tuple[str, ...] = get_args(ScoringMethod)
 
 @dataclass(frozen=True)
 class Request:
-    """One HTTP request: the path under the base URL, the full JSON body, and a token estimate
-    for the TPM limit (prompt characters / 4 plus the tokens asked for)."""
+    """What scoring one item sends: POSTs of `bodies` to one path under the base URL (next-token:
+    one chat request; likelihood: one completions request per answer, since not every server
+    takes a list of prompts), and a token estimate for the TPM limit (characters / 4 plus the
+    tokens asked for)."""
 
     path: str
-    body: dict[str, Any]
+    bodies: tuple[dict[str, Any], ...]
     tokens: int
     prompt_chars: int  # likelihood: where each answer starts in the echoed text
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The first body: for next-token scoring, the only one."""
+        return self.bodies[0]
 
 
 @dataclass(frozen=True)
@@ -61,18 +68,21 @@ def build_request(
             "top_logprobs": top_logprobs,
         }
         chars = sum(len(m["content"]) for m in messages)
-        return Request("/chat/completions", body, chars // 4 + 1, chars)
+        return Request("/chat/completions", (body,), chars // 4 + 1, chars)
     if method == "likelihood":
         prompt = template.completion_prompt(conversation)
-        body = {
-            "model": model,
-            "prompt": [prompt + template.answers["high"], prompt + template.answers["low"]],
-            "max_tokens": 1,  # some servers reject 0; the generated token is ignored
-            "temperature": 0.0,
-            "echo": True,
-            "logprobs": 1,
-        }
-        return Request("/completions", body, 2 * (len(prompt) // 4 + 16), len(prompt))
+        bodies = tuple(
+            {
+                "model": model,
+                "prompt": prompt + template.answers[label],
+                "max_tokens": 1,  # some servers reject 0; the generated token is ignored
+                "temperature": 0.0,
+                "echo": True,
+                "logprobs": 1,
+            }
+            for label in ("high", "low")
+        )
+        return Request("/completions", bodies, 2 * (len(prompt) // 4 + 16), len(prompt))
     raise ValueError(f"unknown scoring method {method!r}; choose one of {SCORING_METHODS}")
 
 
@@ -120,11 +130,10 @@ def _answer_loglik(choice: Mapping[str, Any], prompt_chars: int, answer_chars: i
     return total
 
 
-def _likelihood(payload: Mapping[str, Any], template: PromptTemplate, prompt_chars: int) -> Score:
+def _likelihood(payloads: Sequence[Mapping[str, Any]], template: PromptTemplate, prompt_chars: int) -> Score:
     try:
-        choices = sorted(payload["choices"], key=lambda c: c.get("index", 0))
-        high = _answer_loglik(choices[0], prompt_chars, len(template.answers["high"]))
-        low = _answer_loglik(choices[1], prompt_chars, len(template.answers["low"]))
+        high = _answer_loglik(payloads[0]["choices"][0], prompt_chars, len(template.answers["high"]))
+        low = _answer_loglik(payloads[1]["choices"][0], prompt_chars, len(template.answers["low"]))
     except (KeyError, IndexError, TypeError, ValueError):
         raise ResponseError(
             "the answer lacks echoed prompt logprobs for both answers", reason="no-logprobs"
@@ -134,9 +143,10 @@ def _likelihood(payload: Mapping[str, Any], template: PromptTemplate, prompt_cha
 
 
 def parse_response(
-    method: ScoringMethod, payload: Mapping[str, Any], template: PromptTemplate, request: Request
+    method: ScoringMethod, payloads: Sequence[Mapping[str, Any]], template: PromptTemplate, request: Request
 ) -> Score:
-    """P(high-stakes | x) from the endpoint's JSON answer; ResponseError if it has none."""
+    """P(high-stakes | x) from the endpoint's JSON answers (one per body of `request`);
+    ResponseError if they hold none."""
     if method == "next-token":
-        return _next_token(payload, template)
-    return _likelihood(payload, template, request.prompt_chars)
+        return _next_token(payloads[0], template)
+    return _likelihood(payloads, template, request.prompt_chars)

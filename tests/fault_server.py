@@ -162,7 +162,7 @@ class FaultServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        prompts = body["prompt"]
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
         item = self._item(prompts[0])
         response = await self._fault(request, item)
         if response is not None:
@@ -174,11 +174,12 @@ class FaultServer:
         choices = []
         for index, prompt in enumerate(prompts):
             start = prompt.rindex("This interaction is")
+            answer = 0 if "high-stakes" in prompt[start:] else 1
             words = re.findall(r"\S+\s*", prompt[start:])
             # The first echoed token covers the whole prompt, then one token per answer word,
             # then the one generated token (which scoring must ignore).
             offsets = [0] + [start + sum(len(w) for w in words[:k]) for k in range(len(words))]
-            logprobs = [None] + [answer_ll[index] / len(words)] * len(words)
+            logprobs = [None] + [answer_ll[answer] / len(words)] * len(words)
             choice: dict[str, Any] = {"index": index, "text": prompt + " x"}
             if fault not in ("no-logprobs", "no-labels"):
                 choice["logprobs"] = {

@@ -13,6 +13,7 @@ except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from ._calibrate import register as _register_calibration
+from ._experts import register as _register_experts
 
 __all__ = ["app", "main"]
 
@@ -27,6 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _register_calibration(app)
+_register_experts(app)
 
 
 def main() -> None:

@@ -1,0 +1,123 @@
+"""Datasets in the format of McKenzie et al. (2025): JSONL or CSV rows with `inputs` (a plain
+string, or a JSON-encoded list of {"role", "content"} messages), `ids` and `labels`
+("high-stakes" = 1, "low-stakes" = 0, "ambiguous" dropped and counted; 1/0 also accepted)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from experts import Conversation, Item
+
+from ._errors import InputError
+
+__all__ = ["Dataset", "read_dataset"]
+
+_LABELS = {"high-stakes": 1, "low-stakes": 0, "1": 1, "0": 0, "high": 1, "low": 0}
+_DROPPED = {"ambiguous"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Examples of one file, in file order. `labels[i]` is None for an unlabelled row (a file
+    without a `labels` column); `dropped` counts the ambiguous rows left out."""
+
+    path: Path
+    items: list[Item]
+    labels: list[int | None]
+    dropped: int = 0
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _conversation(value: object, where: str) -> Conversation:
+    """A plain string, or messages (given as a list or as JSON text of a list)."""
+    if isinstance(value, list):
+        messages = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")):
+            return value
+        try:
+            messages = json.loads(text)
+        except json.JSONDecodeError:
+            return value  # a string that merely looks like a list
+    else:
+        raise InputError(
+            f"{where}: 'inputs' must be a string or a list of messages, got {type(value).__name__}"
+        )
+    for i, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise InputError(f"{where}: message {i} of 'inputs' needs string 'role' and 'content'")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _rows(path: Path) -> list[tuple[str, dict[str, object]]]:
+    """(where, row) pairs; `where` names the file and line."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    rows: list[tuple[str, dict[str, object]]] = []
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            previous = reader.line_num
+            for row in reader:
+                rows.append((f"{path}:{previous + 1}", dict(row)))
+                previous = reader.line_num
+        return rows
+    with path.open(encoding="utf-8-sig") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{number}: expected a JSON object per line")
+            rows.append((f"{path}:{number}", row))
+    return rows
+
+
+def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
+    """Read a JSONL (or .csv) file of the McKenzie et al. format. Duplicate ids, unknown labels
+    and malformed lines are errors naming the file and line."""
+    path = Path(path)
+    items: list[Item] = []
+    labels: list[int | None] = []
+    dropped = 0
+    seen: dict[str, str] = {}
+    for where, row in _rows(path):
+        if "inputs" not in row:
+            raise InputError(f"{where}: missing field 'inputs'")
+        raw_label = row.get("labels")
+        if raw_label is None and require_labels:
+            raise InputError(f"{where}: missing field 'labels'")
+        label: int | None = None
+        if raw_label is not None:
+            text = str(raw_label).strip().lower()
+            if text in _DROPPED:
+                dropped += 1
+                continue
+            if text not in _LABELS:
+                raise InputError(f"{where}: label {raw_label!r} is not high-stakes, low-stakes or ambiguous")
+            label = _LABELS[text]
+        item_id = str(row.get("ids", row.get("id", ""))).strip() or f"{path.stem}-{len(items) + dropped}"
+        if item_id in seen:
+            raise InputError(f"{where}: id {item_id!r} repeats (first at {seen[item_id]})")
+        seen[item_id] = where
+        items.append(Item(item_id, _conversation(row["inputs"], where)))
+        labels.append(label)
+    if not items:
+        raise InputError(f"{path}: no examples (after dropping {dropped} ambiguous rows)")
+    return Dataset(path=path, items=items, labels=labels, dropped=dropped)
