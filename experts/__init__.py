@@ -6,6 +6,7 @@ an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM)
 """
 
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
+from ._check import EndpointCheck, check_endpoint
 from ._client import ExpertClient, Item, ItemResult, ProgressSink, RunStats, score_items
 from ._config import RateLimit, RetryPolicy, Timeout
 from ._endpoint import Endpoint, default_transport
@@ -22,6 +23,7 @@ from ._registry import (
     resolve_expert,
 )
 from ._scoring import SCORING_METHODS, Request, Score, ScoringMethod, build_request, parse_response
+from ._serve import LocalServer, server_command, smollm2_gguf
 
 __all__ = [
     "BUILTIN_EXPERTS",
@@ -32,6 +34,7 @@ __all__ = [
     "ConfigError",
     "Conversation",
     "Endpoint",
+    "EndpointCheck",
     "ExpertClient",
     "ExpertError",
     "ExpertSpec",
@@ -40,6 +43,7 @@ __all__ = [
     "Item",
     "ItemResult",
     "Limiter",
+    "LocalServer",
     "ProgressSink",
     "PromptTemplate",
     "RateLimit",
@@ -56,6 +60,7 @@ __all__ = [
     "TransportError",
     "add_expert",
     "build_request",
+    "check_endpoint",
     "default_transport",
     "expert_from_url",
     "experts_file",
@@ -65,4 +70,6 @@ __all__ = [
     "render_conversation",
     "resolve_expert",
     "score_items",
+    "server_command",
+    "smollm2_gguf",
 ]

@@ -13,8 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 import experts
-from experts import ConfigError, ExpertSpec, Item, RunStats, ScoreCache
-from experts._check import EndpointCheck, check_endpoint
+from experts import ConfigError, EndpointCheck, ExpertSpec, Item, RunStats, ScoreCache, check_endpoint
 
 from ._datasets import read_dataset
 from ._errors import InputError

