@@ -11,7 +11,7 @@ from ._client import ExpertClient, Item, ItemResult, ProgressSink, RunStats, sco
 from ._config import RateLimit, RetryPolicy, Timeout
 from ._endpoint import Endpoint, default_transport
 from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError, TransportError
-from ._limiter import Limiter, TokenBucket
+from ._limiter import Limiter, Pacer
 from ._prompts import Conversation, PromptTemplate, load_template, render_conversation
 from ._registry import (
     BUILTIN_EXPERTS,
@@ -44,6 +44,7 @@ __all__ = [
     "ItemResult",
     "Limiter",
     "LocalServer",
+    "Pacer",
     "ProgressSink",
     "PromptTemplate",
     "RateLimit",
@@ -56,7 +57,6 @@ __all__ = [
     "ScoreRow",
     "ScoringMethod",
     "Timeout",
-    "TokenBucket",
     "TransportError",
     "add_expert",
     "build_request",

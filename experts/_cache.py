@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -123,14 +122,19 @@ class ScoreCache:
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedScore]:
         """The cached scores among `keys` (looked up 500 at a time)."""
         found: dict[str, CachedScore] = {}
-        with Session(self.engine) as session:
+        # The hot path of a resumed run: plain SQL on the driver connection, no ORM objects.
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
             for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
-                rows = session.exec(
-                    select(ScoreRow.key, ScoreRow.score, ScoreRow.label_mass).where(ScoreRow.key.in_(chunk))
-                )
-                for key, score, mass in rows:
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                cursor.execute(f"SELECT key, score, label_mass FROM scores WHERE key IN ({marks})", chunk)
+                for key, score, mass in cursor.fetchall():
                     found[key] = CachedScore(score, mass)
+            cursor.close()
+        finally:
+            connection.close()
         return found
 
     def put_many(self, scores: Iterable[dict[str, Any]], failures: Iterable[dict[str, Any]] = ()) -> None:
@@ -182,57 +186,65 @@ def now() -> datetime:
 
 
 class CacheWriter:
-    """The single writer: rows are queued by the workers and committed by one task, in batches
-    of up to `batch` rows or every `interval` seconds, in a thread so that the event loop never
-    waits on the disk."""
+    """The single writer, committing in groups: a worker hands over its row and resumes once the
+    row is committed. The writer takes everything queued at that moment (up to `batch` rows)
+    as one transaction in a thread, so the event loop never waits on the disk. Since no worker
+    starts its next item before its answer is durable, a crash or kill -9 loses at most the
+    answers of the items in flight (one per worker), and the queue never holds more than that."""
 
-    def __init__(self, cache: ScoreCache, *, batch: int = 256, interval: float = 0.05) -> None:
+    def __init__(self, cache: ScoreCache, *, batch: int = 512) -> None:
         self.cache = cache
         self.batch = batch
-        self.interval = interval
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[None]] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.committed = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cache-writer")
 
-    def put_score(self, row: dict[str, Any]) -> None:
-        self._queue.put_nowait(("score", row))
+    async def put_score(self, row: dict[str, Any]) -> None:
+        """Returns once the row is committed (raises if the commit failed)."""
+        await self._submit("score", row)
 
-    def put_failure(self, row: dict[str, Any]) -> None:
-        self._queue.put_nowait(("failure", row))
+    async def put_failure(self, row: dict[str, Any]) -> None:
+        await self._submit("failure", row)
+
+    async def _submit(self, kind: str, row: dict[str, Any]) -> None:
+        if self._task is None or self._task.done():
+            raise RuntimeError("the cache writer is not running")
+        committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((kind, row, committed))
+        await committed
 
     async def _run(self) -> None:
-        done = False
-        while not done:
-            item = await self._queue.get()
-            pending = [item]
-            deadline = time.monotonic() + self.interval
-            while len(pending) < self.batch:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
+        while True:
+            first = await self._queue.get()
+            group = [first]
+            while len(group) < self.batch and not self._queue.empty():
+                group.append(self._queue.get_nowait())
+            entries = [entry for entry in group if entry is not None]
+            if entries:
+                scores = [row for kind, row, _ in entries if kind == "score"]
+                failures = [row for kind, row, _ in entries if kind == "failure"]
                 try:
-                    pending.append(await asyncio.wait_for(self._queue.get(), timeout))
-                except TimeoutError:
-                    break
-            if None in pending:
-                done = True
-            scores = [
-                row for entry in pending if entry is not None for kind, row in [entry] if kind == "score"
-            ]
-            failures = [
-                row for entry in pending if entry is not None for kind, row in [entry] if kind == "failure"
-            ]
-            if scores or failures:
-                await asyncio.to_thread(self.cache.put_many, scores, failures)
+                    await asyncio.to_thread(self.cache.put_many, scores, failures)
+                except Exception as exc:  # the disk failed: every waiting worker hears of it
+                    for _, _, committed in entries:
+                        if not committed.done():
+                            committed.set_exception(exc)
+                    raise
                 self.committed += len(scores)
+                for _, _, committed in entries:
+                    if not committed.done():
+                        committed.set_result(None)
+            if None in group:
+                return
 
     async def close(self) -> None:
-        """Commit everything queued, then stop."""
+        """Commit everything handed over, then stop."""
         if self._task is None:
             return
-        self._queue.put_nowait(None)
+        if not self._task.done():
+            self._queue.put_nowait(None)
         await self._task
         self._task = None

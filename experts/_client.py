@@ -98,6 +98,7 @@ class ExpertClient:
     ) -> None:
         self.spec = spec
         self.template: PromptTemplate = load_template(spec.template)
+        self._endpoint_id = spec.endpoint_id()
         self.cache = cache
         self._transport = transport
         self._clock = clock
@@ -115,7 +116,7 @@ class ExpertClient:
             top_logprobs=self.spec.top_logprobs,
         )
         key = CacheKey(
-            endpoint=self.spec.endpoint_id(),
+            endpoint=self._endpoint_id,
             model=self.spec.model,
             method=self.spec.method,
             labels=self.template.labels,
@@ -208,7 +209,7 @@ class ExpertClient:
         attempt = 0
         while True:
             attempt += 1
-            await limiter.admit(request.tokens)
+            await limiter.admit(request.tokens, requests=len(request.bodies))
             try:
                 async with limiter.slot():
                     stats.in_flight = limiter.in_flight
@@ -224,7 +225,7 @@ class ExpertClient:
                     stats.rate_limited += 1
                 delay = max(getattr(exc, "retry_after", None) or 0.0, policy.backoff(attempt, self._rng))
                 if not exc.retryable or attempt >= policy.max_attempts or self._clock() + delay > deadline:
-                    return self._failed(pending, exc, attempt, writer, stats)
+                    return await self._failed(pending, exc, attempt, writer, stats)
                 stats.retries += 1
                 await self._sleep(delay)
                 continue
@@ -236,7 +237,9 @@ class ExpertClient:
             stats.scored += 1
             if writer is not None:
                 response = payloads[0] if len(payloads) == 1 else payloads
-                writer.put_score(self._row(pending, response, score.p, score.label_mass, seconds, usage))
+                await writer.put_score(
+                    self._row(pending, response, score.p, score.label_mass, seconds, usage)
+                )
             return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
 
     def _row(
@@ -252,7 +255,7 @@ class ExpertClient:
             "key": pending.key,
             "expert": self.spec.name,
             "item_id": pending.item.id,
-            "endpoint": self.spec.endpoint_id(),
+            "endpoint": self._endpoint_id,
             "model": self.spec.model,
             "method": self.spec.method,
             "template_sha256": self.template.sha256,
@@ -266,13 +269,13 @@ class ExpertClient:
             "created": now(),
         }
 
-    def _failed(
+    async def _failed(
         self, pending: _Pending, exc: ExpertError, attempts: int, writer: CacheWriter | None, stats: RunStats
     ) -> ItemResult:
         stats.failed += 1
         stats.failure_reasons[exc.reason] += 1
         if writer is not None:
-            writer.put_failure(
+            await writer.put_failure(
                 {
                     "key": pending.key,
                     "expert": self.spec.name,

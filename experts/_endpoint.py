@@ -91,6 +91,11 @@ class Endpoint:
             response = await self._client.request(method, url, json=body, headers=self._headers())
             content = await response.aread()
         except httpx.TimeoutException as exc:
+            # httpx-aiohttp reports a connection the server dropped as ConnectTimeout.
+            if isinstance(exc.__cause__, aiohttp.ServerDisconnectedError | ConnectionError):
+                raise TransportError(
+                    f"{url}: the server closed the connection", reason="connection"
+                ) from None
             raise TransportError(f"{url}: timed out ({type(exc).__name__})", reason="timeout") from None
         except (TimeoutError, httpx.TransportError, aiohttp.ClientError, ConnectionError) as exc:
             raise TransportError(f"{url}: {type(exc).__name__}: {exc}", reason="connection") from None

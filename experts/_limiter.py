@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable
 
 from ._config import RateLimit
 
-__all__ = ["Limiter", "TokenBucket"]
+__all__ = ["Limiter", "Pacer"]
 
 
-class TokenBucket:
-    """A bucket of `per_minute` units refilled continuously. `take(n)` waits until the bucket
-    holds min(n, capacity) and then removes n; the level may go negative (debt), so a request
-    larger than a minute's allowance waits for a full bucket instead of failing."""
+class Pacer:
+    """Spaces admissions so that at most `per_minute` units pass in any 60-second window (the
+    generic cell rate algorithm without burst): a call of weight w is admitted no earlier than
+    the previous call's time plus its weight x 60 / per_minute. A weight above a minute's
+    allowance waits its turn rather than failing, and each call sleeps at most once."""
 
     def __init__(
         self,
@@ -23,40 +24,33 @@ class TokenBucket:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
-        self._level = self.capacity
-        self._stamp = clock()
+        self.per_minute = float(per_minute)
+        self._seconds_per_unit = 60.0 / per_minute
+        self._next = clock()  # the earliest time the next call may pass
         self._clock = clock
         self._sleep = sleep
         self._lock = asyncio.Lock()  # first come, first served
 
-    def _refill(self) -> None:
-        now = self._clock()
-        self._level = min(self.capacity, self._level + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    async def take(self, amount: float) -> None:
+    async def take(self, amount: float = 1.0) -> None:
         async with self._lock:
-            self._refill()
-            need = min(amount, self.capacity)
-            while self._level < need:
-                await self._sleep((need - self._level) / self.rate)
-                self._refill()
-            self._level -= amount
+            now = self._clock()
+            start = max(now, self._next)
+            self._next = start + amount * self._seconds_per_unit
+            if start > now:
+                await self._sleep(start - now)
 
     def give_back(self, amount: float) -> None:
-        """Return units taken in excess (a token estimate above the tokens used)."""
-        self._refill()
-        self._level = min(self.capacity, self._level + amount)
+        """Return units taken in excess (a token estimate above the tokens used); the schedule
+        never moves before the present."""
+        self._next = max(self._clock(), self._next - amount * self._seconds_per_unit)
 
     def __repr__(self) -> str:
-        return f"TokenBucket(level={self._level:.1f}, capacity={self.capacity:.1f})"
+        return f"Pacer(per_minute={self.per_minute:g}, next in {max(0.0, self._next - self._clock()):.2f} s)"
 
 
 class Limiter:
     """At most `limit.concurrency` requests in flight (`async with limiter.slot()`), and RPM and
-    TPM buckets (`await limiter.admit(tokens)`) where the limit sets them."""
+    TPM pacing (`await limiter.admit(tokens, requests)`) where the limit sets them."""
 
     def __init__(
         self,
@@ -67,18 +61,19 @@ class Limiter:
     ) -> None:
         self.limit = limit
         self._slots = asyncio.Semaphore(limit.concurrency)
-        self.requests = TokenBucket(limit.rpm, clock=clock, sleep=sleep) if limit.rpm else None
-        self.tokens = TokenBucket(limit.tpm, clock=clock, sleep=sleep) if limit.tpm else None
+        self.requests = Pacer(limit.rpm, clock=clock, sleep=sleep) if limit.rpm else None
+        self.tokens = Pacer(limit.tpm, clock=clock, sleep=sleep) if limit.tpm else None
         self.in_flight = 0
 
-    async def admit(self, tokens: int) -> None:
+    async def admit(self, tokens: int, requests: int = 1) -> None:
+        """Wait until `requests` HTTP requests carrying about `tokens` tokens may start."""
         if self.requests is not None:
-            await self.requests.take(1)
+            await self.requests.take(requests)
         if self.tokens is not None:
             await self.tokens.take(tokens)
 
     def settle(self, estimated: int, used: int | None) -> None:
-        """Correct the TPM bucket once the answer reports the tokens really used."""
+        """Correct the TPM schedule once the answers report the tokens really used."""
         if self.tokens is not None and used is not None and used < estimated:
             self.tokens.give_back(estimated - used)
 

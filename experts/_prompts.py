@@ -56,6 +56,8 @@ def render_conversation(conversation: Conversation) -> str:
         return conversation
     blocks = []
     for i, message in enumerate(conversation):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"message {i} must be a mapping with 'role' and 'content', got {message!r}")
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"message {i} needs string 'role' and 'content', got {dict(message)!r}")

@@ -256,7 +256,7 @@ def add_expert(name: str, entry: dict[str, Any], path: Path | None = None) -> Pa
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ConfigError(f"expert name {name!r}: use letters, digits, '-', '_' and '.'")
     body = "\n".join(f"{key} = {_toml_value(value)}" for key, value in entry.items() if value is not None)
-    section = f"[experts.{name}]\n{body}\n"
+    section = f'[experts."{name}"]\n{body}\n'  # quoted: a '.' in the name is not a sub-table
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     # Drop an existing section of that name (up to the next section header).
     pattern = re.compile(rf"(?ms)^\[experts\.\"?{re.escape(name)}\"?\]\n.*?(?=^\[|\Z)")

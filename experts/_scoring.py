@@ -103,6 +103,8 @@ def _next_token(payload: Mapping[str, Any], template: PromptTemplate) -> Score:
         raise ResponseError(
             "the answer has no choices[0].logprobs.content[0].top_logprobs", reason="no-logprobs"
         ) from None
+    if any(not (logprob <= 0.0) for _, logprob in entries):  # also catches NaN
+        raise ResponseError("a top logprob is positive or not a number", reason="bad-logprobs")
     mass = {"high": 0.0, "low": 0.0}
     for token, logprob in entries:
         label = _label_of(token, template.labels)
@@ -123,6 +125,10 @@ def _answer_loglik(choice: Mapping[str, Any], prompt_chars: int, answer_chars: i
         if prompt_chars <= offset < end:
             if value is None:
                 raise ResponseError("an answer token has no logprob", reason="no-logprobs")
+            if not float(value) <= 0.0:
+                raise ResponseError(
+                    "an answer token's logprob is positive or not a number", reason="bad-logprobs"
+                )
             total += float(value)
             seen += 1
     if seen == 0:
