@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import httpx
@@ -36,18 +37,32 @@ class EndpointCheck:
         return self.problem is None
 
 
+_PROBE_ATTEMPTS = 3
+
+
 async def _probe(endpoint: Endpoint, spec: ExpertSpec, method: ScoringMethod) -> tuple[bool, str | None]:
-    """(works, why not) for one scoring method, with one uncached request."""
+    """(works, why not) for one scoring method, with uncached requests. A transient failure
+    (429, 5xx, timeout, malformed answer) is retried a few times before it counts as an answer."""
     template = load_template(spec.template)
     request = build_request(method, template, _PROBE, spec.model, top_logprobs=spec.top_logprobs)
-    try:
-        payloads = [(await endpoint.request("POST", request.path, body))[0] for body in request.bodies]
-        parse_response(method, payloads, template, request)
-    except ResponseError as exc:
-        return False, str(exc)
-    except HTTPStatusError as exc:
-        return False, str(exc)
-    return True, None
+    why: str | None = None
+    for attempt in range(1, _PROBE_ATTEMPTS + 1):
+        try:
+            payloads = [(await endpoint.request("POST", request.path, body))[0] for body in request.bodies]
+            parse_response(method, payloads, template, request)
+            return True, None
+        except ResponseError as exc:
+            why = str(exc)
+            if exc.reason == "no-label-mass":
+                return True, None  # logprobs came back; this one answer just put no mass on the labels
+            if exc.reason != "malformed-json":
+                return False, why  # no logprobs: the endpoint's behaviour, not chance
+        except (HTTPStatusError, TransportError) as exc:
+            why = str(exc)
+            if not exc.retryable:
+                return False, why
+        await asyncio.sleep(0.2 * attempt)
+    return False, why
 
 
 async def check_endpoint(

@@ -1,0 +1,186 @@
+"""`ctd query`, `ctd experts` and `ctd cache` through the real command line: bad endpoints and
+registry typos are one line with exit code 2 and cache nothing; a good run resumes from the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from fault_server import FaultPlan, RunningServer, item_score
+
+
+def run_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    rows = [
+        {
+            "ids": f"ex{i}",
+            "inputs": f"item-{i}: is this risky?",
+            "labels": "high-stakes" if i % 2 else "low-stakes",
+        }
+        for i in range(30)
+    ]
+    rows.append({"ids": "amb", "inputs": "item-99", "labels": "ambiguous"})
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return tmp_path
+
+
+def env_for(folder: Path) -> dict[str, str]:
+    return {"CTD_CACHE": str(folder / "cache.sqlite"), "CTD_EXPERTS_FILE": str(folder / "experts.toml")}
+
+
+def query(
+    folder: Path, url: str, model: str = "fault-model", *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return run_ctd(
+        "query", "--data", "data.jsonl", "--out", "out.csv", "--expert-url", url, "--expert-model", model,
+        *extra, cwd=folder, env=env_for(folder),
+    )  # fmt: skip
+
+
+def nothing_cached(folder: Path) -> bool:
+    path = folder / "cache.sqlite"
+    if not path.exists():
+        return True
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_url(workdir: Path) -> None:
+    result = query(workdir, f"http://127.0.0.1:{free_port()}/v1")
+    assert_one_line_error(result, "cannot reach", "is the server running")
+    assert nothing_cached(workdir) and not (workdir / "out.csv").exists()
+
+
+def test_refused_api_key(workdir: Path) -> None:
+    @web.middleware
+    async def require_key(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.headers.get("Authorization") != "Bearer right-key":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    running = RunningServer()
+    running.server.app.middlewares.append(require_key)
+    with running:
+        result = query(workdir, running.url)
+    assert_one_line_error(result, "HTTP 401", "API key")
+    assert nothing_cached(workdir)
+
+
+def test_model_not_served(workdir: Path) -> None:
+    with RunningServer() as running:
+        result = query(workdir, running.url, "no-such-model")
+    assert_one_line_error(result, "serves fault-model", "'no-such-model'")
+    assert nothing_cached(workdir)
+
+
+def test_endpoint_without_logprobs(workdir: Path) -> None:
+    with RunningServer(FaultPlan(rates={"no-logprobs": 1.0})) as running:
+        result = query(workdir, running.url)
+    assert_one_line_error(result, "chat logprobs do not work")
+    assert nothing_cached(workdir)
+
+
+def test_registry_typo_names_file_and_line(workdir: Path) -> None:
+    (workdir / "experts.toml").write_text('[experts.judge]\nbase_url = "http://x/v1"\nmodle = "m"\n')
+    result = run_ctd("experts", "list", cwd=workdir, env=env_for(workdir))
+    assert_one_line_error(result, "experts.toml:3", "unknown key 'modle'")
+    result = run_ctd(
+        "query",
+        "--data",
+        "data.jsonl",
+        "--out",
+        "o.csv",
+        "--expert",
+        "judge",
+        cwd=workdir,
+        env=env_for(workdir),
+    )
+    assert_one_line_error(result, "experts.toml:3")
+    assert nothing_cached(workdir)
+
+
+def test_query_runs_resumes_and_reports(workdir: Path) -> None:
+    with RunningServer(FaultPlan(rates={"500": 0.2}, broken=frozenset({3}))) as running:
+        first = query(workdir, running.url, "fault-model", "--json")
+        assert first.returncode == 0, first.stderr
+        summary = json.loads(first.stdout)
+        assert summary["total"] == 30 and summary["dropped"] == 1
+        assert summary["scored"] == 29 and summary["failed"] == 1
+        assert summary["failure_reasons"] == {"no-label-mass": 1}
+        requests_after_first = sum(running.server.counts.requests.values())
+        again = json.loads(query(workdir, running.url, "fault-model", "--json").stdout)
+        assert again["cached"] == 29 and again["scored"] == 0 and again["failed"] == 1
+        # Only the failed item (and the check's probes) went to the server again.
+        item_requests = {k: v for k, v in running.server.counts.requests.items() if k >= 0}
+        assert (
+            sum(item_requests.values())
+            - sum(v for k, v in running.server.counts.requests.items() if k >= 0 and k != 3)
+            == item_requests[3]
+        )
+        assert sum(running.server.counts.requests.values()) > requests_after_first
+    lines = (workdir / "out.csv").read_text().splitlines()
+    assert lines[0] == "id,label,expert,label_mass,source,reason,attempts"
+    rows = [line.split(",") for line in lines[1:]]
+    assert [r[0] for r in rows] == [f"ex{i}" for i in range(30)]
+    for i, row in enumerate(rows):
+        if i == 3:
+            assert row[2] == "" and row[4] == "failed" and row[5] == "no-label-mass"
+        else:
+            assert float(row[2]) == pytest.approx(item_score(i), abs=1e-12) and row[4] == "cache"
+    stats = run_ctd("cache", "stats", "--json", cwd=workdir, env=env_for(workdir))
+    assert json.loads(stats.stdout)["experts"] == {"url:fault-model": {"scores": 29, "failures": 2}}
+    exported = run_ctd("cache", "export", "--out", "scores.jsonl", cwd=workdir, env=env_for(workdir))
+    assert exported.returncode == 0
+    assert len((workdir / "scores.jsonl").read_text().splitlines()) == 29
+
+
+def test_experts_add_show_and_check(workdir: Path) -> None:
+    with RunningServer() as running:
+        added = run_ctd(
+            "experts", "add", "local.judge", "--url", running.url, "--model", "fault-model", "--rpm", "600",
+            cwd=workdir, env=env_for(workdir),
+        )  # fmt: skip
+        assert added.returncode == 0, added.stderr
+        shown = json.loads(
+            run_ctd("experts", "show", "local.judge", "--json", cwd=workdir, env=env_for(workdir)).stdout
+        )
+        assert shown["model"] == "fault-model" and shown["rate"]["rpm"] == 600
+        check = run_ctd("experts", "check", "local.judge", "--json", cwd=workdir, env=env_for(workdir))
+        assert check.returncode == 0, check.stderr
+        report = json.loads(check.stdout)
+        assert report["reachable"] and report["model_served"] and report["chat_logprobs"]
+        assert report["completions_echo"] and report["method"] == "next-token"
