@@ -75,29 +75,25 @@ def _env(name: str) -> str:
     return "CTD_" + re.sub(r"[^A-Za-z0-9]+", "_", name).upper()
 
 
+def _vllm_entry(name: str, hf_model: str, port: int) -> ExpertSpec:
+    """A model served by vLLM on this machine under its Hugging Face id."""
+    return ExpertSpec(
+        name=name,
+        base_urls=(f"http://127.0.0.1:{port}/v1",),
+        model=hf_model,
+        base_url_env=_env(name) + "_URL",
+        api_key_env=_env(name) + "_API_KEY",
+        rate=RateLimit(concurrency=64),
+        server="vllm",
+        hf_model=hf_model,
+    )
+
+
 BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
     spec.name: spec
     for spec in (
-        ExpertSpec(
-            name="gemma-27b",
-            base_urls=("http://127.0.0.1:8000/v1",),
-            model="google/gemma-3-27b-it",
-            base_url_env=_env("gemma-27b") + "_URL",
-            api_key_env=_env("gemma-27b") + "_API_KEY",
-            rate=RateLimit(concurrency=64),
-            server="vllm",
-            hf_model="google/gemma-3-27b-it",
-        ),
-        ExpertSpec(
-            name="llama-1b",
-            base_urls=("http://127.0.0.1:8001/v1",),
-            model="meta-llama/Llama-3.2-1B-Instruct",
-            base_url_env=_env("llama-1b") + "_URL",
-            api_key_env=_env("llama-1b") + "_API_KEY",
-            rate=RateLimit(concurrency=64),
-            server="vllm",
-            hf_model="meta-llama/Llama-3.2-1B-Instruct",
-        ),
+        _vllm_entry("gemma-27b", "google/gemma-3-27b-it", 8000),
+        _vllm_entry("llama-1b", "meta-llama/Llama-3.2-1B-Instruct", 8001),
         ExpertSpec(
             name="smollm2",
             base_urls=("http://127.0.0.1:8089/v1",),
