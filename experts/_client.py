@@ -146,21 +146,40 @@ class ExpertClient:
             asyncio.create_task(self._worker(queue, endpoint, limiter, writer, results, stats))
             for _ in range(self.spec.rate.concurrency)
         ]
+        producer = asyncio.create_task(self._produce(items, results, stats, queue, len(workers)))
+        tasks = [producer, *workers]
         try:
-            for pending in self._misses(items, results, stats):
-                await queue.put(pending)
-            for _ in workers:
-                await queue.put(None)
-            await asyncio.gather(*workers)
+            # If the workers die (a disk error on commit, say), the producer must not wait on a
+            # full queue forever: the first exception anywhere ends the run.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await asyncio.gather(*tasks)
         finally:
-            for worker in workers:
-                worker.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            if writer is not None:
-                await writer.close()
-            await endpoint.aclose()
-            self._report(stats)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                if writer is not None:
+                    await writer.close()  # commits what was handed over (re-raises a disk error)
+            finally:
+                await endpoint.aclose()
+                self._report(stats)
         return [r for r in results if r is not None], stats
+
+    async def _produce(
+        self,
+        items: Sequence[Item],
+        results: list[ItemResult | None],
+        stats: RunStats,
+        queue: asyncio.Queue[_Pending | None],
+        n_workers: int,
+    ) -> None:
+        for pending in self._misses(items, results, stats):
+            await queue.put(pending)
+        for _ in range(n_workers):
+            await queue.put(None)
 
     def _misses(
         self, items: Sequence[Item], results: list[ItemResult | None], stats: RunStats

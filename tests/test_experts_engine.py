@@ -566,3 +566,18 @@ def test_answered_but_uncommitted_items_stay_within_concurrency(tmp_path: Path) 
         cache.close()
     assert all(r.source == "expert" for r in results)
     assert worst <= concurrency, f"{worst} answered items were uncommitted at once"
+
+
+def test_a_disk_error_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:
+    """If every commit fails, the workers die; the producer must not wait on a full queue."""
+
+    class FullDisk(ScoreCache):
+        def put_many(self, scores, failures=()):  # type: ignore[no-untyped-def]
+            raise OSError(28, "No space left on device")
+
+    items = [Item(f"id{i}", f"item-{i}") for i in range(300)]
+    with RunningServer() as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=4))
+        client = ExpertClient(spec, cache=FullDisk(tmp_path / "cache.db"))
+        with pytest.raises(OSError, match="No space left"):
+            asyncio.run(asyncio.wait_for(client.score(items), timeout=30))
