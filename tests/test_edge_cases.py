@@ -3,35 +3,17 @@ probe configurations in one table, input checks, and the large-D_est AUROC route
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import get_args
 
 import numpy as np
 import pytest
+from ctd_cli import assert_one_line_error, run_ctd
 
 import calibrate
 import calibrate._splits as splits_module
 from calibrate._quota import count_at_most, count_nearest
 from harness import read_scores, scores_from_columns, simulate_scores, write_table
-
-
-def run_ctd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
 
 # -------------------------------------------------------------- integer decisions
 

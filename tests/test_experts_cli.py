@@ -4,37 +4,15 @@ registry typos are one line with exit code 2 and cache nothing; a good run resum
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+from ctd_cli import assert_one_line_error, run_ctd
 from fault_server import FaultPlan, RunningServer, item_score
-
-
-def run_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture()
