@@ -146,6 +146,10 @@ def calibrate_scores(
         "merge": config.merge,
         "fwer": config.fwer,
         "pareto": config.pareto,
+        "n_grid": config.n_grid,
+        "cal_fraction": config.cal_fraction,
+        "est_fraction": config.est_fraction,
+        "split_seed": config.split_seed,
         "baselines": {
             k: float(np.mean(v)) for k, v in result.baselines.items() if k not in ("seed", "n_eval")
         },

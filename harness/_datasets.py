@@ -17,18 +17,22 @@ __all__ = ["Dataset", "read_dataset"]
 
 _LABELS = {"high-stakes": 1, "low-stakes": 0, "1": 1, "0": 0, "high": 1, "low": 0}
 _DROPPED = {"ambiguous"}
+_EXTRA = ("group",)  # optional per-row columns kept in `Dataset.extra` ("" where a row lacks one)
 
 
 @dataclass(frozen=True)
 class Dataset:
     """Examples of one file, in file order. `labels[i]` is None for an unlabelled row (a file
-    without a `labels` column); `dropped` counts the ambiguous rows left out."""
+    without a `labels` column); `dropped` counts the ambiguous rows left out. `extra` holds the
+    optional columns of `_EXTRA` that some row has (e.g. `group`), and `where[i]` names the file
+    and line of item i, for error messages about several files."""
 
     path: Path
     items: list[Item]
     labels: list[int | None]
     dropped: int = 0
     extra: dict[str, list[str]] = field(default_factory=dict)
+    where: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -97,6 +101,7 @@ def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
     labels: list[int | None] = []
     dropped = 0
     seen: dict[str, str] = {}
+    extra: dict[str, list[str]] = {name: [] for name in _EXTRA}
     for where, row in _rows(path):
         if "inputs" not in row:
             raise InputError(f"{where}: missing field 'inputs'")
@@ -118,6 +123,12 @@ def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
         seen[item_id] = where
         items.append(Item(item_id, _conversation(row["inputs"], where)))
         labels.append(label)
+        for name in _EXTRA:
+            value = row.get(name)
+            extra[name].append("" if value is None else str(value).strip())
     if not items:
         raise InputError(f"{path}: no examples (after dropping {dropped} ambiguous rows)")
-    return Dataset(path=path, items=items, labels=labels, dropped=dropped)
+    extra = {name: values for name, values in extra.items() if any(values)}
+    return Dataset(
+        path=path, items=items, labels=labels, dropped=dropped, extra=extra, where=list(seen.values())
+    )

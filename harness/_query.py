@@ -26,6 +26,7 @@ __all__ = [
     "default_cache_path",
     "pick_expert",
     "query_dataset",
+    "score_items",
 ]
 
 
@@ -130,6 +131,26 @@ def query_dataset(
     The endpoint is checked first (reachable, model served, logprobs): a problem is one
     InputError line and nothing is queried or cached."""
     dataset = read_dataset(data)
+    summary = score_items(
+        dataset.items, dataset.labels, spec, out, cache_path=cache_path, check=check, progress=progress
+    )
+    return replace(summary, dropped=dataset.dropped)
+
+
+def score_items(
+    items: list[Item],
+    labels: list[int | None],
+    spec: ExpertSpec,
+    out: Path,
+    *,
+    cache_path: Path | None = None,
+    check: bool = True,
+    progress: bool = True,
+    extra: dict[str, np.ndarray] | None = None,
+) -> QuerySummary:
+    """Score `items` with an expert through the cache and write the table `out` (one row per item,
+    in order; `extra` columns are added as given). An interrupted run resumes from the cache:
+    answers already committed are never requested again."""
     if Path(out).is_dir():
         raise InputError(f"--out {out}: is a folder, expected a file name (.parquet or .csv)")
     if check:
@@ -140,7 +161,6 @@ def query_dataset(
     cache = ScoreCache(cache_path)
     started = time.monotonic()
     try:
-        items: list[Item] = dataset.items
         if progress:
             with RichProgress() as sink:
                 client = experts.ExpertClient(spec, cache=cache, progress=sink)
@@ -153,7 +173,8 @@ def query_dataset(
         Path(out),
         {
             "id": np.array([r.id for r in results]),
-            "label": np.array([-1 if label is None else label for label in dataset.labels]),
+            **(extra or {}),
+            "label": np.array([-1 if label is None else label for label in labels]),
             "expert": np.array([np.nan if r.score is None else r.score for r in results]),
             "label_mass": np.array([np.nan if r.label_mass is None else r.label_mass for r in results]),
             "source": np.array([r.source for r in results]),
@@ -172,6 +193,6 @@ def query_dataset(
         retries=stats.retries,
         rate_limited=stats.rate_limited,
         failure_reasons=dict(stats.failure_reasons),
-        dropped=dataset.dropped,
+        dropped=0,
         seconds=round(time.monotonic() - started, 3),
     )

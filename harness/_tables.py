@@ -22,7 +22,16 @@ from numpy.typing import NDArray
 
 from ._errors import InputError
 
-__all__ = ["RawTable", "atomic_path", "dumps", "read_table", "write_json", "write_jsonl", "write_table"]
+__all__ = [
+    "RawTable",
+    "atomic_path",
+    "dumps",
+    "read_json",
+    "read_table",
+    "write_json",
+    "write_jsonl",
+    "write_table",
+]
 
 
 class RawTable:
@@ -189,3 +198,16 @@ def write_jsonl(path: Path, records: list[dict[str, object]]) -> Path:
         for record in records:
             handle.write(dumps(record) + "\n")
     return Path(path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object the harness wrote; a missing or unreadable file is one InputError line."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return value

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 
-def run_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_ctd(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 

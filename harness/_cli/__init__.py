@@ -13,7 +13,9 @@ except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from ._calibrate import register as _register_calibration
+from ._eval import register as _register_eval
 from ._experts import register as _register_experts
+from ._probe import register as _register_probe
 
 __all__ = ["app", "main"]
 
@@ -27,6 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+_register_eval(app)
+_register_probe(app)
 _register_calibration(app)
 _register_experts(app)
 

@@ -80,7 +80,7 @@ def simulate_command(
     ],
     n: Annotated[int, typer.Option("--n", min=2, help="Test examples per seed.")] = 1600,
     n_dev: Annotated[
-        int | None, typer.Option("--n-dev", min=0, help="Dev examples per seed [default: --n].")
+        int | None, typer.Option("--n-dev", min=0, help="Dev examples per seed (default: --n).")
     ] = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Probe training seeds.")] = 3,
     out: Annotated[Path, typer.Option("--out", help="Output file: Parquet, or CSV when it ends .csv.")],
@@ -98,7 +98,7 @@ def calibrate_command(
     run: RunOption = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Output folder [default: runs/NAME/calibrate with --run]."),
+        typer.Option("--out", help="Output folder (default: runs/NAME/calibrate with --run)."),
     ] = None,
     budgets: Annotated[
         str, typer.Option("--budgets", help="Target budgets: 0.1,0.2 or START:STOP:COUNT.")
@@ -203,7 +203,7 @@ def validate_command(
     fwer: FwerOption = "fixed-sequence",
     merge: Annotated[
         MergeRule | None,
-        typer.Option("--merge", help="Merge rule on delegated inputs [default: the policy's own]."),
+        typer.Option("--merge", help="Merge rule on delegated inputs (default: the policy's own)."),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random splits.")] = 0,
     arch: ArchOption = None,

@@ -11,6 +11,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from probes import ProbeError
+
 from .._errors import InputError
 from .._tables import dumps
 
@@ -29,6 +31,9 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(code=2) from None
+        except ProbeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
         except OSError as exc:  # a file the user named cannot be read or written
@@ -69,6 +74,14 @@ def parse_ints(text: str, option: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise InputError(f"{option} {text!r}: expected positive integers")
     return values
+
+
+def parse_seeds(text: str, option: str) -> tuple[int, ...]:
+    """Non-negative integers like 0,1,2, each once."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise InputError(f"{option} {text!r}: expected distinct non-negative integers like 0,1,2")
+    return tuple(int(p) for p in parts)
 
 
 def parse_names(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:

@@ -34,12 +34,12 @@ MethodOption = Annotated[
     ScoringMethod | None,
     typer.Option(
         "--method",
-        help="next-token (chat logprobs) or likelihood (completions echo) [default: the expert's].",
+        help="next-token (chat logprobs) or likelihood (completions echo) (default: the expert's).",
     ),
 ]
 CacheOption = Annotated[
     Path | None,
-    typer.Option("--cache", help="SQLite cache [default: $CTD_CACHE or runs/cache/experts.sqlite]."),
+    typer.Option("--cache", help="SQLite cache (default: $CTD_CACHE or runs/cache/experts.sqlite)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 
@@ -203,7 +203,7 @@ def experts_serve(
         str, typer.Argument(help="A registered expert with a local server (smollm2, gemma-27b, llama-1b).")
     ],
     port: Annotated[
-        int | None, typer.Option("--port", help="Port [default: the one in the expert's URL].")
+        int | None, typer.Option("--port", help="Port (default: the one in the expert's URL).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
 ) -> None:

@@ -1,0 +1,229 @@
+"""`ctd eval` and `ctd report`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .._calibration import default_runs_root
+from .._config import DEFAULT_BUDGETS, load_run_config
+from .._errors import InputError
+from .._eval import StageOutcome, run_eval
+from ._common import (
+    clean_errors,
+    parse_floats,
+    parse_ints,
+    parse_names,
+    parse_seeds,
+    print_json,
+    stderr,
+    stdout,
+)
+
+EVAL_HELP = (
+    "Run every stage (probe, query, dv, calibrate, validate, report) in runs/NAME, resumably.\n\n"
+    "With no options: the built-in data set, SmolLM2-135M-Instruct as the monitored model and the same "
+    "model as a local llama.cpp expert, started and stopped by the run. Rerunning the same command skips "
+    "every stage whose inputs have not changed and resumes an interrupted one (extraction from the "
+    "activation store, expert queries from the SQLite cache). The report is in runs/NAME/report/."
+)
+_BUDGETS_TEXT = f"{DEFAULT_BUDGETS[0]:g}:{DEFAULT_BUDGETS[-1]:g}:{len(DEFAULT_BUDGETS)}"
+
+
+def eval_command(
+    *,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="A TOML file with any of the options below (flags win).")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Run folder name (default: MODEL-EXPERT-DATA).")
+    ] = None,
+    data: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--data",
+            help=(
+                "Data spec 'train=PATH dev=GROUP:PATH,... test=GROUP:PATH,...'; without test=, dev files "
+                "are cut into dev and test halves (default: the built-in data set)."
+            ),
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Monitored model: 'smollm2', a .gguf file, a folder or a hub id."),
+    ] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of --model.")] = None,
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="Layer (default: 11 for Llama-3.2-1B, else 2/3 depth).")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="Token limit per input [512].")
+    ] = None,
+    batch_tokens: Annotated[
+        int | None, typer.Option("--batch-tokens", help="Padded tokens per extraction batch [8192].")
+    ] = None,
+    device_map: Annotated[str | None, typer.Option("--device-map", help="'auto' to spread --model.")] = None,
+    arch: Annotated[
+        str | None,
+        typer.Option("--arch", help="Probe configurations: attention,softmax,mean,mlp [attention]."),
+    ] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Probe training seeds [0,1,2].")] = None,
+    epochs: Annotated[int | None, typer.Option("--epochs", help="Maximum training epochs [60].")] = None,
+    expert: Annotated[
+        str | None,
+        typer.Option("--expert", help="A registered expert (ctd experts list) or a base URL [smollm2]."),
+    ] = None,
+    expert_model: Annotated[
+        str | None, typer.Option("--expert-model", help="Served model name when --expert is a URL.")
+    ] = None,
+    serve: Annotated[
+        str | None,
+        typer.Option("--serve", help="auto: start a local llama.cpp expert if none answers; never [auto]."),
+    ] = None,
+    dv_target: Annotated[
+        str | None, typer.Option("--dv-target", help="continuous, binary, or both [continuous].")
+    ] = None,
+    budgets: Annotated[
+        str | None,
+        typer.Option("--budgets", help=f"Target budgets, list or START:STOP:COUNT [{_BUDGETS_TEXT}]."),
+    ] = None,
+    batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Batch sizes [32,64,128].")] = None,
+    delta: Annotated[float | None, typer.Option("--delta", help="LTT error level delta [0.1].")] = None,
+    objectives: Annotated[
+        str | None, typer.Option("--objectives", help="Selection objectives: auroc,accuracy [both].")
+    ] = None,
+    merge_controls: Annotated[
+        bool | None,
+        typer.Option(
+            "--merge-controls/--no-merge-controls", help="Also sweep all-overwrite and all-average."
+        ),
+    ] = None,
+    trials: Annotated[
+        int | None, typer.Option("--trials", help="Random splits for validation [500].")
+    ] = None,
+    budget_alpha: Annotated[
+        float | None, typer.Option("--budget-alpha", help="Budget guarantee to validate [0.3].")
+    ] = None,
+    performance_alpha: Annotated[
+        float | None, typer.Option("--performance-alpha", help="Error-rate guarantee to validate [0.2].")
+    ] = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
+    ] = None,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Ask the expert again for the examples it failed on.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
+) -> None:
+    """Run every stage (probe, query, dv, calibrate, validate, report) in runs/NAME, resumably."""
+    overrides: dict[str, Any] = {
+        "name": name,
+        "data": tuple(data) if data else None,
+        "model": model,
+        "revision": revision,
+        "layer": layer,
+        "max_tokens": max_tokens,
+        "batch_tokens": batch_tokens,
+        "device_map": device_map,
+        "archs": parse_names(arch, "--arch", ("attention", "softmax", "mean", "mlp")) if arch else None,
+        "seeds": parse_seeds(seeds, "--seeds") if seeds else None,
+        "epochs": epochs,
+        "expert": expert,
+        "expert_model": expert_model,
+        "serve": serve,
+        "dv_target": dv_target,
+        "budgets": parse_floats(budgets, "--budgets") if budgets else None,
+        "batch_sizes": parse_ints(batch_sizes, "--batch-sizes") if batch_sizes else None,
+        "delta": delta,
+        "objectives": parse_names(objectives, "--objectives", ("auroc", "accuracy")) if objectives else None,
+        "merge_controls": merge_controls,
+        "trials": trials,
+        "budget_alpha": budget_alpha,
+        "performance_alpha": performance_alpha,
+    }
+    run_config = load_run_config(config, overrides)
+
+    def announce(outcome: StageOutcome) -> None:
+        if not json_out:
+            verb = (
+                "skipped (up to date)" if outcome.status == "skipped" else f"done in {outcome.seconds:.1f} s"
+            )
+            stderr.print(
+                f"[bold]{outcome.stage}[/bold] {verb}" + (f": {outcome.detail}" if outcome.detail else "")
+            )
+
+    try:
+        result = run_eval(
+            run_config,
+            runs_root=runs_dir,
+            show_progress=not json_out,
+            on_stage=announce,
+            retry_failed=retry_failed,
+        )
+    except KeyboardInterrupt:
+        print("error: interrupted; rerun the same command to resume", file=sys.stderr)
+        raise typer.Exit(code=130) from None
+    if json_out:
+        print_json(
+            {
+                "run": str(result.run_dir),
+                "report": str(result.report),
+                "stages": [o.__dict__ for o in result.stages],
+                "summary": result.summary,
+            }
+        )
+        return
+    _print_summary(result.summary)
+    print(f"report: {result.report}")
+
+
+def _print_summary(rows: list[dict[str, str]]) -> None:
+    """One screen: a row per metric, a column per probe configuration."""
+    if not rows:
+        return
+    table = Table(title="summary: means over seeds, CTD at the largest batch size")
+    table.add_column("metric")
+    for row in rows:
+        table.add_column(row["arch"], justify="right")
+    for key in rows[0]:
+        if key != "arch":
+            table.add_row(key, *(_short(row[key]) for row in rows))
+    stdout.print(table)
+
+
+def _short(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return "-" if value != value else f"{value:.3f}"
+
+
+def report_command(
+    name: Annotated[
+        str, typer.Argument(help="Run name (a folder under the runs root) or a run folder path.")
+    ],
+    *,
+    runs_dir: Annotated[
+        Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
+    ] = None,
+) -> None:
+    """Rebuild the report of a finished run from its files, recomputing nothing."""
+    from .._report import build_report
+
+    folder = Path(name)
+    if not (folder / "scores.parquet").is_file():
+        folder = (runs_dir or default_runs_root()) / name
+    if not folder.is_dir():
+        raise InputError(f"run {name!r}: no such run folder ({folder})")
+    path = build_report(folder)
+    print(f"report: {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", help=EVAL_HELP)(clean_errors(eval_command))
+    app.command("report")(clean_errors(report_command))

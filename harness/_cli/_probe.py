@@ -1,0 +1,126 @@
+"""`ctd probe` and `ctd dv`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from probes import ARCHS, ProbeConfig
+
+from .._dataspec import load_data
+from .._dv import DVTarget, dv_stage, read_expert_scores
+from .._probe import ProbeSettings, default_store_root, probe_stage
+from .._progress import StageProgress
+from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
+
+DataOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--data",
+        help=(
+            "Data spec: 'train=PATH dev=GROUP:PATH,... test=GROUP:PATH,...' (one option or several). "
+            "Without test=, each dev file is cut into dev and test halves. Default: the built-in set."
+        ),
+    ),
+]
+
+
+def probe_command(
+    *,
+    data: DataOption = None,
+    out: Annotated[Path, typer.Option("--out", help="Output folder of the stage.")],
+    model: Annotated[
+        str, typer.Option("--model", help="'smollm2' (embedded), a .gguf file, a model folder or a hub id.")
+    ] = "smollm2",
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision.")] = None,
+    layer: Annotated[
+        int | None,
+        typer.Option(
+            "--layer", help="hidden_states index (default: 11 for Llama-3.2-1B, else 2/3 of depth)."
+        ),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Token limit per conversation.")] = 512,
+    batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 8192,
+    arch: Annotated[
+        str, typer.Option("--arch", help=f"Probe architectures: {', '.join(ARCHS)}.")
+    ] = "attention",
+    seeds: Annotated[str, typer.Option("--seeds", help="Probe training seeds.")] = "0,1,2",
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Maximum training epochs.")] = 60,
+    store: Annotated[
+        Path | None,
+        typer.Option("--store", help="Activation store (default: $CTD_STORE or runs/cache/activations)."),
+    ] = None,
+    device_map: Annotated[
+        str | None, typer.Option("--device-map", help="'auto' for multi-GPU models.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
+) -> None:
+    """Extract activations, train the safety probe on train, and score dev and test."""
+    splits = load_data(data)
+    settings = ProbeSettings(
+        model=model,
+        revision=revision,
+        layer=layer,
+        max_tokens=max_tokens,
+        batch_tokens=batch_tokens,
+        device_map=device_map,
+        archs=parse_names(arch, "--arch", ARCHS),  # type: ignore[arg-type]
+        seeds=parse_seeds(seeds, "--seeds"),
+        training=ProbeConfig(epochs=epochs),
+    )
+    with StageProgress(enabled=not json_out) as progress:
+        result = probe_stage(
+            splits, settings, out, store_root=store or default_store_root(), progress=progress
+        )
+    if result is None:  # a non-main process of `accelerate launch`: it only extracted
+        return
+    if json_out:
+        print_json(result.metrics)
+        return
+    table = Table(title=f"safety probes, layer {result.layer}")
+    for column in ("arch", "dev AUROC", "dev acc", "test AUROC", "test acc"):
+        table.add_column(column)
+    for arch_name, means in result.metrics["mean"].items():
+        table.add_row(arch_name, *(f"{means[k]:.3f}" if means[k] is not None else "-" for k in means))
+    stdout.print(table)
+    stdout.print(f"scores: {result.scores}")
+
+
+def dv_command(
+    *,
+    probe_dir: Annotated[Path, typer.Option("--probe-dir", help="Output folder of `ctd probe`.")],
+    expert_scores: Annotated[
+        list[Path], typer.Option("--expert-scores", help="Tables from `ctd query` (id, expert); repeatable.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="The scores table to write (.parquet or .csv).")],
+    target: Annotated[
+        DVTarget, typer.Option("--target", help="DV target: v or the binary variant.")
+    ] = "continuous",
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Maximum training epochs.")] = 60,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
+) -> None:
+    """Train the DV probe on dev (targets from probe and expert scores) and score test."""
+    by_id = read_expert_scores(expert_scores)
+    expert = {(split, i): score for split in ("dev", "test") for i, score in by_id.items()}
+    with StageProgress(enabled=not json_out) as progress:
+        result = dv_stage(
+            probe_dir, expert, out, target=target, training=ProbeConfig(epochs=epochs), progress=progress
+        )
+    if json_out:
+        print_json(result.metrics)
+        return
+    for arch_name, means in result.metrics["mean"].items():
+        stdout.print(
+            f"{arch_name}: DV test MSE {means['test_mse']:.4f}, Spearman {means['test_spearman']:.3f}"
+        )
+    if result.missing_expert:
+        stdout.print(f"left out {result.missing_expert} examples the expert failed on")
+    stdout.print(f"scores: {result.scores}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(clean_errors(probe_command))
+    app.command("dv")(clean_errors(dv_command))

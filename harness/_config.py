@@ -1,0 +1,208 @@
+"""The run configuration of `ctd eval`: one frozen value, from a TOML file with flags on top.
+
+Every key of the TOML file is a field of `RunConfig` (under a `[run]` table or at the top level);
+an unknown key or a value of the wrong type is one error line naming the file and key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from probes import ARCHS, EMBEDDED_MODEL
+
+from ._errors import InputError
+
+__all__ = ["DEFAULT_BUDGETS", "RunConfig", "load_run_config"]
+
+# 0.05, 0.10, ..., 0.95: the paper's range, on a grid that contains 0.1, 0.2 and 0.3 exactly.
+DEFAULT_BUDGETS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
+Serve = Literal["auto", "never"]
+DVTargetChoice = Literal["continuous", "binary", "both"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything `ctd eval` does, with the defaults of the embedded run."""
+
+    name: str | None = None  # run folder under the runs root; None: derived from model, expert and data
+    # data and monitored model (the probe stage)
+    data: tuple[str, ...] = ()  # data spec tokens; empty means the built-in data set
+    model: str = EMBEDDED_MODEL
+    revision: str | None = None
+    layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
+    max_tokens: int = 512
+    batch_tokens: int = 8192
+    device_map: str | None = None
+    archs: tuple[str, ...] = ("attention",)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    epochs: int = 60
+    # the expert (the query stage)
+    expert: str = "smollm2"  # a registered name, or a base URL (then expert_model names the model)
+    expert_model: str | None = None
+    serve: Serve = "auto"  # start a local llama.cpp expert when it is not already answering
+    # the DV stage
+    dv_target: DVTargetChoice = "continuous"  # "both" also trains the binary variant (arch "<arch>-binary")
+    # calibration and validation
+    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    batch_sizes: tuple[int, ...] = (32, 64, 128)
+    delta: float = 0.1
+    objectives: tuple[str, ...] = ("auroc", "accuracy")
+    merge_controls: bool = True  # also sweep with every policy overwriting, and every policy averaging
+    trials: int = 500
+    budget_alpha: float = 0.3  # the budget guarantee validated over random splits
+    performance_alpha: float = 0.2  # the accuracy guarantee validated (minimum accuracy 1 - alpha)
+
+    def __post_init__(self) -> None:
+        for name in ("budgets",):
+            bad = [b for b in getattr(self, name) if not 0 < b < 1]
+            if bad or not getattr(self, name):
+                raise InputError(f"--budgets: {bad[0] if bad else 'none'} is outside (0, 1)")
+        for name in ("delta", "budget_alpha", "performance_alpha"):
+            if not 0 < getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} is outside (0, 1)")
+        unknown = [a for a in self.archs if a not in ARCHS]
+        if unknown or not self.archs:
+            raise InputError(
+                f"--arch: unknown {unknown[0] if unknown else '(none)'}; choose from {', '.join(ARCHS)}"
+            )
+        if not self.seeds or min(self.seeds) < 0 or len(set(self.seeds)) != len(self.seeds):
+            raise InputError(f"--seeds: expected distinct non-negative integers, got {self.seeds}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise InputError(f"--batch-sizes: expected positive integers, got {self.batch_sizes}")
+        bad_objectives = [o for o in self.objectives if o not in ("auroc", "accuracy")]
+        if bad_objectives or not self.objectives:
+            raise InputError("--objectives: choose from auroc, accuracy")
+        for name in ("max_tokens", "batch_tokens", "epochs", "trials"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')}: must be at least 1")
+        if self.layer is not None and self.layer < 1:
+            raise InputError(f"--layer {self.layer}: must be at least 1")
+        if self.serve not in get_args(Serve):
+            raise InputError(f"--serve {self.serve}: choose from auto, never")
+        if self.dv_target not in get_args(DVTargetChoice):
+            raise InputError(
+                f"--dv-target {self.dv_target}: choose from {', '.join(get_args(DVTargetChoice))}"
+            )
+        if self.expert.startswith(("http://", "https://")):
+            url = urlsplit(self.expert)
+            if url.username or url.password or url.query:
+                # The URL is written to config.toml, run.json and the report: no secrets in it.
+                raise InputError(
+                    "--expert: credentials or query parameters in the URL would be written to the run "
+                    "folder; give the key in an environment variable (an expert in the registry names "
+                    "it with api_key_env)"
+                )
+            if not self.expert_model:
+                raise InputError(
+                    f"--expert {self.expert}: a URL needs --expert-model (the served model name)"
+                )
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
+            raise InputError(f"--name {self.name!r}: use letters, digits, '.', '_' and '-'")
+
+    @property
+    def run_name(self) -> str:
+        """The folder name: given, or model-expert-data, so that changing a later option (budgets,
+        seeds) reuses the run folder and reruns only the stages that option affects."""
+        if self.name:
+            return self.name
+        data = "builtin" if not self.data else "data-" + _digest(list(self.data))[:8]
+        return "-".join(_slug(part) for part in (self.model, self.expert, data))
+
+    def to_toml(self) -> str:
+        """The resolved configuration, as a TOML file `load_run_config` reads back."""
+        lines = ["# ctd eval: the resolved configuration of this run", "[run]"]
+        for key, value in asdict(self).items():
+            if value is None:
+                lines.append(f"# {key} = (default)")
+            else:
+                lines.append(f"{key} = {_toml(value)}")
+        return "\n".join(lines) + "\n"
+
+    def section(self, *names: str) -> dict[str, Any]:
+        """The named fields, for a stage fingerprint."""
+        return {n: getattr(self, n) for n in names}
+
+
+def _slug(text: str) -> str:
+    tail = re.split(r"[/\\]", text.rstrip("/"))[-1] or text
+    tail = re.sub(r"^https?:", "", tail)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", tail).strip("-").removesuffix(".gguf")[:40] or "x"
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(type(value))
+
+
+_TUPLES = {f.name for f in fields(RunConfig) if str(f.type).startswith("tuple")}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """A TOML value as the field's type (lists become tuples); wrong types name the key."""
+    kind = next(str(f.type) for f in fields(RunConfig) if f.name == key)
+    if key in _TUPLES:
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            raise InputError(f"{where}: '{key}' must be a list")
+        item = "float" if "float" in kind else "int" if "int" in kind else "str"
+        out = []
+        for v in value:
+            if item == "float" and isinstance(v, int | float) and not isinstance(v, bool):
+                out.append(float(v))
+            elif (item == "int" and isinstance(v, int) and not isinstance(v, bool)) or (
+                item == "str" and isinstance(v, str)
+            ):
+                out.append(v)
+            else:
+                raise InputError(f"{where}: '{key}' must be a list of {item}s, got {v!r}")
+        return tuple(out)
+    expected = (
+        bool if kind == "bool" else float if kind == "float" else int if kind.startswith("int") else str
+    )
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise InputError(f"{where}: '{key}' must be {expected.__name__}, got {value!r}")
+    return value
+
+
+def load_run_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """The TOML file (if any) with `overrides` (flags given on the command line) on top."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise InputError(f"--config {path}: {error.strerror or error}") from None
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise InputError(f"--config {path}: {error}") from None
+        table = document.get("run", document)
+        known = {f.name for f in fields(RunConfig)}
+        for key, value in table.items():
+            if key not in known:
+                line = next((i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(key)), 0)
+                raise InputError(f"{path}:{line}: unknown key '{key}' (see `ctd eval --help`)")
+            values[key] = _coerce(key, value, f"{path}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return RunConfig(**values)

@@ -1,0 +1,164 @@
+"""The DV stage, files to files: join probe and expert scores, train the delegation-value probe on
+dev (target v = P_e(y|x) - P_p(y|x), or the binary variant), score test, write the scores table.
+
+The probe scores on dev come from safety probes trained on train only, so the DV targets are
+out-of-sample, as they will be at deployment.
+
+Outputs: the scores table of SPEC section 2 (`dv` filled on test rows, empty on dev rows) and
+`dv_metrics.json` (per arch and seed: MSE and Spearman of d against v on test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+import numpy as np
+
+import calibrate
+from probes import ProbeConfig, predict, train_probe
+
+from ._errors import InputError
+from ._probe import open_stores
+from ._scores import scores_from_columns, write_scores
+from ._tables import read_table, write_json
+
+__all__ = ["DV_TARGETS", "DVStageResult", "DVTarget", "dv_stage", "read_expert_scores"]
+
+DVTarget = Literal["continuous", "binary"]
+DV_TARGETS: tuple[DVTarget, ...] = get_args(DVTarget)
+
+
+@dataclass(frozen=True)
+class DVStageResult:
+    scores: Path
+    metrics: dict
+    missing_expert: int  # dev/test examples left out because the expert failed on them
+
+
+def read_expert_scores(paths: Sequence[Path]) -> dict[str, float]:
+    """id -> expert P(y=1) from `ctd query` tables (columns `id`, `expert`; NaN where the expert
+    failed). An id scored differently in two tables is an error: it would be ambiguous."""
+    out: dict[str, float] = {}
+    for path in paths:
+        table = read_table(Path(path))
+        for column in ("id", "expert"):
+            if column not in table.columns:
+                raise InputError(f"{path}: missing column {column!r} (an expert scores table has id, expert)")
+        for row, (key, value) in enumerate(zip(table.columns["id"], table.columns["expert"], strict=True)):
+            value = float(value)
+            if key in out and not (out[key] == value or (np.isnan(out[key]) and np.isnan(value))):
+                raise InputError(f"{path}: {table.where(row)}: id {key!r} has two different expert scores")
+            out[str(key)] = value
+    return out
+
+
+def dv_stage(
+    probe_dir: Path,
+    expert: dict[tuple[str, str], float],
+    out: Path,
+    *,
+    target: DVTarget = "continuous",
+    training: ProbeConfig | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> DVStageResult:
+    """Train one DV probe per (arch, seed) of the probe stage in `probe_dir` and write the scores
+    table to `out` (and `dv_metrics.json` beside it). `expert` maps (split, id) to the expert's
+    P(y=1), NaN where it failed: ids are unique within a split only."""
+    if target not in DV_TARGETS:
+        raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
+    training = training or ProbeConfig()
+    table = read_table(probe_dir / "probe_scores.parquet").columns
+    acts = open_stores(probe_dir)
+    ids = np.asarray(table["id"]).astype(str)
+    split = np.asarray(table["split"]).astype(str)
+    keys = list(zip(split, ids, strict=True))
+    unknown = [k for k in keys if k not in expert]
+    if unknown:
+        (where, first), count = unknown[0], len(set(unknown))
+        raise InputError(f"expert scores: no score for {where} example {first!r} ({count} missing)")
+    expert_col = np.array([expert[k] for k in keys], dtype=np.float64)
+    # Row of each example within its split's activations (the probe stage wrote splits in data order).
+    position: dict[tuple[str, str], int] = {}
+    for name in ("dev", "test"):
+        first_seed = (
+            (split == name) & (table["seed"] == table["seed"][0]) & (table["arch"] == table["arch"][0])
+        )
+        for row, example_id in enumerate(ids[first_seed]):
+            position[(name, example_id)] = row
+    label = np.asarray(table["label"]).astype(np.int64)
+    probe = np.asarray(table["probe"]).astype(np.float64)
+    dv = np.full(len(ids), np.nan)
+    runs: list[dict] = []
+    pairs = list(dict.fromkeys(zip(table["arch"], table["seed"], strict=True)))
+    value_fn = calibrate.delegation_value if target == "continuous" else calibrate.binary_delegation_value
+    for number, (arch, seed) in enumerate(pairs):
+        if progress is not None:
+            progress("train DV probes", number, len(pairs))
+        rows = (table["arch"] == arch) & (table["seed"] == seed) & np.isfinite(expert_col)
+        dev_rows, test_rows = (
+            np.flatnonzero(rows & (split == "dev")),
+            np.flatnonzero(rows & (split == "test")),
+        )
+        dev_index = np.array([position[("dev", i)] for i in ids[dev_rows]], dtype=np.int64)
+        test_index = np.array([position[("test", i)] for i in ids[test_rows]], dtype=np.int64)
+        v_dev = value_fn(label[dev_rows], probe[dev_rows], expert_col[dev_rows])
+        config = replace(training, arch=str(arch))
+        if len(dev_rows) < 2:
+            raise InputError(
+                f"the dev split has {len(dev_rows)} examples with an expert score; the DV probe needs more"
+            )
+        try:
+            result = train_probe(
+                acts["dev"].subset(dev_index), v_dev, task="dv", config=config, seed=int(seed)
+            )
+        except (ValueError, FloatingPointError) as error:
+            raise InputError(f"DV probe {arch} seed {seed} on the dev split: {error}") from None
+        d_test = predict(result.probe, acts["test"].subset(test_index), task="dv")
+        dv[test_rows] = d_test
+        v_test = calibrate.delegation_value(label[test_rows], probe[test_rows], expert_col[test_rows])
+        quality = calibrate.dv_quality(d_test, v_test)
+        runs.append(
+            {
+                "arch": str(arch),
+                "seed": int(seed),
+                "target": target,
+                "best_epoch": result.best_epoch,
+                "n_train": result.n_train,
+                "n_val": result.n_val,
+                "test_mse": quality.mse,
+                "test_spearman": quality.spearman,
+                "dev_mean_v": float(v_dev.mean()),
+                "test_mean_v": float(v_test.mean()),
+            }
+        )
+    if progress is not None:
+        progress("train DV probes", len(pairs), len(pairs))
+    keep = np.isfinite(expert_col)
+    columns = {
+        "id": ids[keep],
+        "group": np.asarray(table["group"]).astype(str)[keep],
+        "split": split[keep],
+        "label": label[keep],
+        "probe": probe[keep],
+        "expert": expert_col[keep],
+        "dv": dv[keep],
+        "seed": np.asarray(table["seed"]).astype(np.int64)[keep],
+        "arch": np.asarray(table["arch"]).astype(str)[keep],
+    }
+    scores_from_columns(columns, str(out))  # the contract, checked before anything is written
+    missing = len(set(ids[~keep]))
+    metrics = {"target": target, "missing_expert": missing, "runs": runs, "mean": _means(runs)}
+    write_json(Path(out).parent / "dv_metrics.json", metrics)
+    write_scores(out, columns)
+    return DVStageResult(Path(out), metrics, missing)
+
+
+def _means(runs: list[dict]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for arch in dict.fromkeys(r["arch"] for r in runs):
+        rows = [r for r in runs if r["arch"] == arch]
+        out[arch] = {k: float(np.mean([r[k] for r in rows])) for k in ("test_mse", "test_spearman")}
+    return out

@@ -1,0 +1,248 @@
+"""The report's figures: one function per figure, plain data in, a PNG out.
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot: no
+GUI backend, no global figure state, nothing to close. Each PNG is written atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from numpy.typing import NDArray
+
+from ._report_data import Curve
+from ._tables import atomic_path
+
+__all__ = [
+    "POLICY_LABELS",
+    "budget_validation_figure",
+    "cascade_figure",
+    "dv_delta_figure",
+    "dv_topk_figure",
+    "mean_value_figure",
+    "performance_validation_figure",
+    "realised_figure",
+]
+
+POLICY_LABELS: dict[str, str] = {
+    "ctd": "CTD",
+    "unc-calibrated": "Unc. calibrated",
+    "dv-topk": "DV top-k",
+    "unc-topk": "Unc. top-k",
+    "oracle-topk": "Oracle top-k",
+    "unc-central": "Unc. central-k",
+}
+_COLOURS = {
+    "ctd": "#1f77b4",
+    "unc-calibrated": "#ff7f0e",
+    "dv-topk": "#2ca02c",
+    "unc-topk": "#d62728",
+    "oracle-topk": "#9467bd",
+    "unc-central": "#8c564b",
+}
+_METRIC_LABELS = {"auroc": "cascade AUROC", "accuracy": "cascade accuracy", "realised": "realised delegation"}
+_METRIC_NAMES = {"auroc": "AUROC", "accuracy": "accuracy"}
+_PANEL = (4.2, 3.4)  # inches per panel
+_DPI = 110
+
+
+def _figure(ncols: int, nrows: int = 1) -> tuple[Figure, NDArray]:
+    width = max(_PANEL[0] * ncols, 5.6)  # room for a legend under a single panel
+    fig = Figure(figsize=(width, _PANEL[1] * nrows + 0.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=_DPI)
+    return path
+
+
+def _style(policy: str) -> dict[str, object]:
+    calibrated = policy in ("ctd", "unc-calibrated")
+    return {
+        "color": _COLOURS.get(policy, "black"),
+        "linestyle": "-" if calibrated else "--",
+        "label": POLICY_LABELS.get(policy, policy),
+    }
+
+
+def _band(ax: Axes, x: NDArray, mean: NDArray, std: NDArray, **style: object) -> None:
+    """Mean line with a +-1 std band."""
+    ax.plot(x, mean, marker="o", markersize=2.5, linewidth=1.4, **style)
+    ax.fill_between(x, mean - std, mean + std, color=style.get("color"), alpha=0.15, linewidth=0)
+
+
+def _legend(fig: Figure, ax: Axes) -> None:
+    """One legend below the panels, at most two entries per panel width in a row."""
+    handles, labels = ax.get_legend_handles_labels()
+    per_row = max(2, 2 * len(fig.axes))
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), per_row), fontsize="small")
+
+
+def cascade_figure(
+    panels: Mapping[int, Sequence[Curve]],
+    baselines: Mapping[str, float],
+    *,
+    metric: str,
+    title: str,
+    path: Path,
+) -> Path:
+    """One panel per batch size: every policy's `metric` against target budget (mean +-1 std
+    over seeds), with probe-only (dotted) and expert-only (dashed) grey lines."""
+    fig, axes = _figure(len(panels))
+    for ax, (batch_size, lines) in zip(axes[0], sorted(panels.items()), strict=True):
+        for curve in lines:
+            _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+        ax.axhline(baselines["probe"], color="grey", linestyle=":", linewidth=1.2, label="probe only")
+        ax.axhline(baselines["expert"], color="grey", linestyle="--", linewidth=1.2, label="expert only")
+        ax.set_title(f"B = {batch_size}", fontsize="medium")
+        ax.set_xlabel("target budget")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel(_METRIC_LABELS[metric])
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+def realised_figure(
+    panels: Mapping[str, Sequence[Curve]], topk: Curve | None, *, title: str, path: Path
+) -> Path:
+    """One panel per Pareto objective: realised delegation of the calibrated policies against
+    target budget, the top-k policies' realised rate and the y = x line."""
+    fig, axes = _figure(len(panels))
+    for ax, (objective, lines) in zip(axes[0], panels.items(), strict=True):
+        ax.plot([0, 1], [0, 1], color="black", linestyle=":", linewidth=1, label="y = x")
+        if topk is not None:
+            ax.plot(topk.budgets, topk.mean, color="grey", linestyle="--", linewidth=1.2, label="top-k")
+        for curve in lines:
+            _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+        ax.set_title(f"selected for {_METRIC_NAMES.get(objective, objective)}", fontsize="medium")
+        ax.set_xlabel("target budget")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("realised delegation rate")
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+def _histogram(ax: Axes, values: NDArray, bins: NDArray, colour: str) -> None:
+    if values.size:
+        ax.hist(values, bins=bins, color=colour, alpha=0.8, edgecolor="white", linewidth=0.5)
+    else:
+        ax.text(0.5, 0.5, "no policy returned", transform=ax.transAxes, ha="center", va="center")
+
+
+def _bins(groups: Sequence[NDArray], marker: float) -> NDArray:
+    values = np.concatenate([*groups, [marker]])
+    low, high = float(values.min()), float(values.max())
+    pad = max(0.01, 0.05 * (high - low))
+    return np.linspace(low - pad, high + pad, 31)
+
+
+def budget_validation_figure(
+    panels: Mapping[str, tuple[NDArray, float]], *, alpha: float, title: str, path: Path
+) -> Path:
+    """Histograms of the realised budget over random splits, one panel per procedure
+    (label -> (realised rates of the trials, violation rate)), with a line at alpha."""
+    fig, axes = _figure(len(panels))
+    bins = _bins([v for v, _ in panels.values()], alpha)
+    for ax, (label, (realised, violation)) in zip(axes[0], panels.items(), strict=True):
+        _histogram(ax, realised, bins, "#1f77b4")
+        ax.axvline(alpha, color="red", linewidth=1.4, label=f"alpha = {alpha:g}")
+        ax.set_title(f"{label}: violation {violation:.1%}", fontsize="medium")
+        ax.set_xlabel("realised delegation rate")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("trials")
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+def performance_validation_figure(
+    panels: Mapping[str, tuple[NDArray, float, float]], *, alpha: float, title: str, path: Path
+) -> Path:
+    """Histograms of held-out accuracy among the trials that returned a policy, one panel per
+    selector (label -> (accuracies, violation rate, selection rate)), dashed line at 1 - alpha."""
+    fig, axes = _figure(len(panels))
+    bins = _bins([v for v, _, _ in panels.values()], 1 - alpha)
+    colours = iter(("#1f77b4", "#ff7f0e", "#2ca02c"))
+    for ax, (label, (accuracy, violation, selection)) in zip(axes[0], panels.items(), strict=True):
+        _histogram(ax, accuracy, bins, next(colours))
+        ax.axvline(1 - alpha, color="red", linestyle="--", linewidth=1.4, label=f"1 - alpha = {1 - alpha:g}")
+        ax.set_title(f"{label}: violation {violation:.1%}, selection {selection:.1%}", fontsize="medium")
+        ax.set_xlabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("trials (policy returned)")
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+_SIGNAL_STYLE = {
+    "dv": ("DV probe", _COLOURS["ctd"]),
+    "uncertainty": ("uncertainty", _COLOURS["unc-topk"]),
+    "oracle": ("oracle (true v)", _COLOURS["oracle-topk"]),
+}
+
+
+def mean_value_figure(
+    fractions: NDArray, by_signal: Mapping[str, NDArray], overall: float, *, title: str, path: Path
+) -> Path:
+    """Mean v of the top-k set against k/N per signal (arrays (seeds, fractions)): mean +-1 std."""
+    fig, axes = _figure(1)
+    ax = axes[0, 0]
+    for name, values in by_signal.items():
+        label, colour = _SIGNAL_STYLE[name]
+        _band(ax, fractions, values.mean(axis=0), values.std(axis=0), color=colour, label=label)
+    ax.axhline(overall, color="grey", linestyle=":", linewidth=1.2, label="all examples")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("selection fraction k/N")
+    ax.set_ylabel("mean v of the top-k set")
+    ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, ax)
+    return _save(fig, path)
+
+
+def dv_topk_figure(panels: Mapping[str, Mapping[int, Curve]], *, title: str, path: Path) -> Path:
+    """DV top-k (continuous DV) AUROC and accuracy against budget, one line per batch size."""
+    fig, axes = _figure(len(panels))
+    shades = ("#9ecae1", "#4292c6", "#08519c", "#08306b")
+    for ax, (metric, by_batch) in zip(axes[0], panels.items(), strict=True):
+        for shade, (batch_size, curve) in zip(shades * 4, sorted(by_batch.items()), strict=False):
+            _band(ax, curve.budgets, curve.mean, curve.std, color=shade, label=f"B = {batch_size}")
+        ax.set_xlabel("target budget")
+        ax.set_ylabel(_METRIC_LABELS[metric])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+def dv_delta_figure(
+    panels: Mapping[str, Mapping[int, tuple[NDArray, NDArray]]], *, title: str, path: Path
+) -> Path:
+    """Continuous minus binary DV top-k metric against budget (metric -> batch size ->
+    (budgets, differences)), one line per batch size, a zero line for reference."""
+    fig, axes = _figure(len(panels))
+    shades = ("#9ecae1", "#4292c6", "#08519c", "#08306b")
+    for ax, (metric, by_batch) in zip(axes[0], panels.items(), strict=True):
+        for shade, (batch_size, (budgets, delta)) in zip(shades * 4, sorted(by_batch.items()), strict=False):
+            ax.plot(budgets, delta, marker="o", markersize=2.5, color=shade, label=f"B = {batch_size}")
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xlabel("target budget")
+        ax.set_ylabel(f"{_METRIC_LABELS[metric]}: continuous - binary")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    _legend(fig, axes[0, 0])
+    return _save(fig, path)

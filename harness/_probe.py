@@ -1,0 +1,228 @@
+"""The probe stage, files to files: extract activations of every split into the store, train the
+safety probe on train (one per architecture and seed), score dev and test.
+
+Outputs in `out_dir`:
+    probe_scores.parquet   id, group, split (dev/test), label, probe, seed, arch
+    probe_metrics.json     extraction counts per split; per (arch, seed) training and AUROC/accuracy
+    stores.json            the activation store of each split (the DV stage reads them)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from accelerate import PartialState
+
+import calibrate
+from probes import (
+    ARCHS,
+    EMBEDDED_MODEL,
+    ActivationStore,
+    Arch,
+    ExtractStats,
+    LoadedModel,
+    ProbeConfig,
+    ProbeError,
+    Ragged,
+    StoreKey,
+    extract,
+    load_model,
+    predict,
+    resolve_layer,
+    train_probe,
+)
+
+from ._dataspec import SPLITS, DataSplits, SplitName
+from ._errors import InputError
+from ._tables import read_json, write_json, write_table
+
+__all__ = ["ProbeSettings", "ProbeStageResult", "default_store_root", "open_stores", "probe_stage"]
+
+
+def default_store_root() -> Path:
+    """$CTD_STORE, else the runs folder's shared cache."""
+    if os.environ.get("CTD_STORE"):
+        return Path(os.environ["CTD_STORE"])
+    return Path(os.environ.get("CTD_RUNS_DIR", "runs")) / "cache" / "activations"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    """Everything that decides the probe stage's outputs (besides the data)."""
+
+    model: str = EMBEDDED_MODEL  # "smollm2", a .gguf file, a local folder or a Hugging Face id
+    revision: str | None = None
+    layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
+    max_tokens: int = 512  # longer conversations keep their first max_tokens tokens
+    batch_tokens: int = 8192  # padded tokens per extraction batch (bounds memory)
+    device_map: str | None = None  # "auto" for a model larger than one GPU
+    archs: tuple[Arch, ...] = ("attention",)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    training: ProbeConfig = field(default_factory=ProbeConfig)  # hyperparameters; its arch is ignored
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.archs if a not in ARCHS]
+        if unknown or not self.archs:
+            raise InputError(
+                f"--arch: unknown {unknown[0] if unknown else 'empty'}; choose from {', '.join(ARCHS)}"
+            )
+        if self.max_tokens < 1 or self.batch_tokens < self.max_tokens:
+            raise InputError(
+                f"--max-tokens {self.max_tokens} / --batch-tokens {self.batch_tokens}: need "
+                "1 <= max-tokens <= batch-tokens"
+            )
+        if not self.seeds:
+            raise InputError("--seeds: at least one seed")
+
+
+@dataclass(frozen=True)
+class ProbeStageResult:
+    scores: Path
+    metrics: dict
+    layer: int
+
+
+Progress = Callable[[str, int, int], None]  # (task description, done, total)
+
+
+def open_stores(out_dir: Path) -> dict[SplitName, Ragged]:
+    """The activations of each split recorded by a finished probe stage in `out_dir`."""
+    record = read_json(out_dir / "stores.json")
+    out: dict[SplitName, Ragged] = {}
+    for split, entry in record["splits"].items():
+        store = ActivationStore(Path(entry["folder"]), StoreKey(**entry["key"]))
+        if not store.is_complete:
+            raise InputError(f"{store.folder}: activation store missing or incomplete; rerun the probe stage")
+        out[split] = store.read()
+    return out
+
+
+def _extract_split(
+    model: LoadedModel,
+    data: DataSplits,
+    split: SplitName,
+    settings: ProbeSettings,
+    layer: int,
+    store_root: Path,
+    progress: Progress | None,
+) -> tuple[ActivationStore, ExtractStats]:
+    examples = data[split]
+
+    def on_batch(done: int, total: int) -> None:
+        if progress is not None:
+            progress(f"extract {split}", done, total)
+
+    return extract(
+        model,
+        [e.conversation for e in examples],
+        layer=layer,
+        max_tokens=settings.max_tokens,
+        data_hash=data.content_hash(split),
+        store_root=store_root,
+        batch_tokens=settings.batch_tokens,
+        on_batch=on_batch,
+    )
+
+
+def probe_stage(
+    data: DataSplits,
+    settings: ProbeSettings,
+    out_dir: Path,
+    *,
+    store_root: Path | None = None,
+    progress: Progress | None = None,
+    model: LoadedModel | None = None,
+) -> ProbeStageResult | None:
+    """Extract, train the safety probes on train, score dev and test; write the stage's files.
+    Under `accelerate launch` every process extracts its share; only the main process goes on
+    (and returns the result; the others return None)."""
+    store_root = store_root or default_store_root()
+    try:
+        model = model or load_model(
+            settings.model, revision=settings.revision, device_map=settings.device_map
+        )
+        layer = resolve_layer(settings.layer, model.n_layers, model.model.config)
+        stores: dict[SplitName, ActivationStore] = {}
+        extraction: dict[str, dict] = {}
+        for split in SPLITS:
+            store, stats = _extract_split(model, data, split, settings, layer, store_root, progress)
+            stores[split] = store
+            extraction[split] = {**asdict(stats), "padding_fraction": stats.padding_fraction}
+    except ProbeError as error:
+        raise InputError(str(error)) from None
+    if not PartialState().is_main_process:
+        return None  # under `accelerate launch` the other processes only extract
+    acts = {split: store.read() for split, store in stores.items()}
+    labels = {split: np.array([e.label for e in data[split]], dtype=np.int64) for split in SPLITS}
+
+    columns: dict[str, list] = {k: [] for k in ("id", "group", "split", "label", "probe", "seed", "arch")}
+    runs: list[dict] = []
+    total = len(settings.archs) * len(settings.seeds)
+    for number, (arch, seed) in enumerate((a, s) for a in settings.archs for s in settings.seeds):
+        if progress is not None:
+            progress("train safety probes", number, total)
+        config = replace(settings.training, arch=arch)
+        try:
+            result = train_probe(acts["train"], labels["train"], task="safety", config=config, seed=seed)
+        except (ValueError, FloatingPointError) as error:
+            raise InputError(f"safety probe {arch} seed {seed} on the train split: {error}") from None
+        run = {"arch": arch, "seed": seed, "best_epoch": result.best_epoch, "epochs_run": len(result.history)}
+        run |= {"n_train": result.n_train, "n_val": result.n_val, "best_val_loss": result.best_val_loss}
+        for split in ("dev", "test"):
+            scores = predict(result.probe, acts[split], task="safety")
+            both_classes = len(set(labels[split].tolist())) > 1
+            run[f"{split}_auroc"] = float(calibrate.auroc(scores, labels[split])) if both_classes else None
+            run[f"{split}_accuracy"] = float(calibrate.accuracy(scores, labels[split]))
+            for example, score in zip(data[split], scores, strict=True):
+                columns["id"].append(example.id)
+                columns["group"].append(example.group)
+                columns["split"].append(split)
+                columns["label"].append(example.label)
+                columns["probe"].append(float(score))
+                columns["seed"].append(seed)
+                columns["arch"].append(arch)
+        runs.append(run)
+    if progress is not None:
+        progress("train safety probes", total, total)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(
+        out_dir / "stores.json",
+        {
+            "splits": {
+                split: {"folder": str(store.folder.resolve()), "key": asdict(store.key)}
+                for split, store in stores.items()
+            }
+        },
+    )
+    metrics = {
+        "model": settings.model,
+        "model_identity": model.identity,
+        "layer": layer,
+        "n_layers": model.n_layers,
+        "hidden_size": model.hidden_size,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "extraction": extraction,
+        "runs": runs,
+        "mean": _means(runs),
+    }
+    write_json(out_dir / "probe_metrics.json", metrics)
+    scores_path = out_dir / "probe_scores.parquet"
+    write_table(scores_path, {k: np.array(v) for k, v in columns.items()})
+    return ProbeStageResult(scores_path, metrics, layer)
+
+
+def _means(runs: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Per arch: mean over seeds of each metric."""
+    out: dict[str, dict[str, float | None]] = {}
+    for arch in dict.fromkeys(r["arch"] for r in runs):
+        rows = [r for r in runs if r["arch"] == arch]
+        out[arch] = {}
+        for key in ("dev_auroc", "dev_accuracy", "test_auroc", "test_accuracy"):
+            values = [r[key] for r in rows if r[key] is not None]
+            out[arch][key] = float(np.mean(values)) if values else None
+    return out

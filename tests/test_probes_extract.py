@@ -1,0 +1,206 @@
+"""Extraction on the embedded model against a plain transformers forward pass, bucketing, and the
+activation store (exact round trip, shards joined, resume after an interruption, reuse)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from probes._errors import ProbeError
+from probes._extract import _pad, bucket_batches, extract, layer_activations, tokenize
+from probes._model import LoadedModel, load_model, resolve_layer
+from probes._store import ActivationStore, Plan, StoreKey
+
+CONVERSATIONS = [
+    "hello there",
+    [
+        {"role": "user", "content": "How do I kill the process that hangs my build?"},
+        {"role": "assistant", "content": "Find its id with ps, then send it SIGTERM."},
+    ],
+    "My chest has hurt for an hour and my left arm is numb. " * 3,
+    [{"role": "system", "content": "Tools: transfer(amount, to)."}, {"role": "user", "content": "Pay rent."}],
+    "word " * 200,  # longer than the token limit below
+    "ok",
+]
+
+
+@pytest.fixture(scope="module")
+def embedded() -> LoadedModel:
+    return load_model()
+
+
+def reference(model: LoadedModel, ids: list[list[int]], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden_states[layer] of a whole-model transformers forward pass with output_hidden_states."""
+    input_ids, mask = _pad(ids, model.tokenizer.pad_token_id, model.device)
+    base = model.model.model
+    with torch.no_grad():
+        out = base(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    assert len(out.hidden_states) == model.n_layers + 1
+    return out.hidden_states[layer], mask.bool()
+
+
+@pytest.mark.parametrize("layer", [1, 20, 30])
+def test_truncated_forward_matches_output_hidden_states(embedded: LoadedModel, layer: int) -> None:
+    ids, _ = tokenize(embedded.tokenizer, CONVERSATIONS, max_tokens=96)
+    input_ids, mask = _pad(ids, embedded.tokenizer.pad_token_id, embedded.device)
+    ours = layer_activations(embedded, layer, input_ids, mask)
+    ref, real = reference(embedded, ids, layer)
+    assert ours.dtype == torch.float32
+    assert (ours - ref)[real].abs().max().item() < 1e-4  # padded batch
+    if layer != 20:
+        return  # unpadded batches: checked at the default layer
+    for i, tokens in enumerate(ids):  # each example alone: no padding at all
+        single_ids, single_mask = _pad([tokens], embedded.tokenizer.pad_token_id, embedded.device)
+        alone = layer_activations(embedded, layer, single_ids, single_mask)[0]
+        single_ref, _ = reference(embedded, [tokens], layer)
+        assert (alone - single_ref[0]).abs().max().item() < 1e-4
+        # Padding changes nothing beyond float32 summation order (activations reach ~2.5e4 here).
+        scale = single_ref.abs().max().item()
+        assert (alone - ref[i, : len(tokens)]).abs().max().item() < 1e-5 * scale
+
+
+def test_default_layer_and_range(embedded: LoadedModel) -> None:
+    assert embedded.n_layers == 30 and embedded.hidden_size == 576
+    assert resolve_layer(None, embedded.n_layers, embedded.model.config) == 20  # two thirds of 30
+    llama_1b = type("Config", (), {"model_type": "llama", "num_hidden_layers": 16, "hidden_size": 2048})
+    assert resolve_layer(None, 16, llama_1b) == 11
+    for bad in (0, 31, -1):
+        with pytest.raises(ProbeError, match=rf"--layer {bad}: the model has 30 layers"):
+            resolve_layer(bad, 30, embedded.model.config)
+
+
+def test_chat_template_and_truncation(embedded: LoadedModel) -> None:
+    ids, truncated = tokenize(embedded.tokenizer, CONVERSATIONS, max_tokens=64)
+    assert truncated == 2  # the repeated chest-pain text and the 200 words
+    assert max(len(t) for t in ids) == 64
+    text = embedded.tokenizer.decode(ids[1])
+    assert "<|im_start|>user" in text and "<|im_start|>assistant" in text and "SIGTERM" in text
+
+
+def test_bucketing_bounds_padding_and_batch_tokens() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 400, size=2000)
+    batches = bucket_batches(lengths, batch_tokens=4096, max_batch=64)
+    assert sorted(i for b in batches for i in b) == list(range(2000))
+    padded = sum(len(b) * lengths[list(b)].max() for b in batches)
+    assert all(len(b) * lengths[list(b)].max() <= 4096 and len(b) <= 64 for b in batches)
+    assert 1 - lengths.sum() / padded < 0.10
+
+
+def test_extraction_store_round_trip_and_reuse(embedded: LoadedModel, tmp_path) -> None:
+    store, stats = extract(
+        embedded,
+        CONVERSATIONS,
+        layer=20,
+        max_tokens=96,
+        data_hash="d1",
+        store_root=tmp_path,
+        batch_tokens=200,
+    )
+    assert store.is_complete and stats.extracted_batches == stats.batches > 1
+    ragged = store.read()
+    ids, _ = tokenize(embedded.tokenizer, CONVERSATIONS, max_tokens=96)
+    ref, _ = reference(embedded, ids, 20)
+    for i, tokens in enumerate(ids):
+        stored = ragged.example(i)
+        assert stored.dtype == np.float16 and stored.shape == (len(tokens), 576)
+        # float16 storage of float32 activations (computed in other batches): equal to float16 precision
+        np.testing.assert_allclose(
+            stored.astype(np.float32), ref[i, : len(tokens)].numpy(), rtol=1e-3, atol=1e-3
+        )
+    again, stats2 = extract(
+        embedded,
+        CONVERSATIONS,
+        layer=20,
+        max_tokens=96,
+        data_hash="d1",
+        store_root=tmp_path,
+        batch_tokens=200,
+    )
+    assert again.folder == store.folder and stats2.extracted_batches == 0
+    other, _ = extract(embedded, CONVERSATIONS, layer=19, max_tokens=96, data_hash="d1", store_root=tmp_path)
+    assert other.folder != store.folder  # the layer is part of the key
+
+
+def test_interrupted_extraction_resumes_from_last_commit(embedded: LoadedModel, tmp_path) -> None:
+    options = dict(layer=20, max_tokens=96, data_hash="d2", batch_tokens=120, chunk_tokens=1)
+    seen: list[int] = []
+
+    def interrupt(done: int, total: int) -> None:
+        seen.append(done)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(embedded, CONVERSATIONS, store_root=tmp_path / "a", on_batch=interrupt, **options)
+    (folder,) = (p for p in (tmp_path / "a").iterdir() if p.is_dir())  # beside it: its lock file
+    key = StoreKey(**json.loads((folder / "key.json").read_text()))
+    assert not ActivationStore(folder, key).is_complete
+    store, stats = extract(embedded, CONVERSATIONS, store_root=tmp_path / "a", **options)
+    assert stats.extracted_batches == stats.batches - 2  # the two committed batches are not redone
+    fresh, _ = extract(embedded, CONVERSATIONS, store_root=tmp_path / "b", **options)
+    resumed, clean = store.read(), fresh.read()
+    for i in range(len(CONVERSATIONS)):
+        assert np.array_equal(resumed.example(i), clean.example(i))
+
+
+def test_store_joins_shards_of_several_processes(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 30, size=50)
+    vectors = [rng.standard_normal((n, 8)).astype(np.float16) for n in lengths]
+    plan = Plan(lengths.astype(np.int64), bucket_batches(lengths, 64, 8), 8)
+    key = StoreKey(model="m", layer=1, template="t", max_tokens=30, dtype="float32", data="x")
+    store = ActivationStore.open(tmp_path, key)
+    store.start(plan)
+    world = 3
+    for rank in range(world):  # what each process of `accelerate launch` does
+        writer = store.shard_writer(rank, world)
+        for b in writer.todo:
+            writer.write(b, np.concatenate([vectors[i] for i in plan.batches[b]]))
+        writer.commit()
+    store.join(world)
+    ragged = store.read()
+    assert len(ragged.shards) == 3
+    for i in range(50):
+        assert np.array_equal(ragged.example(i), vectors[i])
+
+
+def test_join_refuses_unfinished_shards(tmp_path) -> None:
+    lengths = np.array([3, 4, 5], dtype=np.int64)
+    plan = Plan(lengths, ((0,), (1,), (2,)), 4)
+    store = ActivationStore.open(
+        tmp_path, StoreKey(model="m", layer=1, template="t", max_tokens=9, dtype="f", data="y")
+    )
+    store.start(plan)
+    writer = store.shard_writer(0, 1)
+    writer.write(0, np.zeros((3, 4), np.float16))
+    writer.commit()
+    with pytest.raises(ProbeError, match="2 unfinished batches"):
+        store.join(1)
+    assert not store.is_complete
+    with pytest.raises(ProbeError, match="incomplete"):
+        store.read()
+
+
+def test_bad_models_fail_in_one_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + b"\0" * 64)
+    folder = tmp_path / "empty-folder"
+    folder.mkdir()
+    cases = {
+        "nobody/no-such-model-xyz": "not found locally and could not be fetched",
+        str(junk): "not a GGUF model file",
+        str(truncated): "not a model transformers can load",
+        str(folder): "not a model folder",
+        str(tmp_path / "missing"): "no such file or folder",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ProbeError, match=message) as caught:
+            load_model(name)
+        assert "\n" not in str(caught.value)
