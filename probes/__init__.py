@@ -7,6 +7,7 @@ Knows nothing of experts or of the harness; the hand-off is files (the store) an
 
 from ._build import Probe, build_probe
 from ._config import ARCHS, TASKS, Arch, ProbeConfig, Task
+from ._dist import process_state
 from ._errors import ProbeError
 from ._extract import Conversation, ExtractStats, bucket_batches, extract, layer_activations, render, tokenize
 from ._model import (
@@ -51,6 +52,7 @@ __all__ = [
     "layer_activations",
     "load_model",
     "predict",
+    "process_state",
     "render",
     "resolve_layer",
     "tokenize",

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._dist import process_state
 from ._errors import ProbeError
 from ._model import LoadedModel, decoder_layers
 from ._store import ActivationStore, Plan, StoreKey
@@ -81,16 +82,20 @@ def tokenize(
     return ids, truncated
 
 
-def bucket_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int) -> tuple[tuple[int, ...], ...]:
+def bucket_batches(
+    lengths: np.ndarray, batch_tokens: int, max_batch: int, max_padding: float = 0.1
+) -> tuple[tuple[int, ...], ...]:
     """Batches of example indices, longest first, each at most `batch_tokens` padded tokens and
-    `max_batch` examples. Neighbours in length order share a batch, so padding stays small."""
+    `max_batch` examples. Neighbours in length order share a batch, and a batch closes before an
+    example shorter than (1 - max_padding) of its width, so padding stays under `max_padding`."""
     order = np.argsort(-lengths, kind="stable")
     batches: list[tuple[int, ...]] = []
     current: list[int] = []
     width = 0
     for i in order:
         width = width or int(lengths[i])  # the first (longest) example sets the batch width
-        if current and (len(current) + 1 > max_batch or (len(current) + 1) * width > batch_tokens):
+        full = len(current) + 1 > max_batch or (len(current) + 1) * width > batch_tokens
+        if current and (full or lengths[i] < (1 - max_padding) * width):
             batches.append(tuple(current))
             current, width = [], int(lengths[i])
         current.append(int(i))
@@ -164,12 +169,10 @@ def extract(
     template, token limit, dtype and `data_hash`; a complete store is reused as is, an incomplete
     one resumes. Under `accelerate launch` each process extracts every world-th batch into its own
     shard and the main process joins them. `on_batch(done_tokens, total_tokens)` reports progress."""
-    from accelerate import PartialState
-
     started = time.perf_counter()
     if not conversations:
         raise ProbeError("no examples to extract")
-    state = PartialState()
+    state = process_state()
     key = StoreKey(
         model=loaded.identity,
         layer=layer,

@@ -19,12 +19,13 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import torch
 from torch import nn
 
+from ._dist import process_state
 from ._errors import ProbeError
 
 __all__ = [
@@ -159,13 +160,32 @@ def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "ctd-converted.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
-        if folder.exists():  # a concurrent conversion won; keep theirs
-            shutil.rmtree(staging)
-        else:
+        try:
             staging.rename(folder)
+        except OSError:
+            if not (folder / "ctd-converted.json").is_file():
+                raise
+            # Another process (e.g. another rank of `torchrun`) converted it first: keep theirs.
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _locate(name: str) -> tuple[Literal["gguf", "folder", "hub"], Path]:
+    """What `--model` names: the embedded GGUF, a .gguf file, a model folder, or a hub id."""
+    path = embedded_gguf() if name == EMBEDDED_MODEL else Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        _check_gguf(path)
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ProbeError(f"{path}: not a model folder (no config.json)")
+        return "folder", path
+    if path.exists():
+        raise ProbeError(f"--model {name}: neither a model folder nor a .gguf file")
+    if name.startswith((".", "/", "~")):
+        raise ProbeError(f"--model {name}: no such file or folder")
+    return "hub", path
 
 
 @dataclass(frozen=True)
@@ -182,9 +202,8 @@ def describe_model(name: str = EMBEDDED_MODEL, *, revision: str | None = None) -
     that a bad --layer is reported before any download or extraction."""
     from types import SimpleNamespace
 
-    path = embedded_gguf() if name == EMBEDDED_MODEL else Path(name).expanduser()
-    if path.suffix.lower() == ".gguf":
-        _check_gguf(path)
+    kind, path = _locate(name)
+    if kind == "gguf":
         digest = file_sha256(path)
         converted = model_cache_root() / f"gguf-{digest[:24]}" / "config.json"
         if converted.is_file():
@@ -192,16 +211,10 @@ def describe_model(name: str = EMBEDDED_MODEL, *, revision: str | None = None) -
         else:
             config = _gguf_config(path)
         return ModelInfo(f"gguf:{digest}", int(config.num_hidden_layers), config)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ProbeError(f"{path}: not a model folder (no config.json)")
+    if kind == "folder":
         config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
         identity = f"folder:{path.resolve()}@{_folder_identity(path)}"
         return ModelInfo(identity, _depth(config, name), config)
-    if path.exists():
-        raise ProbeError(f"--model {name}: neither a model folder nor a .gguf file")
-    if name.startswith((".", "/", "~")):
-        raise ProbeError(f"--model {name}: no such file or folder")
     from transformers import AutoConfig
 
     try:
@@ -322,26 +335,17 @@ def load_model(
     hf_logging.disable_progress_bar()
     if device is None:
         # Under `accelerate launch` each process owns one GPU (cuda:rank); alone, the GPU or the CPU.
-        from accelerate import PartialState
-
-        device = PartialState().device
+        device = process_state().device
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
 
-    path = embedded_gguf() if name == EMBEDDED_MODEL else Path(name).expanduser()
-    if path.suffix.lower() == ".gguf":
-        _check_gguf(path)
+    kind, path = _locate(name)
+    if kind == "gguf":
         digest = file_sha256(path)
         source, identity = str(_converted_gguf(path, digest, torch.float32)), f"gguf:{digest}"
         load_revision = None
-    elif path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ProbeError(f"{path}: not a model folder (no config.json)")
+    elif kind == "folder":
         source, identity, load_revision = str(path), f"folder:{path.resolve()}@{_folder_identity(path)}", None
-    elif path.exists():
-        raise ProbeError(f"--model {name}: neither a model folder nor a .gguf file")
-    elif name.startswith((".", "/", "~")):
-        raise ProbeError(f"--model {name}: no such file or folder")
     else:
         source, identity, load_revision = name, f"hub:{name}", revision
 

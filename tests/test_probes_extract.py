@@ -4,6 +4,8 @@ activation store (exact round trip, shards joined, resume after an interruption,
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +206,75 @@ def test_bad_models_fail_in_one_line(tmp_path, monkeypatch) -> None:
         with pytest.raises(ProbeError, match=message) as caught:
             load_model(name)
         assert "\n" not in str(caught.value)
+
+
+def test_ctd_probe_bad_input_is_one_line(tmp_path) -> None:
+    from ctd_cli import assert_one_line_error, run_ctd
+
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\0" * 64)
+    env = {"HF_HUB_OFFLINE": "1", "CTD_STORE": str(tmp_path / "store")}
+    out = str(tmp_path / "out")
+    cases = [
+        (["--model", "nobody/no-such-model-xyz"], ["nobody/no-such-model-xyz", "could not be fetched"]),
+        (["--model", str(junk)], [str(junk), "not a model"]),
+        (["--layer", "31"], ["--layer 31", "30 layers"]),
+        (["--arch", "lstm"], ["--arch", "lstm"]),
+        (["--data", f"train={tmp_path / 'none.jsonl'}"], ["none.jsonl"]),
+    ]
+    for args, fragments in cases:
+        assert_one_line_error(run_ctd("probe", "--out", out, *args, cwd=tmp_path, env=env), *fragments)
+    assert not (tmp_path / "out").exists()
+    assert not list((tmp_path / "store").glob("*/complete.json"))
+
+
+def test_two_processes_write_their_own_shards_and_match_one_process(tmp_path) -> None:
+    """`torchrun --nproc_per_node 2` (gloo on CPU; `accelerate launch` on GPUs does the same):
+    each process extracts every second batch into its own shard, the main process joins them,
+    and the activations and probe scores equal a single process's bit for bit."""
+    import subprocess
+    import sys
+
+    from harness._builtin import builtin_dir
+
+    data = []
+    for split, size in (("train", 24), ("dev", 12), ("test", 12)):
+        rows = (builtin_dir() / f"{split}.jsonl").read_text().splitlines()
+        chosen = rows[: size // 2] + rows[-(size // 2) :]  # both labels: files are grouped by label
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(chosen) + "\n")
+        data += ["--data", f"{split}={tmp_path / f'{split}.jsonl'}"]
+    common = ["probe", *data, "--seeds", "0", "--epochs", "3", "--max-tokens", "64", "--batch-tokens", "256"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    alone = [sys.executable, "-m", "harness._cli"]
+    single = subprocess.run(
+        [*alone, *common, "--out", str(tmp_path / "one"), "--store", str(tmp_path / "s1")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "harness._cli"]
+    double = subprocess.run(
+        [*launch, *common, "--out", str(tmp_path / "two"), "--store", str(tmp_path / "s2")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert double.returncode == 0, double.stderr
+    assert double.stdout.count("safety probes") == 1  # only the main process goes on after extraction
+
+    def stores(root: Path) -> dict[str, ActivationStore]:
+        out = {}
+        for folder in (p for p in root.iterdir() if p.is_dir()):
+            out[folder.name] = ActivationStore(
+                folder, StoreKey(**json.loads((folder / "key.json").read_text()))
+            )
+        return out
+
+    one, two = stores(tmp_path / "s1"), stores(tmp_path / "s2")
+    assert sorted(one) == sorted(two) and len(one) == 3
+    for name in one:
+        assert sorted(p.name for p in two[name].folder.glob("shard-*")) == [
+            "shard-0-of-2.f16",
+            "shard-1-of-2.f16",
+        ]
+        a, b = one[name].read(), two[name].read()
+        assert len(a) == len(b) and all(np.array_equal(a.example(i), b.example(i)) for i in range(len(a)))
+    first = (tmp_path / "one" / "probe_scores.parquet").read_bytes()
+    assert first == (tmp_path / "two" / "probe_scores.parquet").read_bytes()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -50,14 +49,54 @@ def conversations(n: int) -> tuple[list, str]:
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def llama_1b_folder() -> str:
+    """A folder with Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, MLP
+    8192, vocabulary 128256) and random weights, plus the embedded model's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(tempfile.mkdtemp(prefix="llama-1b-random-"))
+    config = LlamaConfig(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    load_model().tokenizer.save_pretrained(folder)  # SmolLM2's: its ids all fall inside the vocabulary
+    return str(folder)
 
 
 def memory_child(n: int, max_tokens: int, batch_tokens: int) -> None:
     """Runs in a fresh process: peak RSS growth of one extraction of n examples."""
+    import threading
+
+    import psutil
+
     model = load_model()
     convs, _ = conversations(n)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    process = psutil.Process()
+
+    def anonymous() -> int:
+        # Resident memory minus file-backed pages: the store's memory map is written through the
+        # page cache, whose pages count as resident but are the kernel's to drop, not our heap.
+        info = process.memory_info()
+        return info.rss - info.shared
+
+    before = anonymous()
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:  # every 5 ms
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], anonymous())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     with tempfile.TemporaryDirectory() as root:
         _, stats = extract(
             model,
@@ -68,8 +107,11 @@ def memory_child(n: int, max_tokens: int, batch_tokens: int) -> None:
             store_root=root,
             batch_tokens=batch_tokens,
         )
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"n": n, "tokens": stats.tokens, "peak_growth_mib": (after - before) / 1024}))
+    done.set()
+    sampler.join()
+    print(
+        json.dumps({"n": n, "tokens": stats.tokens, "peak_growth_mib": round((peak[0] - before) / 2**20, 1)})
+    )
 
 
 def main() -> None:
@@ -78,14 +120,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--layer", type=int, default=20)
+    parser.add_argument("--model", default="smollm2", help="what load_model accepts")
+    parser.add_argument(
+        "--random-llama-1b",
+        action="store_true",
+        help="a Llama-3.2-1B-sized model with random weights built from its config (use --layer 11)",
+    )
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="the GPU's dense bf16 peak, e.g. 989")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-child", type=int, default=0)
+    parser.add_argument("--memory-only", action="store_true")
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child, args.max_tokens, args.batch_tokens)
         return
-    torch.set_num_threads(torch.get_num_threads())
-    model = load_model()
+    if args.memory_only:
+        memory_runs(args)
+        return
+    model = load_model(llama_1b_folder() if args.random_llama_1b else args.model)
     convs, source = conversations(args.n)
     ids, truncated = tokenize(model.tokenizer, convs, args.max_tokens)
     lengths = np.array([len(t) for t in ids])
@@ -138,10 +190,21 @@ def main() -> None:
         )
     n_layers = model.n_layers
     print(f"ours / plain truncated forward: {best['truncated'] / best['ours']:.3f}x (target >= 0.95)")
+    if args.peak_tflops and torch.cuda.is_available():
+        # Forward FLOPs per token of the blocks run: 2 x their parameters (attention scores aside).
+        per_layer = sum(p.numel() for p in decoder_layers(model.model)[0].parameters())
+        flops = 2 * per_layer * args.layer * tokens / best["ours"]
+        share = flops / 1e12 / args.peak_tflops
+        print(f"{flops / 1e12:.1f} TFLOP/s: {share:.1%} of the {args.peak_tflops} TFLOP/s peak")
     print(
         f"ours / full forward: {best['full'] / best['ours']:.2f}x "
         f"(layers/layer = {n_layers / args.layer:.2f}, layers/(layer+1) = {n_layers / (args.layer + 1):.2f})"
     )
+    memory_runs(args)
+
+
+def memory_runs(args: argparse.Namespace) -> None:
+    """Peak anonymous memory of an extraction in a fresh process, for N and 4N examples."""
     for n in (args.n, 4 * args.n):
         out = subprocess.run(
             [
