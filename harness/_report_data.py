@@ -273,6 +273,8 @@ def read_validation(folder: Path, name: str) -> Validation:
     else:
         if isinstance(record.get("per_trial"), dict):
             per_trial = {k: np.asarray(v, dtype=np.float64) for k, v in record["per_trial"].items()}
+    if "error" in record:  # `ctd eval` records a validation it could not run, and why
+        raise InputError(f"{path}: not run: {record['error']}")
     for key in ("violation_rate", "alpha"):
         if key not in record:
             raise InputError(f"{path}: no {key!r}; expected the record of validate_scores(...).to_dict()")
