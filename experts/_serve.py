@@ -106,9 +106,16 @@ class LocalServer:
         problem = _available(self.command)
         if problem:
             raise ConfigError(problem)
-        output = self.log.open("ab") if self.log else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
-        self.wait_until_ready()
+        if self.log:
+            with self.log.open("ab") as output:  # the child keeps its own copy of the handle
+                self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
+        else:
+            self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            self.wait_until_ready()
+        except BaseException:  # Ctrl-C or SIGTERM while it loads: __exit__ will not run
+            self.stop()
+            raise
 
     def wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout

@@ -201,7 +201,8 @@ def test_killed_during_expert_stage_resumes_without_paying_twice(tmp_path, env) 
         np.testing.assert_array_equal(resumed_scores[column], clean_scores[column])
 
 
-def test_ctrl_c_leaves_a_run_that_resumes(tmp_path, env) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_leaves_a_run_that_resumes(tmp_path, env, signum: int) -> None:
     data = write_data(tmp_path / "data")
     with RunningServer(FaultPlan(delay=0.15)) as server:
         code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
@@ -216,7 +217,7 @@ def test_ctrl_c_leaves_a_run_that_resumes(tmp_path, env) -> None:
         deadline = time.monotonic() + 300
         while item_successes(server) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 130, stderr
         assert "rerun the same command to resume" in stderr.strip().splitlines()[-1]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +64,49 @@ def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, method: str,
     assert stats.cached == len(EXAMPLES)
     assert [r.score for r in again] == [r.score for r in results]
     assert cache.integrity_check() == "ok"
+
+
+def server_processes(port: int) -> list[int]:
+    """Pids of llama.cpp servers on `port`, from /proc (Linux), so a test sees a leaked child."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # the process ended while we looked
+            continue
+        if b"llama_cpp.server" in argv and str(port).encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("when", ["loading", "serving"])
+def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
+    """`kill PID` on `ctd experts serve` (what a scheduler or a shell's kill sends) stops the
+    llama.cpp child too, whether it is still loading the model or already serving."""
+    port = free_port()
+    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "experts", "serve", "smollm2", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    wanted = "llama_cpp.server" if when == "loading" else "serving smollm2"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        assert line, process.communicate()
+        if wanted in line:
+            break
+    if when == "loading":
+        while not server_processes(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert server_processes(port), "the server never started"
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode in (0, 130)
+    assert server_processes(port) == []
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import typer
 
@@ -35,9 +37,22 @@ _register_calibration(app)
 _register_experts(app)
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (`kill`, a job scheduler's time limit) does what Ctrl-C does: the running stage
+    records that it was interrupted and a local expert server the run started is stopped, rather
+    than the process dying with the server left running. The SIGINT handler in force is reused
+    so that inside asyncio.run the main task is cancelled the same way."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIGINT ignored (a background job of a non-interactive shell): SIGTERM still stops
+        raise KeyboardInterrupt
+
+
 def main() -> None:
     """Console-script entry point. Usage errors (an unknown option, a value that is not one of
     the choices) are one line on stderr with exit code 2, like every other bad input."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as exc:
