@@ -7,10 +7,10 @@ an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM)
 
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
 from ._check import EndpointCheck, check_endpoint
-from ._client import ExpertClient, Item, ItemResult, ProgressSink, RunStats, score_items
+from ._client import ExpertClient, Item, ItemResult, Outage, ProgressSink, RunStats, score_items
 from ._config import RateLimit, RetryPolicy, Timeout
 from ._endpoint import Endpoint, default_transport
-from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError, TransportError
+from ._errors import ConfigError, EndpointDown, ExpertError, HTTPStatusError, ResponseError, TransportError
 from ._limiter import Limiter, Pacer
 from ._prompts import Conversation, PromptTemplate, load_template, render_conversation
 from ._registry import (
@@ -35,6 +35,7 @@ __all__ = [
     "Conversation",
     "Endpoint",
     "EndpointCheck",
+    "EndpointDown",
     "ExpertClient",
     "ExpertError",
     "ExpertSpec",
@@ -44,6 +45,7 @@ __all__ = [
     "ItemResult",
     "Limiter",
     "LocalServer",
+    "Outage",
     "Pacer",
     "ProgressSink",
     "PromptTemplate",

@@ -15,13 +15,13 @@ import httpx
 
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
 from ._endpoint import Endpoint
-from ._errors import ExpertError, HTTPStatusError
+from ._errors import EndpointDown, ExpertError, HTTPStatusError, TransportError
 from ._limiter import Limiter
 from ._prompts import Conversation, PromptTemplate, load_template
 from ._registry import ExpertSpec
 from ._scoring import Request, build_request, parse_response
 
-__all__ = ["ExpertClient", "Item", "ItemResult", "ProgressSink", "RunStats", "score_items"]
+__all__ = ["ExpertClient", "Item", "ItemResult", "Outage", "ProgressSink", "RunStats", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
 
@@ -81,6 +81,31 @@ class _Pending:
     key: str
 
 
+class Outage:
+    """Counts the items that failed at the endpoint in a row (a transport error or a 5xx after
+    every retry) with no answer between them. At `limit` it raises EndpointDown: a server that
+    died or went away would otherwise cost each remaining item its full retry schedule."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.streak = 0
+
+    def answered(self) -> None:
+        self.streak = 0
+
+    def failed(self, exc: ExpertError) -> None:
+        server_error = isinstance(exc, HTTPStatusError) and exc.status >= 500
+        if not (isinstance(exc, TransportError) or server_error):  # it answered: it is up
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak >= self.limit:
+            raise EndpointDown(
+                f"the expert stopped answering: {self.streak} items in a row failed after their "
+                f"retries, the last with {exc}"
+            )
+
+
 class ExpertClient:
     """Scores items with one expert. The transport, clock, sleep and random source can be
     injected (tests use them to avoid real waiting); by default httpx over aiohttp."""
@@ -127,10 +152,13 @@ class ExpertClient:
 
     async def score(self, items: Sequence[Item]) -> tuple[list[ItemResult], RunStats]:
         """One result per item, aligned with `items`. Items with a cached score send nothing;
-        the others are queried; failures after the retry cap are recorded, never raised."""
+        the others are queried; failures after the retry cap are recorded, never raised, unless
+        so many come in a row that the endpoint is down (EndpointDown; answers so far are kept)."""
         stats = RunStats(total=len(items))
         results: list[ItemResult | None] = [None] * len(items)
         limiter = Limiter(self.spec.rate, clock=self._clock, sleep=self._sleep)
+        concurrency = self.spec.rate.concurrency
+        outage = Outage(self.spec.retry.down_after or max(8, 2 * concurrency))
         writer = CacheWriter(self.cache) if self.cache is not None else None
         queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * self.spec.rate.concurrency)
         endpoint = Endpoint(
@@ -143,7 +171,7 @@ class ExpertClient:
         if writer is not None:
             writer.start()
         workers = [
-            asyncio.create_task(self._worker(queue, endpoint, limiter, writer, results, stats))
+            asyncio.create_task(self._worker(queue, endpoint, limiter, writer, outage, results, stats))
             for _ in range(self.spec.rate.concurrency)
         ]
         producer = asyncio.create_task(self._produce(items, results, stats, queue, len(workers)))
@@ -206,11 +234,12 @@ class ExpertClient:
         endpoint: Endpoint,
         limiter: Limiter,
         writer: CacheWriter | None,
+        outage: Outage,
         results: list[ItemResult | None],
         stats: RunStats,
     ) -> None:
         while (pending := await queue.get()) is not None:
-            results[pending.index] = await self._query(pending, endpoint, limiter, writer, stats)
+            results[pending.index] = await self._query(pending, endpoint, limiter, writer, outage, stats)
             self._report(stats)
 
     async def _query(
@@ -219,6 +248,7 @@ class ExpertClient:
         endpoint: Endpoint,
         limiter: Limiter,
         writer: CacheWriter | None,
+        outage: Outage,
         stats: RunStats,
     ) -> ItemResult:
         """One item through the retry loop: the only retry layer in the stage."""
@@ -244,10 +274,13 @@ class ExpertClient:
                     stats.rate_limited += 1
                 delay = max(getattr(exc, "retry_after", None) or 0.0, policy.backoff(attempt, self._rng))
                 if not exc.retryable or attempt >= policy.max_attempts or self._clock() + delay > deadline:
-                    return await self._failed(pending, exc, attempt, writer, stats)
+                    failed = await self._failed(pending, exc, attempt, writer, stats)
+                    outage.failed(exc)  # after the failure is in the ledger
+                    return failed
                 stats.retries += 1
                 await self._sleep(delay)
                 continue
+            outage.answered()
             usage = _total_usage(payloads)
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)

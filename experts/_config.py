@@ -58,8 +58,13 @@ class RetryPolicy:
     maximum: float = 30.0
     jitter: float = 0.5
     deadline: float = 900.0
+    # End the run once this many items in a row have failed at the endpoint (transport errors,
+    # 5xx) with no answer between them; 0 means twice the concurrency, at least 8.
+    down_after: int = 0
 
     def __post_init__(self) -> None:
+        if self.down_after < 0:
+            raise ValueError(f"down_after must be at least 0, got {self.down_after}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if not 0 <= self.jitter <= 1:

@@ -4,15 +4,24 @@
     ├── ConfigError             a registry entry or option that cannot work (never retried)
     ├── TransportError          connect/read/write timeouts, refused or dropped connections
     ├── HTTPStatusError         a non-2xx answer; 408, 409, 425, 429 and 5xx are retried
-    └── ResponseError           a 2xx answer without a usable score: malformed JSON, missing
-                                logprobs, no mass on the label tokens (retried, never cached)
+    ├── ResponseError           a 2xx answer without a usable score: malformed JSON, missing
+    │                           logprobs, no mass on the label tokens (retried, never cached)
+    └── EndpointDown            item after item failed at the endpoint with no answer between:
+                                the run ends instead of waiting out every item's retries
 
 httpx exceptions are translated where they enter (`experts._endpoint`).
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ExpertError", "HTTPStatusError", "ResponseError", "TransportError"]
+__all__ = [
+    "ConfigError",
+    "EndpointDown",
+    "ExpertError",
+    "HTTPStatusError",
+    "ResponseError",
+    "TransportError",
+]
 
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -52,3 +61,7 @@ class ResponseError(ExpertError):
     def __init__(self, message: str, *, reason: str = "bad-response") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class EndpointDown(ExpertError):
+    reason = "endpoint-down"

@@ -120,6 +120,7 @@ _KEYS = {
     "tpm",
     "timeout",
     "max_attempts",
+    "down_after",
     "server",
     "hf_model",
 }
@@ -179,7 +180,9 @@ def _spec_from_table(name: str, table: dict[str, Any], where: str, text: str) ->
                 concurrency=int(table.get("concurrency", 16)), rpm=table.get("rpm"), tpm=table.get("tpm")
             ),
             timeout=Timeout(read=float(table.get("timeout", 120.0))),
-            retry=RetryPolicy(max_attempts=int(table.get("max_attempts", 6))),
+            retry=RetryPolicy(
+                max_attempts=int(table.get("max_attempts", 6)), down_after=int(table.get("down_after", 0))
+            ),
             server=table.get("server", "external"),
             hf_model=table.get("hf_model"),
             source=where,

@@ -215,6 +215,15 @@ def _expert_available(spec: ExpertSpec, config: RunConfig, run: RunFolder) -> It
             raise InputError(f"--expert {spec.name}: the local server did not start: {error}") from None
         try:
             yield
+        except experts.EndpointDown as error:
+            assert server.process is not None
+            code = server.process.poll()
+            if code is None:
+                raise
+            raise experts.EndpointDown(
+                f"the local server for {spec.name} exited with code {code} during the run "
+                f"(its log: {server.log}); {error}"
+            ) from None
         finally:
             server.stop()
             run.log(f"stopped the local server for {spec.name}")

@@ -213,9 +213,9 @@ class RunningServer:
     """A FaultServer on 127.0.0.1 in a thread of its own (so that a synchronous test can drive
     a client in another event loop). Use as a context manager."""
 
-    def __init__(self, plan: FaultPlan | None = None, **kwargs: Any) -> None:
+    def __init__(self, plan: FaultPlan | None = None, *, port: int = 0, **kwargs: Any) -> None:
         self.server = FaultServer(plan, **kwargs)
-        self.port = 0
+        self.port = port  # 0: any free port
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -229,7 +229,7 @@ class RunningServer:
         asyncio.set_event_loop(self._loop)
         self._runner = web.AppRunner(self.server.app, handle_signals=False, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
         self._loop.run_until_complete(site.start())
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._ready.set()

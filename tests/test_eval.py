@@ -261,3 +261,56 @@ def test_config_file_with_flags_on_top(tmp_path, env) -> None:
     config.write_text('[run]\nseeds = "zero"\n')
     result = run_ctd("eval", "--config", str(config), cwd=tmp_path, env=env)
     assert_one_line_error(result, "'seeds'")
+
+
+def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_path, env) -> None:
+    """The expert server dies in the middle of the query stage: instead of paying every remaining
+    item its retries, the run stops once `down_after` items in a row fail at the endpoint, with
+    one line and exit code 1; the probe stage and the answers so far are kept, and a rerun
+    against the server (back on the same port) finishes without asking them again."""
+    data = write_data(tmp_path / "data")
+    experts_file = tmp_path / "experts.toml"
+    env = {**env, "CTD_EXPERTS_FILE": str(experts_file)}
+    args = eval_args(data, "flaky")
+    del args[args.index("--expert-model") : args.index("--expert-model") + 2]
+    first = RunningServer(FaultPlan(delay=0.05))
+    with first:
+        port = first.port
+        experts_file.write_text(
+            f'[experts.flaky]\nbase_url = "{first.url}"\nmodel = "fault-model"\n'
+            "concurrency = 2\nmax_attempts = 2\ndown_after = 4\n"
+        )
+        code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while item_successes(first) < 10 and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.02)
+    answered_first = {k for k, v in first.server.counts.successes.items() if k >= 0 and v}
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=120)
+    assert time.monotonic() - started < 60
+    assert process.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr
+    assert lines[-1].startswith("error: the expert stopped answering: 4 items in a row"), lines[-1]
+    assert lines[-1].endswith("rerun to resume")
+    run = tmp_path / "runs" / "t"
+    log = json.loads((run / "run.json").read_text())
+    assert log["stages"]["probe"]["status"] == "ran"
+    assert log["stages"]["query"]["status"] == "failed"
+
+    with RunningServer(FaultPlan(), port=port) as second:
+        resumed = run_ctd(*args, "--json", cwd=tmp_path, env=env, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr
+        assert stage_status(resumed.stdout)["probe"] == "skipped"
+        asked_again = set(item_requests(second)) & answered_first
+        assert len(asked_again) <= 2  # at most what was in flight when the first server went away
+        assert len(set(item_requests(second)) | answered_first) == SIZES["dev"] + SIZES["test"]

@@ -25,16 +25,19 @@ from experts import (
     CacheKey,
     ConfigError,
     Endpoint,
+    EndpointDown,
     ExpertClient,
     ExpertSpec,
     HTTPStatusError,
     Item,
     Limiter,
+    Outage,
     Pacer,
     RateLimit,
     Request,
     ResponseError,
     RetryPolicy,
+    ScoreCache,
     Timeout,
     TransportError,
     add_expert,
@@ -276,6 +279,7 @@ def test_backoff_exponential_with_jitter_and_cap() -> None:
         lambda: RetryPolicy(jitter=1.5),
         lambda: RetryPolicy(multiplier=0.5),
         lambda: RetryPolicy(initial=-1.0),
+        lambda: RetryPolicy(down_after=-1),
         lambda: RateLimit(concurrency=0),
         lambda: RateLimit(rpm=0),
         lambda: RateLimit(tpm=-5),
@@ -285,6 +289,23 @@ def test_backoff_exponential_with_jitter_and_cap() -> None:
 def test_invalid_settings_raise(make: Any) -> None:
     with pytest.raises(ValueError):
         make()
+
+
+def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
+    outage = Outage(limit=3)
+    refused = TransportError("refused", reason="connection")
+    for _ in range(2):
+        outage.failed(refused)
+    outage.answered()  # an answer between them: the count starts again
+    outage.failed(HTTPStatusError(503, "overloaded"))
+    outage.failed(refused)
+    outage.failed(ResponseError("no label tokens", reason="no-labels"))  # it answered: up
+    outage.failed(HTTPStatusError(404, "no such model"))  # a 4xx is an answer too
+    assert outage.streak == 0
+    outage.failed(TransportError("slow", reason="timeout"))
+    outage.failed(HTTPStatusError(500, "boom"))
+    with pytest.raises(EndpointDown, match=r"3 items in a row failed .*HTTP 502"):
+        outage.failed(HTTPStatusError(502, "bad gateway"))
 
 
 def test_timeout_to_httpx() -> None:
@@ -1202,7 +1223,8 @@ def test_client_releases_slots_when_every_request_fails() -> None:
         raise httpx.ReadTimeout("slow")
 
     spec = unit_spec(
-        rate=RateLimit(concurrency=1), retry=RetryPolicy(max_attempts=3, initial=0.01, jitter=0.0)
+        rate=RateLimit(concurrency=1),
+        retry=RetryPolicy(max_attempts=3, initial=0.01, jitter=0.0, down_after=1000),
     )
     items = [Item(f"id{i}", f"item-{i}") for i in range(20)]
 
@@ -1217,6 +1239,35 @@ def test_client_releases_slots_when_every_request_fails() -> None:
     assert [r.id for r in results] == [i.id for i in items]
     assert all(r.source == "failed" and r.reason == "timeout" and r.attempts == 3 for r in results)
     assert stats.failed == 20
+
+
+def test_client_stops_when_the_endpoint_is_down(tmp_path: Path) -> None:
+    """Every request refused: after `down_after` items (default max(8, 2 x concurrency)) the run
+    ends with EndpointDown instead of paying each remaining item its retries, and the failures
+    so far are in the ledger."""
+    sent = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal sent
+        sent += 1
+        raise httpx.ConnectError("connection refused")
+
+    spec = unit_spec(rate=RateLimit(concurrency=1), retry=RetryPolicy(max_attempts=3, initial=0.01))
+    items = [Item(f"id{i}", f"item-{i}") for i in range(50)]
+    cache = ScoreCache(tmp_path / "cache.db")
+
+    async def main() -> Any:
+        fake = FakeTime()
+        client = ExpertClient(
+            spec, cache=cache, transport=httpx.MockTransport(handler), clock=fake.clock, sleep=fake.sleep
+        )
+        return await asyncio.wait_for(client.score(items), 10)
+
+    with pytest.raises(EndpointDown, match="8 items in a row failed after their retries"):
+        asyncio.run(main())
+    assert sent == 8 * 3
+    assert sum(c["failures"] for c in cache.counts().values()) == 8
+    cache.close()
 
 
 def test_client_overflowing_logprob_fails_only_that_item() -> None:

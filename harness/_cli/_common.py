@@ -11,6 +11,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from experts import ConfigError, ExpertError
 from probes import ProbeError
 
 from .._errors import InputError
@@ -24,7 +25,8 @@ stdout = Console()
 
 
 def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Turn an InputError into one line on stderr and exit code 2, with no traceback."""
+    """Turn bad input into one line on stderr and exit code 2, and an expert endpoint that
+    failed during the run into one line and exit code 1; no traceback either way."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -33,9 +35,12 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         except InputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
-        except ProbeError as exc:
+        except (ProbeError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
+        except ExpertError as exc:  # not the input: the endpoint failed during the run
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(code=1) from None
         except OSError as exc:  # a file the user named cannot be read or written
             where = f"{exc.filename}: " if exc.filename else ""
             print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
