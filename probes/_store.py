@@ -160,6 +160,10 @@ class ActivationStore:
         np.savez(self.folder / "index.tmp.npz", shard=shard, start=start, length=plan.lengths, world=world)
         os.replace(self.folder / "index.tmp.npz", self.folder / "index.npz")
         _write_json_atomic(self.folder / "complete.json", {"format": _FORMAT, "world": world})
+        # An interrupted run with another number of processes left shards this index never reads.
+        for stale in [*self.folder.glob("shard-*-of-*.f16"), *self.folder.glob("progress-*-of-*.json")]:
+            if not stale.stem.endswith(f"-of-{world}"):
+                stale.unlink(missing_ok=True)
 
     # -- reading ---------------------------------------------------------------------------------
 

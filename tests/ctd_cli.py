@@ -7,13 +7,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+CTD = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
+
+
+def start_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`ctd ARGS` in the background, stdout and stderr captured as text (tests that signal it)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CTD, *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
 
 def run_ctd(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
     return subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, "-c", CTD, *args],
         cwd=cwd,
         capture_output=True,
         text=True,

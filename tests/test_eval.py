@@ -4,17 +4,14 @@ OpenAI-compatible expert that counts requests, resumable stages, kill and resume
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ctd_cli import assert_one_line_error, run_ctd
+from ctd_cli import assert_one_line_error, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
 from harness._builtin import builtin_dir
@@ -160,14 +157,7 @@ def test_killed_during_expert_stage_resumes_without_paying_twice(tmp_path, env) 
     data = write_data(tmp_path / "data")
     plan = FaultPlan(delay=0.15)  # slow answers, so the kill lands inside the expert stage
     with RunningServer(plan) as server:
-        code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, *eval_args(data, server.url), "--json"],
-            cwd=tmp_path,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        process = start_ctd(*eval_args(data, server.url), "--json", cwd=tmp_path, env=env)
         deadline = time.monotonic() + 300
         while item_successes(server) < 20 and time.monotonic() < deadline:
             assert process.poll() is None, process.communicate()
@@ -205,15 +195,7 @@ def test_killed_during_expert_stage_resumes_without_paying_twice(tmp_path, env) 
 def test_interrupt_leaves_a_run_that_resumes(tmp_path, env, signum: int) -> None:
     data = write_data(tmp_path / "data")
     with RunningServer(FaultPlan(delay=0.15)) as server:
-        code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, *eval_args(data, server.url)],
-            cwd=tmp_path,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        process = start_ctd(*eval_args(data, server.url), cwd=tmp_path, env=env)
         deadline = time.monotonic() + 300
         while item_successes(server) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -280,15 +262,7 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
             f'[experts.flaky]\nbase_url = "{first.url}"\nmodel = "fault-model"\n'
             "concurrency = 2\nmax_attempts = 2\ndown_after = 4\n"
         )
-        code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, *args],
-            cwd=tmp_path,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        process = start_ctd(*args, cwd=tmp_path, env=env)
         deadline = time.monotonic() + 300
         while item_successes(first) < 10 and time.monotonic() < deadline:
             assert process.poll() is None, process.communicate()

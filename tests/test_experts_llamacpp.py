@@ -7,12 +7,11 @@ import dataclasses
 import importlib.util
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from ctd_cli import start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
@@ -84,14 +83,7 @@ def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
     """`kill PID` on `ctd experts serve` (what a scheduler or a shell's kill sends) stops the
     llama.cpp child too, whether it is still loading the model or already serving."""
     port = free_port()
-    code = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, "experts", "serve", "smollm2", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_ctd("experts", "serve", "smollm2", "--port", str(port), cwd=tmp_path)
     assert process.stdout is not None
     wanted = "llama_cpp.server" if when == "loading" else "serving smollm2"
     deadline = time.monotonic() + 180

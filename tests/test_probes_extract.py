@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from probes._errors import ProbeError
-from probes._extract import _pad, bucket_batches, extract, layer_activations, tokenize
+from probes._extract import ExtractStats, _pad, bucket_batches, extract, layer_activations, tokenize
 from probes._model import LoadedModel, load_model, resolve_layer
 from probes._store import ActivationStore, Plan, StoreKey
 
@@ -93,15 +93,18 @@ def test_bucketing_bounds_padding_and_batch_tokens() -> None:
 
 
 def test_extraction_store_round_trip_and_reuse(embedded: LoadedModel, tmp_path) -> None:
-    store, stats = extract(
-        embedded,
-        CONVERSATIONS,
-        layer=20,
-        max_tokens=96,
-        data_hash="d1",
-        store_root=tmp_path,
-        batch_tokens=200,
-    )
+    def run(layer: int = 20) -> tuple[ActivationStore, ExtractStats]:
+        return extract(
+            embedded,
+            CONVERSATIONS,
+            layer=layer,
+            max_tokens=96,
+            data_hash="d1",
+            store_root=tmp_path,
+            batch_tokens=200,
+        )
+
+    store, stats = run()
     assert store.is_complete and stats.extracted_batches == stats.batches > 1
     ragged = store.read()
     ids, _ = tokenize(embedded.tokenizer, CONVERSATIONS, max_tokens=96)
@@ -113,17 +116,9 @@ def test_extraction_store_round_trip_and_reuse(embedded: LoadedModel, tmp_path) 
         np.testing.assert_allclose(
             stored.astype(np.float32), ref[i, : len(tokens)].numpy(), rtol=1e-3, atol=1e-3
         )
-    again, stats2 = extract(
-        embedded,
-        CONVERSATIONS,
-        layer=20,
-        max_tokens=96,
-        data_hash="d1",
-        store_root=tmp_path,
-        batch_tokens=200,
-    )
+    again, stats2 = run()
     assert again.folder == store.folder and stats2.extracted_batches == 0
-    other, _ = extract(embedded, CONVERSATIONS, layer=19, max_tokens=96, data_hash="d1", store_root=tmp_path)
+    other, _ = run(layer=19)
     assert other.folder != store.folder  # the layer is part of the key
 
 
@@ -157,7 +152,11 @@ def test_store_joins_shards_of_several_processes(tmp_path) -> None:
     key = StoreKey(model="m", layer=1, template="t", max_tokens=30, dtype="float32", data="x")
     store = ActivationStore.open(tmp_path, key)
     store.start(plan)
-    world = 3
+    interrupted = store.shard_writer(0, 2)  # a two-process run that stopped after one batch
+    first = interrupted.todo[0]
+    interrupted.write(first, np.concatenate([vectors[i] for i in plan.batches[first]]))
+    interrupted.commit()
+    world = 3  # resumed with three processes
     for rank in range(world):  # what each process of `accelerate launch` does
         writer = store.shard_writer(rank, world)
         for b in writer.todo:
@@ -166,6 +165,9 @@ def test_store_joins_shards_of_several_processes(tmp_path) -> None:
     store.join(world)
     ragged = store.read()
     assert len(ragged.shards) == 3
+    left = sorted(p.name for p in store.folder.iterdir() if p.name.startswith(("shard-", "progress-")))
+    expected = [f"progress-{r}-of-3.json" for r in range(3)] + [f"shard-{r}-of-3.f16" for r in range(3)]
+    assert left == expected  # the two-process run's files are gone
     for i in range(50):
         assert np.array_equal(ragged.example(i), vectors[i])
 
