@@ -17,9 +17,10 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import torch
@@ -213,19 +214,13 @@ def describe_model(name: str = EMBEDDED_MODEL, *, revision: str | None = None) -
         return ModelInfo(f"gguf:{digest}", int(config.num_hidden_layers), config)
     if kind == "folder":
         config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
-        identity = f"folder:{path.resolve()}@{_folder_identity(path)}"
-        return ModelInfo(identity, _depth(config, name), config)
+        return ModelInfo(_folder_identity(path), _depth(config, name), config)
     from transformers import AutoConfig
 
     try:
-        try:
-            config = AutoConfig.from_pretrained(name, revision=revision, local_files_only=True)
-        except OSError:
-            if not _hub_reachable():
-                raise OSError(
-                    "it is not in the local cache and the Hugging Face hub is unreachable"
-                ) from None
-            config = AutoConfig.from_pretrained(name, revision=revision)
+        config = _local_first(
+            lambda local: AutoConfig.from_pretrained(name, revision=revision, local_files_only=local)
+        )
     except OSError as error:
         why = _one_line(error).removeprefix("OSError: ")
         raise ProbeError(f"--model {name}: not found locally and could not be fetched: {why}") from None
@@ -273,7 +268,8 @@ def _one_line(error: BaseException) -> str:
 
 
 def _folder_identity(folder: Path) -> str:
-    """A local folder's revision: a hash of its config and of the weight files' names and sizes."""
+    """A local folder's identity: its path and a hash of its config and of the weight files'
+    names, sizes and modification times."""
     digest = hashlib.sha256()
     for item in sorted(folder.iterdir()):
         if item.is_file() and (item.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}):
@@ -281,7 +277,7 @@ def _folder_identity(folder: Path) -> str:
             digest.update(f"{item.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
             if item.suffix in {".json", ".jinja"}:
                 digest.update(item.read_bytes())
-    return digest.hexdigest()[:24]
+    return f"folder:{folder.resolve()}@{digest.hexdigest()[:24]}"
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -308,14 +304,20 @@ def _from_pretrained(source: str, revision: str | None, dtype: torch.dtype, devi
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **kwargs)
         return tokenizer, model
 
-    if Path(source).is_dir():
-        return load(local_only=True)
+    return load(local_only=True) if Path(source).is_dir() else _local_first(load)
+
+
+T = TypeVar("T")
+
+
+def _local_first(load: Callable[[bool], T]) -> T:
+    """`load(local_only)` from the local cache first, from the hub only when it answers."""
     try:
-        return load(local_only=True)
+        return load(True)
     except OSError:
         if not _hub_reachable():
             raise OSError("it is not in the local cache and the Hugging Face hub is unreachable") from None
-        return load(local_only=False)
+        return load(False)
 
 
 def load_model(
@@ -345,7 +347,7 @@ def load_model(
         source, identity = str(_converted_gguf(path, digest, torch.float32)), f"gguf:{digest}"
         load_revision = None
     elif kind == "folder":
-        source, identity, load_revision = str(path), f"folder:{path.resolve()}@{_folder_identity(path)}", None
+        source, identity, load_revision = str(path), _folder_identity(path), None
     else:
         source, identity, load_revision = name, f"hub:{name}", revision
 

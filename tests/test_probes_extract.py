@@ -13,7 +13,15 @@ import torch
 
 from probes._errors import ProbeError
 from probes._extract import ExtractStats, _pad, bucket_batches, extract, layer_activations, tokenize
-from probes._model import LoadedModel, load_model, resolve_layer
+from probes._model import (
+    LoadedModel,
+    describe_model,
+    embedded_gguf,
+    file_sha256,
+    load_model,
+    model_cache_root,
+    resolve_layer,
+)
 from probes._store import ActivationStore, Plan, StoreKey
 
 CONVERSATIONS = [
@@ -187,6 +195,21 @@ def test_join_refuses_unfinished_shards(tmp_path) -> None:
     assert not store.is_complete
     with pytest.raises(ProbeError, match="incomplete"):
         store.read()
+
+
+def test_describe_model_agrees_with_load_model(embedded: LoadedModel, monkeypatch) -> None:
+    """The identity and depth a run fingerprints before loading equal those of the loaded model,
+    for the embedded GGUF and for a plain model folder (the GGUF's converted weights)."""
+    info = describe_model()
+    assert (info.identity, info.n_layers) == (embedded.identity, embedded.n_layers)
+    assert info.identity.startswith("gguf:")
+    folder = model_cache_root() / f"gguf-{file_sha256(embedded_gguf())[:24]}"
+    loaded, described = load_model(str(folder)), describe_model(str(folder))
+    assert described.identity == loaded.identity == f"folder:{folder.resolve()}@{described.identity[-24:]}"
+    assert described.n_layers == loaded.n_layers == 30
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ProbeError, match=r"not found locally and could not be fetched.*unreachable"):
+        describe_model("nobody/no-such-model-xyz")
 
 
 def test_bad_models_fail_in_one_line(tmp_path, monkeypatch) -> None:
