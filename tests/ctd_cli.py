@@ -1,4 +1,5 @@
-"""Running the real `ctd` entry point in a subprocess, and checking its one-line errors."""
+"""Running the real `ctd` entry point in a subprocess, checking its one-line errors, and
+finding the llama.cpp servers it starts."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def llama_servers_on(port: int) -> list[int]:
+    """Pids of llama.cpp servers on `port`, from /proc (Linux), so a test sees a leaked child."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # the process ended while we looked
+            continue
+        if b"llama_cpp.server" in argv and str(port).encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found

@@ -3,15 +3,20 @@ OpenAI-compatible expert that counts requests, resumable stages, kill and resume
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import os
 import re
 import signal
+import socket
+import sqlite3
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ctd_cli import assert_one_line_error, run_ctd, start_ctd
+from ctd_cli import assert_one_line_error, llama_servers_on, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
 from harness._builtin import builtin_dir
@@ -288,3 +293,44 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
         asked_again = set(item_requests(second)) & answered_first
         assert len(asked_again) <= 2  # at most what was in flight when the first server went away
         assert len(set(item_requests(second)) | answered_first) == SIZES["dev"] + SIZES["test"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] is not installed"
+)
+def test_a_local_expert_server_that_dies_is_named(tmp_path, env) -> None:
+    """The llama.cpp server the run started is killed in the middle of the query stage: the run
+    ends in one line that says the local server exited, with its log, and exit code 1."""
+    data = write_data(tmp_path / "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    experts_file = tmp_path / "experts.toml"
+    experts_file.write_text(
+        f'[experts.tiny]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "smollm2"\n'
+        'server = "llama.cpp"\nconcurrency = 2\nmax_attempts = 2\ndown_after = 2\n'
+    )
+    env = {**env, "CTD_EXPERTS_FILE": str(experts_file)}
+    args = eval_args(data, "tiny")
+    del args[args.index("--expert-model") : args.index("--expert-model") + 2]
+    process = start_ctd(*args, cwd=tmp_path, env=env)
+    cache = tmp_path / "cache.sqlite"
+    deadline = time.monotonic() + 400
+    answered = 0
+    while answered < 3 and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        if cache.is_file() and llama_servers_on(port):
+            with contextlib.closing(sqlite3.connect(cache)) as db, contextlib.suppress(sqlite3.Error):
+                answered = db.execute("select count(*) from scores").fetchone()[0]
+        time.sleep(0.2)
+    for pid in llama_servers_on(port):
+        os.kill(pid, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr
+    assert last.startswith("error: the local server for tiny exited with code -9 during the run"), last
+    run = tmp_path / "runs" / "t"
+    assert str(run / "query" / "server.log") in last and last.endswith("rerun to resume")
+    assert json.loads((run / "run.json").read_text())["stages"]["query"]["status"] == "failed"
+    assert llama_servers_on(port) == []

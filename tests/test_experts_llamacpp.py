@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ctd_cli import start_ctd
+from ctd_cli import llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
@@ -65,19 +65,6 @@ def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, method: str,
     assert cache.integrity_check() == "ok"
 
 
-def server_processes(port: int) -> list[int]:
-    """Pids of llama.cpp servers on `port`, from /proc (Linux), so a test sees a leaked child."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:  # the process ended while we looked
-            continue
-        if b"llama_cpp.server" in argv and str(port).encode() in argv:
-            found.append(int(cmdline.parent.name))
-    return found
-
-
 @pytest.mark.parametrize("when", ["loading", "serving"])
 def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
     """`kill PID` on `ctd experts serve` (what a scheduler or a shell's kill sends) stops the
@@ -93,12 +80,12 @@ def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
         if wanted in line:
             break
     if when == "loading":
-        while not server_processes(port) and time.monotonic() < deadline:
+        while not llama_servers_on(port) and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert server_processes(port), "the server never started"
+    assert llama_servers_on(port), "the server never started"
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=60)
     assert process.returncode in (0, 130)
-    assert server_processes(port) == []
+    assert llama_servers_on(port) == []
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
