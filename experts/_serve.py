@@ -9,9 +9,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -82,6 +86,29 @@ def _available(command: list[str]) -> str | None:
     return None
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the duration and deliver them after: an interrupt that landed
+    inside Popen, after the fork, would lose the child's handle and leave the server running.
+    Only the main thread can install handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in previous.items():
+        if handler not in (signal.SIG_IGN, None):  # ignored stays ignored
+            signal.signal(signum, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])  # the restored handler runs now, in the caller's try
+
+
 class LocalServer:
     """Runs a server for `spec` as a child process; `__enter__` returns once GET /models answers
     (or raises ConfigError with the server's last output), `__exit__` stops it."""
@@ -106,14 +133,18 @@ class LocalServer:
         problem = _available(self.command)
         if problem:
             raise ConfigError(problem)
-        if self.log:
-            with self.log.open("ab") as output:  # the child keeps its own copy of the handle
-                self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
-        else:
-            self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        # Ctrl-C or SIGTERM while it starts or loads: __exit__ will not run, so stop it here.
         try:
+            with _interrupts_held():  # not between the fork and `self.process = ...`
+                if self.log:
+                    with self.log.open("ab") as output:  # the child keeps its own copy
+                        self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
+                else:
+                    self.process = subprocess.Popen(
+                        self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                    )
             self.wait_until_ready()
-        except BaseException:  # Ctrl-C or SIGTERM while it loads: __exit__ will not run
+        except BaseException:
             self.stop()
             raise
 
