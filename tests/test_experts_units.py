@@ -9,8 +9,11 @@ import dataclasses
 import email.utils
 import json
 import math
+import os
 import random
 import re
+import signal
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ from experts import (
     render_conversation,
     resolve_expert,
 )
+from experts._serve import _interrupts_held
 
 STAKES_V1 = Path(__file__).resolve().parents[1] / "experts" / "prompts" / "stakes-v1.toml"
 
@@ -306,6 +310,18 @@ def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
     outage.failed(HTTPStatusError(500, "boom"))
     with pytest.raises(EndpointDown, match=r"3 items in a row failed .*HTTP 502"):
         outage.failed(HTTPStatusError(502, "bad gateway"))
+
+
+def test_an_interrupt_while_a_server_starts_is_held_then_delivered() -> None:
+    """Ctrl-C inside the block (where LocalServer forks the server) is not raised there, where
+    it would lose the child's handle, but right after the block, in the caller's hands."""
+    finished_block = False
+    with pytest.raises(KeyboardInterrupt), _interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler has run by now: it only recorded the signal
+        finished_block = True
+    assert finished_block
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_timeout_to_httpx() -> None:
