@@ -1,9 +1,10 @@
 """Running the real `ctd` entry point in a subprocess, checking its one-line errors, and
-finding the llama.cpp servers it starts."""
+finding the llama.cpp servers it starts (and a free port for them)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,9 @@ def llama_servers_on(port: int) -> list[int]:
         if b"llama_cpp.server" in argv and str(port).encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

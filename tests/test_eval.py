@@ -9,14 +9,13 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ctd_cli import assert_one_line_error, llama_servers_on, run_ctd, start_ctd
+from ctd_cli import assert_one_line_error, free_port, llama_servers_on, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
 from harness._builtin import builtin_dir
@@ -70,8 +69,10 @@ def env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def eval_args(data: list[str], url: str, *extra: str) -> list[str]:
-    args = ["eval", "--name", "t", "--expert", url, "--expert-model", "fault-model", *FAST, *extra]
+def eval_args(data: list[str], url: str, *extra: str, expert_model: str | None = "fault-model") -> list[str]:
+    """An expert by URL (with the model it serves), or by registered name (expert_model=None)."""
+    model = ["--expert-model", expert_model] if expert_model else []
+    args = ["eval", "--name", "t", "--expert", url, *model, *FAST, *extra]
     for token in data:
         args += ["--data", token]
     return args
@@ -258,8 +259,7 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
     data = write_data(tmp_path / "data")
     experts_file = tmp_path / "experts.toml"
     env = {**env, "CTD_EXPERTS_FILE": str(experts_file)}
-    args = eval_args(data, "flaky")
-    del args[args.index("--expert-model") : args.index("--expert-model") + 2]
+    args = eval_args(data, "flaky", expert_model=None)
     first = RunningServer(FaultPlan(delay=0.05))
     with first:
         port = first.port
@@ -302,17 +302,14 @@ def test_a_local_expert_server_that_dies_is_named(tmp_path, env) -> None:
     """The llama.cpp server the run started is killed in the middle of the query stage: the run
     ends in one line that says the local server exited, with its log, and exit code 1."""
     data = write_data(tmp_path / "data")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     experts_file = tmp_path / "experts.toml"
     experts_file.write_text(
         f'[experts.tiny]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "smollm2"\n'
         'server = "llama.cpp"\nconcurrency = 2\nmax_attempts = 2\ndown_after = 2\n'
     )
     env = {**env, "CTD_EXPERTS_FILE": str(experts_file)}
-    args = eval_args(data, "tiny")
-    del args[args.index("--expert-model") : args.index("--expert-model") + 2]
+    args = eval_args(data, "tiny", expert_model=None)
     process = start_ctd(*args, cwd=tmp_path, env=env)
     cache = tmp_path / "cache.sqlite"
     deadline = time.monotonic() + 400

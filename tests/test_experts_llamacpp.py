@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ctd_cli import llama_servers_on, start_ctd
+from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
@@ -26,12 +26,6 @@ EXAMPLES = [
     Item("dose", [{"role": "user", "content": "My child swallowed ten of my heart pills. What do I do?"}]),
     Item("poem", "Write a short poem about autumn leaves."),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

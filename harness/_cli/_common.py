@@ -11,7 +11,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from experts import ConfigError, ExpertError
+from experts import ConfigError, EndpointDown
 from probes import ProbeError
 
 from .._errors import InputError
@@ -32,14 +32,11 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
-        except InputError as exc:
+        except (InputError, ProbeError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
-        except (ProbeError, ConfigError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(code=2) from None
-        except ExpertError as exc:  # not the input: the endpoint failed during the run
-            print(f"error: {exc}", file=sys.stderr)
+        except EndpointDown as exc:  # not the input: the endpoint failed during the run
+            print(f"error: {exc}; the answers so far are cached: rerun to resume", file=sys.stderr)
             raise typer.Exit(code=1) from None
         except OSError as exc:  # a file the user named cannot be read or written
             where = f"{exc.filename}: " if exc.filename else ""

@@ -9,8 +9,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from experts import EndpointDown
-
 from .._calibration import default_runs_root
 from .._config import DEFAULT_BUDGETS, load_run_config
 from .._errors import InputError
@@ -169,9 +167,6 @@ def eval_command(
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(code=130) from None
-    except EndpointDown as error:
-        print(f"error: {error}; the answers so far are cached: rerun to resume", file=sys.stderr)
-        raise typer.Exit(code=1) from None
     if json_out:
         print_json(
             {
