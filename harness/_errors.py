@@ -1,10 +1,29 @@
-"""The one exception the CLI turns into a clean one-line error and exit code 2."""
+"""The exceptions the CLI turns into one clean line: bad input (exit code 2) and a run that
+finished its work but produced too many failures to be used (exit code 1)."""
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "RunFailed", "check_failed_fraction"]
 
 
 class InputError(Exception):
     """Bad input from the user: a file, a row, an option. The message says what is wrong and
     where, in one line, and is shown without a traceback."""
+
+
+class RunFailed(Exception):
+    """The run did its work, but what it produced cannot be used as it is (for example too
+    many expert answers failed). Everything it did is kept; the message says what to do."""
+
+
+def check_failed_fraction(failed: int, total: int, limit: float, *, what: str, remedy: str) -> None:
+    """Raise RunFailed when more than `limit` (a fraction, --max-failed) of `total` items of
+    `what` failed. Decided on integers: failed > floor(limit * total)."""
+    if not 0 <= limit < 1:
+        raise InputError(f"--max-failed {limit:g}: must lie in [0, 1)")
+    allowed = int(limit * total + 1e-9 * total)  # floor, read as the fraction the user meant
+    if failed > allowed:
+        raise RunFailed(
+            f"{what}: {failed} of {total} failed ({failed / total:.1%}), more than --max-failed "
+            f"{limit:g} allows ({allowed}); {remedy}"
+        )

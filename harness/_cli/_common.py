@@ -14,7 +14,7 @@ from rich.console import Console
 from experts import ConfigError, EndpointDown
 from probes import ProbeError
 
-from .._errors import InputError
+from .._errors import InputError, RunFailed
 from .._tables import dumps
 
 P = ParamSpec("P")
@@ -26,7 +26,8 @@ stdout = Console()
 
 def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Turn bad input into one line on stderr and exit code 2, and an expert endpoint that
-    failed during the run into one line and exit code 1; no traceback either way."""
+    failed during the run, or a run whose failures pass --max-failed, into one line and exit
+    code 1; no traceback either way."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -37,6 +38,9 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(code=2) from None
         except EndpointDown as exc:  # not the input: the endpoint failed during the run
             print(f"error: {exc}; the answers so far are cached: rerun to resume", file=sys.stderr)
+            raise typer.Exit(code=1) from None
+        except RunFailed as exc:  # the work is done and kept, but its result is not usable
+            print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
         except OSError as exc:  # a file the user named cannot be read or written
             where = f"{exc.filename}: " if exc.filename else ""
