@@ -59,12 +59,15 @@ from ._policies import (
     uncertainty_signal,
 )
 from ._pvalues import (
+    PVALUE_METHODS,
     ProportionCI,
+    PValueMethod,
     binomial_kstar,
     binomial_pvalue,
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
+    pvalue_table,
 )
 from ._splits import (
     OBJECTIVES,
@@ -86,17 +89,28 @@ from ._sweep import (
     SweepResult,
     sweep,
 )
-from ._validate import SelectorSummary, ValidationMode, ValidationResult, validate
+from ._validate import (
+    MEASUREMENTS,
+    Measurement,
+    SelectorResult,
+    SelectorSummary,
+    ValidationMode,
+    ValidationResult,
+    validate,
+    validate_levels,
+)
 
 __all__ = [
     "DECISION_THRESHOLD",
     "DEFAULT_BUDGETS",
     "DEFAULT_POLICIES",
     "FWER_METHODS",
+    "MEASUREMENTS",
     "MERGE_RULES",
     "OBJECTIVES",
     "POLICIES",
     "POLICY_NAMES",
+    "PVALUE_METHODS",
     "SWEEP_COLUMNS",
     "Bonferroni",
     "CalibratedPolicyName",
@@ -112,13 +126,16 @@ __all__ = [
     "FixedSequence",
     "GroupRow",
     "Holm",
+    "Measurement",
     "MergeChoice",
     "MergeRule",
     "Objective",
+    "PValueMethod",
     "Policy",
     "PolicyName",
     "ProportionCI",
     "Scores",
+    "SelectorResult",
     "SelectorSummary",
     "SplitMetrics",
     "Splits",
@@ -154,6 +171,7 @@ __all__ = [
     "performance_control_batch",
     "policy_signal",
     "predict",
+    "pvalue_table",
     "random_splits",
     "split_sizes",
     "sweep",
@@ -162,4 +180,5 @@ __all__ = [
     "topk_mask",
     "uncertainty_signal",
     "validate",
+    "validate_levels",
 ]

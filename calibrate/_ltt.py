@@ -1,8 +1,9 @@
 """Learn-then-Test with Pareto filtering: budget control and performance control.
 
 Both controllers take the per-threshold statistics of one calibration split (`Candidates`),
-filter them on D_est, order them, test them on D_cal with exact binomial p-values, and pick
-the best certified threshold on D_est's complementary objective.
+filter them on D_est, order them, test them on D_cal with p-values of integer loss counts
+(exact binomial by default, Hoeffding-Bentkus on request), and pick the best certified
+threshold on D_est's complementary objective.
 
 References
 ----------
@@ -20,7 +21,7 @@ from numpy.typing import NDArray
 
 from ._fwer import FixedSequence, FWERMethod, FWERProcedure, fwer_procedure
 from ._pareto import pareto_rows
-from ._pvalues import binomial_kstar, binomial_pvalue
+from ._pvalues import PValueMethod, pvalue_table
 from ._quota import count_at_most
 
 __all__ = [
@@ -139,8 +140,9 @@ class ControlResult:
     """What a controller certified and chose, with everything needed to audit it.
 
     `order` lists the candidate indices in the order they were tested; `k` and `pvalues` are
-    aligned with it. `certified` holds candidate indices whose hypothesis H: R > alpha was
-    rejected. `threshold` is None when no policy is returned (performance control only); for
+    aligned with it, and `pvalue_method` names the p-value ("binomial", "hb", or "none" for
+    the empirical selector). `certified` holds candidate indices whose hypothesis
+    H: R > alpha was rejected. `threshold` is None when no policy is returned (performance control only); for
     budget control it is +inf ("never delegate") when nothing riskier was certified. `kstar`
     is the largest count that rejects at level delta, so that under fixed-sequence testing a
     hypothesis reached in the order is rejected iff k <= kstar; it is None under Holm and
@@ -152,6 +154,7 @@ class ControlResult:
     alpha: float
     delta: float
     fwer: str
+    pvalue_method: str
     pareto: bool
     threshold: float | None
     selected: int | None
@@ -180,6 +183,7 @@ class ControlResult:
             "alpha": self.alpha,
             "delta": self.delta,
             "fwer": self.fwer,
+            "pvalue_method": self.pvalue_method,
             "pareto": self.pareto,
             "threshold": number(self.threshold),
             "selected": self.selected,
@@ -209,6 +213,7 @@ class ControlBatch:
     alpha: float
     delta: float
     fwer: str
+    pvalue_method: str
     pareto: bool
     n: int
     kstar: int | None
@@ -236,6 +241,7 @@ class ControlBatch:
             alpha=self.alpha,
             delta=self.delta,
             fwer=self.fwer,
+            pvalue_method=self.pvalue_method,
             pareto=self.pareto,
             threshold=None if selected < 0 else float(self.threshold[r]),
             selected=None if selected < 0 else selected,
@@ -292,13 +298,14 @@ def _test_in_order(
     delta: float,
     fwer: FWERMethod | FWERProcedure,
     pareto: bool,
+    pvalue: PValueMethod,
 ) -> ControlBatch:
-    """Order the family, compute exact binomial p-values from the D_cal counts, and run the
-    FWER procedure on every row."""
+    """Order the family, compute p-values from the integer D_cal counts, and run the FWER
+    procedure on every row."""
     order, n_candidates, k = _family_order(in_family, order_keys, counts)
     member = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
-    # Every count lies in 0..n_cal: tabulate the exact tail once and look the counts up.
-    tail = binomial_pvalue(np.arange(c.n_cal + 1), c.n_cal, alpha)
+    # Every count lies in 0..n_cal: tabulate the p-values once and look the counts up.
+    tail = pvalue_table(pvalue, c.n_cal, alpha)
     pvalues = np.where(member, tail[k], np.nan)
     procedure = fwer_procedure(fwer)
     outcome = procedure.run_batch(pvalues, delta)
@@ -309,9 +316,13 @@ def _test_in_order(
         alpha=float(alpha),
         delta=float(delta),
         fwer=procedure.name,
+        pvalue_method=pvalue,
         pareto=pareto,
         n=c.n_cal,
-        kstar=int(binomial_kstar(c.n_cal, alpha, delta)) if procedure.name == FixedSequence.name else None,
+        # The tail is non-decreasing in k, so "k <= kstar" and "p <= delta" agree exactly.
+        kstar=int(np.flatnonzero(tail <= delta).max(initial=-1))
+        if procedure.name == FixedSequence.name
+        else None,
         n_est=c.n_est,
         n_cal=c.n_cal,
         order=order,
@@ -346,6 +357,7 @@ def budget_control_batch(
     delta: float,
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
+    pvalue: PValueMethod = "binomial",
 ) -> ControlBatch:
     """Certify P(R_B(lambda) <= alpha) >= 1 - delta for every certified lambda, then pick the
     certified lambda with the best empirical objective on D_est; for each of R trials.
@@ -361,7 +373,16 @@ def budget_control_batch(
     _check(alpha, delta)
     members = _pareto_members(c.est_budget, c.est_objective) if pareto else np.ones(c.thresholds.shape, bool)
     batch = _test_in_order(
-        c, "budget", members, (c.est_budget, -c.thresholds), c.cal_delegated, alpha, delta, fwer, pareto
+        c,
+        "budget",
+        members,
+        (c.est_budget, -c.thresholds),
+        c.cal_delegated,
+        alpha,
+        delta,
+        fwer,
+        pareto,
+        pvalue,
     )
     if pareto:
         best = _first_by(batch.certified, c.est_objective, c.est_budget)
@@ -378,6 +399,7 @@ def performance_control_batch(
     delta: float,
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
+    pvalue: PValueMethod = "binomial",
 ) -> ControlBatch:
     """Certify P(R_P(lambda) <= alpha) >= 1 - delta, R_P the cascade's 0-1 error, then pick the
     certified lambda with the smallest empirical budget on D_est; no policy if none is certified.
@@ -388,7 +410,16 @@ def performance_control_batch(
     _check(alpha, delta)
     members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
     batch = _test_in_order(
-        c, "performance", members, (c.est_error, c.est_budget), c.cal_errors, alpha, delta, fwer, pareto
+        c,
+        "performance",
+        members,
+        (c.est_error, c.est_budget),
+        c.cal_errors,
+        alpha,
+        delta,
+        fwer,
+        pareto,
+        pvalue,
     )
     return _select(batch, c, _first_by(batch.certified, c.est_budget, c.est_error))
 
@@ -405,6 +436,7 @@ def empirical_control_batch(c: CandidateBatch, *, alpha: float, pareto: bool = T
         alpha=float(alpha),
         delta=float("nan"),
         fwer="none",
+        pvalue_method="none",
         pareto=pareto,
         n=c.n_cal,
         kstar=int(count_at_most(alpha, c.n_cal)),
@@ -429,10 +461,13 @@ def budget_control(
     delta: float,
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
+    pvalue: PValueMethod = "binomial",
 ) -> ControlResult:
     """`budget_control_batch` for one calibration split."""
     batch = CandidateBatch.stack([c])
-    return budget_control_batch(batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto).trial(0)
+    return budget_control_batch(
+        batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto, pvalue=pvalue
+    ).trial(0)
 
 
 def performance_control(
@@ -442,10 +477,13 @@ def performance_control(
     delta: float,
     fwer: FWERMethod | FWERProcedure = "fixed-sequence",
     pareto: bool = True,
+    pvalue: PValueMethod = "binomial",
 ) -> ControlResult:
     """`performance_control_batch` for one calibration split."""
     batch = CandidateBatch.stack([c])
-    return performance_control_batch(batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto).trial(0)
+    return performance_control_batch(
+        batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto, pvalue=pvalue
+    ).trial(0)
 
 
 def empirical_control(c: Candidates, *, alpha: float, pareto: bool = True) -> ControlResult:

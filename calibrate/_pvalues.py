@@ -13,19 +13,28 @@ algorithms to achieve risk control. Section 3 (binomial and Hoeffding-Bentkus p-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special, stats
 
 __all__ = [
+    "PVALUE_METHODS",
+    "PValueMethod",
     "ProportionCI",
     "binomial_kstar",
     "binomial_pvalue",
     "clopper_pearson",
     "hoeffding_bentkus_pvalue",
     "min_calibration_size",
+    "pvalue_table",
 ]
+
+# "binomial": the exact tail the paper's text states; "hb": Hoeffding-Bentkus, which the
+# authors' code used for performance control (valid for any loss in [0, 1], so never smaller).
+PValueMethod = Literal["binomial", "hb"]
+PVALUE_METHODS: tuple[str, ...] = get_args(PValueMethod)
 
 
 def _as_counts(name: str, values: ArrayLike) -> NDArray[np.int64]:
@@ -132,6 +141,20 @@ def hoeffding_bentkus_pvalue(loss_sum: ArrayLike, n: ArrayLike, alpha: ArrayLike
         hoeffding = np.exp(-n * _h1(np.minimum(r_hat, alpha), alpha))
     bentkus = np.e * special.bdtr(np.ceil(loss_sum).astype(np.int64), n, alpha)
     return np.minimum(np.minimum(hoeffding, bentkus), 1.0)
+
+
+def pvalue_table(method: PValueMethod, n: int, alpha: float) -> NDArray[np.float64]:
+    """p_k for every loss count k = 0..n of a Bernoulli loss: shape (n + 1,), non-decreasing in k.
+
+    Every count a test can meet lies in 0..n, so callers tabulate once per (n, alpha) and look
+    counts up: `pvalue_table(m, n, a)[k]` equals the p-value function at (k, n, a) exactly.
+    """
+    counts = np.arange(int(n) + 1, dtype=np.int64)
+    if method == "binomial":
+        return binomial_pvalue(counts, int(n), alpha)
+    if method == "hb":
+        return hoeffding_bentkus_pvalue(counts, int(n), alpha)
+    raise ValueError(f"unknown p-value method {method!r}; choose one of {PVALUE_METHODS}")
 
 
 @dataclass(frozen=True)

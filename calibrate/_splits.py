@@ -6,6 +6,7 @@ serves the sweep (R = 1 per seed) and guarantee validation (R = 500).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -23,10 +24,13 @@ __all__ = [
     "Scores",
     "SplitMetrics",
     "Splits",
+    "counts_above",
+    "error_terms",
     "evaluate_delegation",
     "policy_signal",
     "random_splits",
     "signal_reference",
+    "split_chunks",
     "split_sizes",
     "threshold_candidates",
 ]
@@ -92,10 +96,15 @@ class Splits:
         return self.est.shape[0]
 
 
-def split_sizes(n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3) -> tuple[int, int, int]:
-    """(n_est, n_cal, n_eval): floor(cal_fraction n) for calibration, of which round(est_fraction .)
-    goes to D_est and the rest to D_cal; the remainder is for evaluation."""
-    n_half = int(count_at_most(cal_fraction, n))
+def split_sizes(
+    n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3, *, cal_size: int | None = None
+) -> tuple[int, int, int]:
+    """(n_est, n_cal, n_eval): `cal_size` examples for calibration (default floor(cal_fraction n)),
+    of which round(est_fraction .) go to D_est and the rest to D_cal; the remainder is for
+    evaluation."""
+    n_half = int(count_at_most(cal_fraction, n)) if cal_size is None else int(cal_size)
+    if not 0 <= n_half <= n:
+        raise ValueError(f"a calibration sample of {n_half} does not fit in {n} examples")
     n_est = int(count_nearest(est_fraction, n_half))
     return n_est, n_half - n_est, n - n_half
 
@@ -107,16 +116,45 @@ def random_splits(
     *,
     cal_fraction: float = 0.5,
     est_fraction: float = 0.3,
+    cal_size: int | None = None,
 ) -> Splits:
     """R independent uniformly random splits of range(n), from a numpy Generator seeded by the
     integer(s) `seed` (any sign: each is mapped one-to-one to a non-negative entropy word)."""
-    n_est, n_cal, n_eval = split_sizes(n, cal_fraction, est_fraction)
+    return next(
+        split_chunks(
+            n,
+            trials,
+            seed,
+            chunk=trials,
+            cal_fraction=cal_fraction,
+            est_fraction=est_fraction,
+            cal_size=cal_size,
+        )
+    )
+
+
+def split_chunks(
+    n: int,
+    trials: int,
+    seed: int | ArrayLike,
+    *,
+    chunk: int,
+    cal_fraction: float = 0.5,
+    est_fraction: float = 0.3,
+    cal_size: int | None = None,
+) -> Iterator[Splits]:
+    """The splits of `random_splits`, `chunk` trials at a time: one generator draws them in
+    sequence, so the chunks put together are exactly `random_splits(n, trials, seed)`, with
+    memory bounded by chunk x n."""
+    n_est, n_cal, n_eval = split_sizes(n, cal_fraction, est_fraction, cal_size=cal_size)
     if min(n_est, n_cal, n_eval) < 1:
         raise ValueError(f"{n} examples are too few to split into D_est, D_cal and evaluation")
     words = [int(s) for s in np.atleast_1d(seed)]
     rng = np.random.default_rng([2 * s if s >= 0 else -2 * s - 1 for s in words])
-    perm = rng.permuted(np.tile(np.arange(n, dtype=np.int64), (trials, 1)), axis=1)
-    return Splits(perm[:, :n_est], perm[:, n_est : n_est + n_cal], perm[:, n_est + n_cal :])
+    for start in range(0, trials, max(1, chunk)):
+        rows = min(max(1, chunk), trials - start)
+        perm = rng.permuted(np.tile(np.arange(n, dtype=np.int64), (rows, 1)), axis=1)
+        yield Splits(perm[:, :n_est], perm[:, n_est : n_est + n_cal], perm[:, n_est + n_cal :])
 
 
 def signal_reference(policy: Policy, splits: Splits) -> NDArray[np.int64]:
@@ -129,16 +167,20 @@ def signal_reference(policy: Policy, splits: Splits) -> NDArray[np.int64]:
     return splits.est if policy.calibrated else splits.calibration
 
 
-def policy_signal(scores: Scores, policy: Policy, splits: Splits) -> NDArray[np.float64]:
-    """The delegation signal of every example, shape (R, n) (or (1, n) when it does not depend
-    on the split). Uncertainty is -|F(p) - 0.5| with F the empirical CDF of the probe scores of
-    the trial's `signal_reference`."""
+def policy_signal(
+    scores: Scores, policy: Policy, splits: Splits, *, on: Scores | None = None
+) -> NDArray[np.float64]:
+    """The delegation signal of every example of `on` (default: `scores`), shape (R, n) (or
+    (1, n) when it does not depend on the split). Uncertainty is -|F(p) - 0.5| with F the
+    empirical CDF of the probe scores of the trial's `signal_reference` in `scores`, so a
+    policy fitted on one table can be applied to another."""
+    target = scores if on is None else on
     if policy.signal == "dv":
-        return scores.dv[None, :]
+        return target.dv[None, :]
     if policy.signal == "oracle":
-        return scores.value[None, :]
+        return target.value[None, :]
     if policy.signal == "uncertainty":
-        return uncertainty_signal(scores.probe, scores.probe[signal_reference(policy, splits)])
+        return uncertainty_signal(target.probe, scores.probe[signal_reference(policy, splits)])
     raise ValueError(f"policy {policy.name!r} has no per-example signal")
 
 
@@ -212,7 +254,7 @@ def _auroc_at(
     return out
 
 
-def _error_terms(scores: Scores, merge: MergeRule) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def error_terms(scores: Scores, merge: MergeRule) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Per example: 1 if the probe alone is wrong (read at 0.5), and the change in that when the
     input is delegated: +1 if merging breaks it, -1 if it fixes it, 0 otherwise."""
     label = scores.label.astype(bool)
@@ -246,6 +288,25 @@ def _count_above(
     return above, prefix[:, -1:] - np.take_along_axis(prefix, at_most, axis=1)
 
 
+def counts_above(
+    values: NDArray[np.float64], weights: NDArray[np.int64], thresholds: NDArray[np.float64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """For every row r and column j of `thresholds` (R, J): #{i : values[r, i] > thresholds[r, j]}
+    and the sum of weights[r, i] over those i. `values` and `weights` have shape (R, n), or
+    (1, n) for one population shared by every row (sorted once, however many rows)."""
+    weights = np.broadcast_to(weights, values.shape)
+    if values.shape[0] == 1:
+        order = np.argsort(values[0])
+        at_most = np.searchsorted(values[0][order], thresholds, side="right")
+        prefix = np.concatenate([[0], weights[0][order].cumsum()])
+        return values.shape[1] - at_most, prefix[-1] - prefix[at_most]
+    parts = [
+        _count_above(values[r : r + _CHUNK], thresholds[r : r + _CHUNK], weights[r : r + _CHUNK])
+        for r in range(0, values.shape[0], _CHUNK)
+    ]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
 def threshold_candidates(
     scores: Scores,
     signal: NDArray[np.float64],
@@ -265,7 +326,7 @@ def threshold_candidates(
     if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     merged_all = merge_scores(scores.probe, scores.expert, merge)
-    wrong_probe, error_step = _error_terms(scores, merge)
+    wrong_probe, error_step = error_terms(scores, merge)
     parts: list[dict[str, NDArray]] = []
     for start in range(0, splits.trials, _CHUNK):
         part = Splits(*(a[start : start + _CHUNK] for a in (splits.est, splits.cal, splits.evaluation)))
@@ -337,7 +398,7 @@ def evaluate_delegation(
     """AUROC, accuracy and delegation rate of the cascade on `index` (shape (..., n_eval))
     with delegation masks of the same shape. with_auroc=False skips the AUROC (NaN), the one
     metric here that needs a sort."""
-    wrong_probe, error_step = _error_terms(scores, merge)
+    wrong_probe, error_step = error_terms(scores, merge)
     errors = (wrong_probe[index] + np.where(delegated, error_step[index], 0)).sum(axis=-1)
     calls = delegated.sum(axis=-1)
     n = delegated.shape[-1]

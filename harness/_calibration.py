@@ -55,21 +55,28 @@ def check_calibration_size(
     option: str,
     cal_fraction: float = 0.5,
     est_fraction: float = 0.3,
+    cal_size: int | None = None,
 ) -> None:
     """Fail early when a split is empty, or D_cal too small for any threshold to be certified:
     zero losses must reject H: R > alpha, i.e. (1 - alpha)^n_cal <= delta. Also require both
     labels per seed."""
     need = calibrate.min_calibration_size(alpha, delta)
     for seed, scores in by_seed.items():
-        n_est, n_cal, n_eval = calibrate.split_sizes(scores.n, cal_fraction, est_fraction)
+        if cal_size is not None and cal_size >= scores.n:
+            raise InputError(
+                f"--cal-size {cal_size}: seed {seed} of {source} has {scores.n} test rows; a calibration "
+                f"sample must leave at least one row to evaluate on"
+            )
+        n_est, n_cal, n_eval = calibrate.split_sizes(scores.n, cal_fraction, est_fraction, cal_size=cal_size)
         if min(n_est, n_eval) < 1:
             raise InputError(
                 f"{source}: seed {seed} has {scores.n} test rows, too few for D_est "
                 f"({n_est}), D_cal ({n_cal}) and the evaluation half ({n_eval})"
             )
         if n_cal < need:
+            sample = "--cal-size " + str(cal_size) if cal_size is not None else f"{scores.n} test rows"
             raise InputError(
-                f"{source}: seed {seed} has {scores.n} test rows, so D_cal holds {n_cal}; "
+                f"{source}: seed {seed} has {sample}, so D_cal holds {n_cal}; "
                 f"{option} {alpha:g} with --delta {delta:g} needs at least {need} for any threshold "
                 f"to be certified"
             )
@@ -145,6 +152,7 @@ def calibrate_scores(
         "delta": config.delta,
         "merge": config.merge,
         "fwer": config.fwer,
+        "pvalue": config.pvalue,
         "pareto": config.pareto,
         "n_grid": config.n_grid,
         "cal_fraction": config.cal_fraction,
@@ -174,37 +182,63 @@ def validate_scores(
     scores_path: Path,
     *,
     mode: calibrate.ValidationMode,
-    alpha: float,
+    alphas: tuple[float, ...],
     delta: float,
     trials: int = 500,
     policy: str = "ctd",
     objective: calibrate.Objective = "auroc",
     pareto: bool = True,
     fwer: calibrate.FWERMethod = "fixed-sequence",
+    pvalue: calibrate.PValueMethod = "binomial",
     merge: calibrate.MergeRule | None = None,
-    seed: int = 0,
+    seed: int | tuple[int, ...] = 0,
     arch: str | None = None,
+    cal_size: int | None = None,
+    eval_scores: Path | None = None,
     out: Path | None = None,
-) -> ValidationResult:
-    """Guarantee validation over random splits; with `out`, also write the per-trial table."""
+) -> tuple[ValidationResult, ...]:
+    """Guarantee validation over random calibration samples at every level of `alphas` (one
+    result each, on the same splits), measured on the evaluation rest, the whole test split
+    and, with `eval_scores`, an independent table; with `out`, also write the per-trial table
+    (every level, column `alpha`). Checks everything before computing anything."""
     if out is not None and Path(out).is_dir():
         raise InputError(f"--out {out}: is a folder, expected a file name (.csv or .parquet)")
     table = read_scores(scores_path)
     by_seed = table.test_scores(arch)
-    check_calibration_size(by_seed, table.source, alpha, delta, option="--alpha")
-    result = calibrate.validate(
+    check_calibration_size(by_seed, table.source, min(alphas), delta, option="--alpha", cal_size=cal_size)
+    fresh = None
+    if eval_scores is not None:
+        fresh_table = read_scores(eval_scores)
+        name = arch or table.archs[0]  # test_scores above made sure the choice is unambiguous
+        if name not in fresh_table.archs:
+            raise InputError(
+                f"--eval-scores {eval_scores}: column 'arch' has no {name!r} (it has "
+                f"{', '.join(fresh_table.archs)})"
+            )
+        fresh = fresh_table.test_scores(name)
+        missing = [s for s in by_seed if s not in fresh]
+        if missing:
+            raise InputError(
+                f"--eval-scores {eval_scores}: no test rows for probe seed {missing[0]} "
+                f"(--scores has seeds {', '.join(map(str, sorted(by_seed)))})"
+            )
+    results = calibrate.validate_levels(
         by_seed,
         mode=mode,
-        fwer=fwer,
-        merge=merge,
-        alpha=alpha,
+        alphas=alphas,
         delta=delta,
         trials=trials,
         policy=policy,
         objective=objective,
+        merge=merge,
         pareto=pareto,
+        fwer=fwer,
+        pvalue=pvalue,
+        cal_size=cal_size,
         seed=seed,
+        fresh=fresh,
     )
     if out is not None:
-        write_table(Path(out), result.per_trial)
-    return result
+        trials_table = {k: np.concatenate([r.per_trial[k] for r in results]) for k in results[0].per_trial}
+        write_table(Path(out), trials_table)
+    return results

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
+import calibrate
 from probes import ARCHS, EMBEDDED_MODEL
 
 from ._errors import InputError
 
-__all__ = ["DEFAULT_BUDGETS", "RunConfig", "load_run_config"]
+__all__ = ["RunConfig", "load_run_config"]
 
-# 0.05, 0.10, ..., 0.95: the paper's range, on a grid that contains 0.1, 0.2 and 0.3 exactly.
-DEFAULT_BUDGETS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
 Serve = Literal["auto", "never"]
 DVTargetChoice = Literal["continuous", "binary", "both"]
 
@@ -50,20 +49,32 @@ class RunConfig:
     # the DV stage
     dv_target: DVTargetChoice = "continuous"  # "both" also trains the binary variant (arch "<arch>-binary")
     # calibration and validation
-    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    budgets: tuple[float, ...] = calibrate.DEFAULT_BUDGETS
     batch_sizes: tuple[int, ...] = (32, 64, 128)
     delta: float = 0.1
     objectives: tuple[str, ...] = ("auroc", "accuracy")
     merge_controls: bool = True  # also sweep with every policy overwriting, and every policy averaging
+    pvalue: calibrate.PValueMethod = "binomial"  # or "hb" (Hoeffding-Bentkus, the authors' code)
     trials: int = 500
-    budget_alpha: float = 0.3  # the budget guarantee validated over random splits
-    performance_alpha: float = 0.2  # the accuracy guarantee validated (minimum accuracy 1 - alpha)
+    # Validation runs budget control at every budget above and performance control at every
+    # error level below; the two alphas here are the levels whose per-trial histograms the
+    # report draws (the paper's figures).
+    performance_alphas: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 11))
+    budget_alpha: float = 0.3
+    performance_alpha: float = 0.2  # minimum accuracy 1 - alpha
+    # The expert stage: stop before calibration when more than this fraction of a split failed.
+    max_failed: float = 0.01
 
     def __post_init__(self) -> None:
-        for name in ("budgets",):
-            bad = [b for b in getattr(self, name) if not 0 < b < 1]
+        for name in ("budgets", "performance_alphas"):
+            bad = [b for b in getattr(self, name) if not 0 < b < 1]  # also rejects NaN
             if bad or not getattr(self, name):
-                raise InputError(f"--budgets: {bad[0] if bad else 'none'} is outside (0, 1)")
+                option = "--" + name.replace("_", "-")
+                raise InputError(f"{option}: {bad[0] if bad else 'none'} is outside (0, 1)")
+        if not 0 <= self.max_failed < 1:
+            raise InputError(f"--max-failed: {self.max_failed} is outside [0, 1)")
+        if self.pvalue not in calibrate.PVALUE_METHODS:
+            raise InputError(f"--pvalue {self.pvalue}: choose from {', '.join(calibrate.PVALUE_METHODS)}")
         for name in ("delta", "budget_alpha", "performance_alpha"):
             if not 0 < getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} is outside (0, 1)")

@@ -40,16 +40,17 @@ from calibrate import SweepConfig
 from experts import ConfigError, ExpertSpec
 from probes import ModelInfo, ProbeConfig, ProbeError, describe_model, process_state, resolve_layer
 
-from ._calibration import calibrate_scores, default_runs_root, validate_scores
+from ._calibration import calibrate_scores, default_runs_root
 from ._config import RunConfig
 from ._dataspec import DataSplits, load_data
 from ._dv import dv_stage
-from ._errors import InputError
+from ._errors import InputError, RunFailed, check_failed_fraction
 from ._probe import ProbeSettings, probe_stage
 from ._progress import StageProgress
 from ._query import check_expert, score_items
 from ._scores import read_scores, write_scores
-from ._tables import atomic_path, read_json, read_table, write_json
+from ._tables import atomic_path, read_json, read_table, write_json, write_table
+from ._validation import JOBS, run_job
 
 __all__ = ["STAGES", "EvalResult", "StageOutcome", "run_eval"]
 
@@ -313,7 +314,8 @@ def _run_probe(ctx: _Context) -> str:
 
 def _query_fingerprint(ctx: _Context) -> tuple[str, dict]:
     inputs = {f"data.{s}": ctx.data.content_hash(s) for s in ("dev", "test")}
-    return _fingerprint({"inputs": inputs, "expert": _expert_identity(ctx.spec)}), inputs
+    # outputs 2: the stage also writes failed.csv (a run from before replays its cache once).
+    return _fingerprint({"inputs": inputs, "expert": _expert_identity(ctx.spec), "outputs": 2}), inputs
 
 
 def _run_query(ctx: _Context) -> tuple[str, str]:
@@ -334,6 +336,7 @@ def _run_query(ctx: _Context) -> tuple[str, str]:
                 "group": np.array([e.group for e in examples]),
             },
         )
+    _write_failed_ids(out, ctx.run.path("query", "failed.csv"))
     ctx.run.log(
         f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
         f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
@@ -342,6 +345,32 @@ def _run_query(ctx: _Context) -> tuple[str, str]:
     if summary.failed:
         detail += " (rerun with --retry-failed to ask again for those)"
     return detail, {"failed": summary.failed}
+
+
+def _write_failed_ids(expert_scores: Path, out: Path) -> None:
+    """The examples the expert failed on (they are left out of the scores table), one per row."""
+    table = read_table(expert_scores).columns
+    failed = table["source"].astype(str) == "failed"
+    write_table(out, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")})
+
+
+def _check_failures(ctx: _Context) -> None:
+    """Stop before the DV stage and calibration when more than --max-failed of a split failed at
+    the expert: leaving many examples out can bias the calibration set."""
+    table = read_table(ctx.run.path("query", "expert_scores.parquet")).columns
+    for split in ("dev", "test"):
+        rows = table["split"].astype(str) == split
+        failed = int((rows & (table["source"].astype(str) == "failed")).sum())
+        check_failed_fraction(
+            failed,
+            int(rows.sum()),
+            ctx.config.max_failed,
+            what=f"the expert failed on {split} examples",
+            remedy=(
+                f"rerun with --retry-failed to ask again for those (their ids: "
+                f"{ctx.run.path('query', 'failed.csv')}), or raise --max-failed to go on without them"
+            ),
+        )
 
 
 def _dv_fingerprint(ctx: _Context) -> tuple[str, dict]:
@@ -401,8 +430,16 @@ def _scores_fingerprint(ctx: _Context, *names: str) -> tuple[str, dict]:
     return _fingerprint({"inputs": inputs, "settings": ctx.config.section(*names)}), inputs
 
 
-_CALIBRATE_SETTINGS = ("budgets", "batch_sizes", "delta", "objectives", "merge_controls")
-_VALIDATE_SETTINGS = ("trials", "budget_alpha", "performance_alpha", "delta")
+_CALIBRATE_SETTINGS = ("budgets", "batch_sizes", "delta", "objectives", "merge_controls", "pvalue")
+_VALIDATE_SETTINGS = (
+    "trials",
+    "budgets",
+    "budget_alpha",
+    "performance_alphas",
+    "performance_alpha",
+    "delta",
+    "pvalue",
+)
 
 
 def _archs(ctx: _Context) -> list[str]:
@@ -429,6 +466,7 @@ def _run_calibrate(ctx: _Context) -> str:
                 delta=ctx.config.delta,
                 objectives=ctx.config.objectives,  # type: ignore[arg-type]
                 merge=merge,  # type: ignore[arg-type]
+                pvalue=ctx.config.pvalue,
             )
             summary = calibrate_scores(ctx.run.path("scores.parquet"), folder, sweep, arch=arch)
             done += 1
@@ -440,38 +478,35 @@ def _run_calibrate(ctx: _Context) -> str:
 
 def _run_validate(ctx: _Context) -> str:
     config = ctx.config
-    jobs = [
-        ("budget-pareto", dict(mode="budget", alpha=config.budget_alpha, pareto=True)),
-        ("budget-ltt", dict(mode="budget", alpha=config.budget_alpha, pareto=False)),
-        ("performance", dict(mode="performance", alpha=config.performance_alpha, pareto=True)),
-    ]
+    levels = {"budget": config.budgets, "performance": config.performance_alphas}
+    headline = {"budget": config.budget_alpha, "performance": config.performance_alpha}
     archs = [a for a in _archs(ctx) if not a.endswith("-binary")]
     shutil.rmtree(ctx.run.path("validate"), ignore_errors=True)
-    total, done, parts = len(archs) * len(jobs), 0, []
+    total, done, parts = len(archs) * len(JOBS), 0, []
     for arch in archs:
         folder = ctx.run.path("validate", arch)
         folder.mkdir(parents=True, exist_ok=True)
-        for name, options in jobs:
+        for job in JOBS:
             ctx.progress("validate guarantees", done, total)
-            try:
-                result = validate_scores(
-                    ctx.run.path("scores.parquet"),
-                    delta=config.delta,
-                    trials=config.trials,
-                    arch=arch,
-                    out=folder / f"{name}.csv",
-                    **options,  # type: ignore[arg-type]
-                )
-                write_json(folder / f"{name}.json", result.to_dict())
-                rate = result.to_dict().get("violation_rate")
+            record = run_job(
+                ctx.run.path("scores.parquet"),
+                folder,
+                job,
+                arch=arch,
+                alphas=levels[job.mode],
+                headline_alpha=headline[job.mode],
+                delta=config.delta,
+                trials=config.trials,
+                pvalue=config.pvalue,
+            )
+            if "error" in record:
+                ctx.run.log(f"validate {arch} {job.name}: not run: {record['error']}")
+                parts.append(f"{arch} {job.name}: not run")
+            else:
+                worst = max(level["population"]["violation_rate"] for level in record["levels"])
                 parts.append(
-                    f"{arch} {name}: violations {rate:.1%}" if rate is not None else f"{arch} {name}"
+                    f"{arch} {job.name}: {len(record['levels'])} levels, population violations <= {worst:.1%}"
                 )
-            except InputError as error:  # e.g. too few examples for this alpha: say so, keep going
-                write_json(folder / f"{name}.json", {"error": str(error)})
-                (folder / f"{name}.csv").unlink(missing_ok=True)
-                ctx.run.log(f"validate {arch} {name}: not run: {error}")
-                parts.append(f"{arch} {name}: not run")
             done += 1
     ctx.progress("validate guarantees", total, total)
     return "; ".join(parts)
@@ -517,7 +552,7 @@ def prepare(config: RunConfig, runs_root: Path | None = None) -> Prepared:
         resolve_layer(config.layer, model.n_layers, model.config)
     except ProbeError as error:
         raise InputError(str(error)) from None
-    n_cal = int(len(data.test) * 0.5 * 0.7)  # D_cal of a calibration half (SPEC section 4)
+    n_cal = calibrate.split_sizes(len(data.test))[1]  # D_cal of a calibration half (SPEC section 4)
     need = calibrate.min_calibration_size(min(config.budgets), config.delta)
     if n_cal < need:
         raise InputError(
@@ -575,7 +610,7 @@ def run_eval(
             "query",
             lambda: _query_fingerprint(ctx),
             lambda: _run_query(ctx),
-            [run.path("query", "expert_scores.parquet")],
+            [run.path("query", "expert_scores.parquet"), run.path("query", "failed.csv")],
         ),
         (
             "dv",
@@ -639,6 +674,12 @@ def run_eval(
             outcomes.append(outcome)
             if on_stage is not None:
                 on_stage(outcome)
+            if stage == "query":
+                try:
+                    _check_failures(ctx)
+                except RunFailed as error:
+                    run.log(f"stopped after the query stage: {error}")
+                    raise
     summary_path = run.path("report", "tables", "summary.csv")
     summary = _summary_rows(summary_path)
     return EvalResult(run_dir, run.path("report", "report.md"), tuple(outcomes), summary)

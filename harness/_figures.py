@@ -7,6 +7,7 @@ GUI backend, no global figure state, nothing to close. Each PNG is written atomi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from ._tables import atomic_path
 
 __all__ = [
     "POLICY_LABELS",
+    "RateLine",
     "budget_validation_figure",
     "cascade_figure",
     "dv_delta_figure",
@@ -27,6 +29,7 @@ __all__ = [
     "mean_value_figure",
     "performance_validation_figure",
     "realised_figure",
+    "validation_levels_figure",
 ]
 
 POLICY_LABELS: dict[str, str] = {
@@ -149,17 +152,15 @@ def _bins(groups: Sequence[NDArray], marker: float) -> NDArray:
     return np.linspace(low - pad, high + pad, 31)
 
 
-def budget_validation_figure(
-    panels: Mapping[str, tuple[NDArray, float]], *, alpha: float, title: str, path: Path
-) -> Path:
+def budget_validation_figure(panels: Mapping[str, NDArray], *, alpha: float, title: str, path: Path) -> Path:
     """Histograms of the realised budget over random splits, one panel per procedure
-    (label -> (realised rates of the trials, violation rate)), with a line at alpha."""
+    (panel title -> realised rates of the trials), with a line at alpha."""
     fig, axes = _figure(len(panels))
-    bins = _bins([v for v, _ in panels.values()], alpha)
-    for ax, (label, (realised, violation)) in zip(axes[0], panels.items(), strict=True):
+    bins = _bins(list(panels.values()), alpha)
+    for ax, (label, realised) in zip(axes[0], panels.items(), strict=True):
         _histogram(ax, realised, bins, "#1f77b4")
         ax.axvline(alpha, color="red", linewidth=1.4, label=f"alpha = {alpha:g}")
-        ax.set_title(f"{label}: violation {violation:.1%}", fontsize="medium")
+        ax.set_title(label, fontsize="small")
         ax.set_xlabel("realised delegation rate")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("trials")
@@ -169,22 +170,89 @@ def budget_validation_figure(
 
 
 def performance_validation_figure(
-    panels: Mapping[str, tuple[NDArray, float, float]], *, alpha: float, title: str, path: Path
+    panels: Mapping[str, NDArray], *, alpha: float, title: str, path: Path
 ) -> Path:
-    """Histograms of held-out accuracy among the trials that returned a policy, one panel per
-    selector (label -> (accuracies, violation rate, selection rate)), dashed line at 1 - alpha."""
+    """Histograms of accuracy among the trials that returned a policy, one panel per selector
+    (panel title -> accuracies), dashed line at 1 - alpha."""
     fig, axes = _figure(len(panels))
-    bins = _bins([v for v, _, _ in panels.values()], 1 - alpha)
+    bins = _bins(list(panels.values()), 1 - alpha)
     colours = iter(("#1f77b4", "#ff7f0e", "#2ca02c"))
-    for ax, (label, (accuracy, violation, selection)) in zip(axes[0], panels.items(), strict=True):
+    for ax, (label, accuracy) in zip(axes[0], panels.items(), strict=True):
         _histogram(ax, accuracy, bins, next(colours))
         ax.axvline(1 - alpha, color="red", linestyle="--", linewidth=1.4, label=f"1 - alpha = {1 - alpha:g}")
-        ax.set_title(f"{label}: violation {violation:.1%}, selection {selection:.1%}", fontsize="medium")
-        ax.set_xlabel("held-out accuracy")
+        ax.set_title(label, fontsize="small")
+        ax.set_xlabel("accuracy")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("trials (policy returned)")
     fig.suptitle(title, fontsize="medium")
     _legend(fig, axes[0, 0])
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class RateLine:
+    """A rate against the target level: solid with its 95% band (low, high) when measured on
+    the population, dashed and without a band for the paper protocol."""
+
+    label: str
+    colour: str
+    x: NDArray
+    y: NDArray
+    low: NDArray | None = None
+    high: NDArray | None = None
+    dashed: bool = False
+
+
+def _rate_panel(ax: Axes, lines: Sequence[RateLine], *, xlabel: str, ylabel: str, title: str) -> None:
+    if not lines:
+        ax.text(0.5, 0.5, "not validated", transform=ax.transAxes, ha="center", va="center")
+    for line in lines:
+        style = "--" if line.dashed else "-"
+        ax.plot(
+            line.x, line.y, linestyle=style, marker="o", markersize=2.5, color=line.colour, label=line.label
+        )
+        if line.low is not None and line.high is not None:
+            ax.fill_between(line.x, line.low, line.high, color=line.colour, alpha=0.15, linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize="medium")
+    ax.grid(alpha=0.3)
+
+
+def validation_levels_figure(
+    panels: Mapping[str, tuple[Sequence[RateLine], Sequence[RateLine]]],
+    *,
+    delta: float,
+    title: str,
+    path: Path,
+) -> Path:
+    """One column per guarantee (title -> (violation-rate lines, second-row lines)): the
+    violation rate against the target level with a line at delta above, and below it what
+    the selector spent (budget control: realised delegation against the y = x line) or how
+    often it returned a policy (performance control: selection rate)."""
+    fig, axes = _figure(len(panels), nrows=2)
+    for column, (name, (violations, below)) in enumerate(panels.items()):
+        top, bottom = axes[0, column], axes[1, column]
+        xlabel = "target budget alpha" if name.startswith("budget") else "target error level alpha"
+        _rate_panel(top, violations, xlabel=xlabel, ylabel="violation rate", title=name)
+        top.axhline(delta, color="red", linewidth=1.2, label=f"delta = {delta:g}")
+        top.set_ylim(bottom=0)
+        budget = name.startswith("budget")
+        _rate_panel(
+            bottom,
+            below,
+            xlabel=xlabel,
+            ylabel="mean realised delegation" if budget else "selection rate",
+            title="delegation spent (population)" if budget else "trials that returned a policy",
+        )
+        if budget:
+            bottom.plot([0, 1], [0, 1], color="black", linestyle=":", linewidth=1, label="y = x")
+            bottom.set_xlim(0, 1)
+        bottom.set_ylim(0, 1.02)
+        for ax in (top, bottom):
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="x-small", loc="best")
+    fig.suptitle(title, fontsize="medium")
     return _save(fig, path)
 
 

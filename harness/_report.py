@@ -7,8 +7,7 @@ Reads (run folder layout):
         sweep.csv, baselines.csv, summary.json, ltt.jsonl
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
-        ValidationResult.to_dict(), with the per-trial table <name>.csv beside it
-        (validate_scores(out=...)) or under a "per_trial" key
+        one record per level (harness._validation), the per-trial table <name>.parquet beside it
     config.toml                             the resolved run config                 (optional)
 
 Writes report/: report.md, numbers.json, figures/<arch>/*.png, tables/**/*.csv. The report is
@@ -27,7 +26,7 @@ from typing import Any
 
 from ._errors import InputError
 from ._report_context import ReportContext, fmt, markdown_table, pct, slug
-from ._report_data import VALIDATIONS, Sweep, nearest_budget, read_run_config, read_sweep, value_at
+from ._report_data import Sweep, nearest_budget, read_run_config, read_sweep, value_at
 from ._report_sections import (
     binary_section,
     cascade_section,
@@ -39,7 +38,7 @@ from ._report_sections import (
 )
 from ._report_validation import validation_section
 from ._scores import read_scores
-from ._tables import atomic_path, write_json
+from ._tables import atomic_path, read_table, write_json
 
 __all__ = ["build_report"]
 
@@ -56,7 +55,6 @@ SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
     merge_section,
 )
 _BASELINES = ("probe_auroc", "probe_accuracy", "expert_auroc", "expert_accuracy")
-_VIOLATIONS = (*VALIDATIONS, "performance-empirical")
 
 
 def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
@@ -70,6 +68,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
     ctx = _load(run_dir, progress or (lambda _message: None))
     try:
         _header(ctx)
+        _left_out(ctx)
         summary_at = len(ctx.lines)
         for section in SECTIONS:
             section(ctx)
@@ -138,6 +137,31 @@ def _header(ctx: ReportContext) -> None:
         ctx.lines += ["</details>", ""]
 
 
+def _left_out(ctx: ReportContext) -> None:
+    """How many examples the expert failed on, per split and group: they are not in the scores
+    table, so calibration and every number below went without them."""
+    path = ctx.run_dir / "query" / "failed.csv"
+    if not path.is_file():
+        return
+    table = read_table(path).columns
+    n = len(table.get("id", []))
+    ctx.numbers["left_out"] = n
+    if n == 0:
+        ctx.lines += ["The expert answered every dev and test example; none was left out.", ""]
+        return
+    counts: dict[tuple[str, str], int] = {}
+    for split, group in zip(table["split"].astype(str), table["group"].astype(str), strict=True):
+        counts[split, group] = counts.get((split, group), 0) + 1
+    ctx.numbers["left_out_by_split_group"] = {f"{s}/{g}": c for (s, g), c in sorted(counts.items())}
+    rows = [[s, g, str(c)] for (s, g), c in sorted(counts.items())]
+    ctx.lines += [
+        f"**Left out**: the expert failed on {n} examples, which are not in the scores table "
+        "(their ids and reasons: `query/failed.csv`; `ctd eval --retry-failed` asks again).",
+        "",
+        *markdown_table(["split", "group", "left out"], rows),
+    ]
+
+
 def _summary_numbers(ctx: ReportContext, arch: str, sweep: Sweep) -> dict[str, Any]:
     batch = max(sweep.batch_sizes)
     out: dict[str, Any] = {"batch_size": batch} | {name: sweep.baseline(name)[0] for name in _BASELINES}
@@ -155,24 +179,37 @@ def _summary_numbers(ctx: ReportContext, arch: str, sweep: Sweep) -> dict[str, A
             for metric in ("auroc", "accuracy")
         }
     found = ctx.arch_numbers(arch).get("validation", {})
-    rates = {name: found[name]["violation_rate"] for name in VALIDATIONS if name in found}
-    if "empirical" in found.get("performance", {}):
-        rates["performance-empirical"] = found["performance"]["empirical"]["violation_rate"]
-    return out | {"violation": rates}
+    rates: dict[str, float] = {}
+    for column, (job, selector, key) in _VALIDATION_COLUMNS.items():
+        headline = (found.get(job) or {}).get("headline") or {}
+        measured = headline.get(selector, {}) if selector else headline
+        rates[column] = measured.get("population", {}).get(key, float("nan"))
+    return out | {"validation": rates}
+
+
+# Summary columns at the headline levels: (job, selector, key of its population numbers).
+_VALIDATION_COLUMNS: dict[str, tuple[str, str | None, str]] = {
+    "viol. budget Pareto": ("budget-pareto", None, "violation_rate"),
+    "viol. budget-only LTT": ("budget-ltt", None, "violation_rate"),
+    "viol. perf. CTD": ("performance", None, "violation_rate"),
+    "sel. perf. CTD": ("performance", None, "selection_rate"),
+    "viol. perf. empirical": ("performance", "empirical", "violation_rate"),
+    "sel. perf. empirical": ("performance", "empirical", "selection_rate"),
+}
 
 
 def _summary(ctx: ReportContext) -> list[str]:
     """Per arch: baselines, CTD at budgets 0.1/0.2/0.3 and the validation violation rates."""
     header = ["arch", "probe AUROC", "probe acc.", "expert AUROC", "expert acc."]
     header += [f"CTD AUROC @{b:g}" for b in SUMMARY_BUDGETS] + [f"CTD acc. @{b:g}" for b in SUMMARY_BUDGETS]
-    header += ["viol. budget Pareto", "viol. budget-only LTT", "viol. perf. CTD", "viol. perf. empirical"]
+    header += list(_VALIDATION_COLUMNS)
     rows, csv_rows, notes = [], [], []
     for arch, sweep in ctx.sweeps.items():
         numbers = _summary_numbers(ctx, arch, sweep)
         ctx.arch_numbers(arch)["summary"] = numbers
         ctd = [numbers[f"ctd@{b:g}"] for b in SUMMARY_BUDGETS]
         values = [numbers[k] for k in _BASELINES] + [c["auroc"] for c in ctd] + [c["accuracy"] for c in ctd]
-        violations = [numbers["violation"].get(k, float("nan")) for k in _VIOLATIONS]
+        violations = [numbers["validation"][k] for k in _VALIDATION_COLUMNS]
         rows.append([arch, *map(fmt, values), *map(pct, violations)])
         csv_rows.append(dict(zip(header, [arch, *values, *violations], strict=True)))
         budgets = "/".join(f"{c['budget']:.3g}" for c in ctd)
@@ -184,7 +221,8 @@ def _summary(ctx: ReportContext) -> list[str]:
         *markdown_table(header, rows),
         "CTD AUROC rows are selected for AUROC, CTD accuracy rows for accuracy (means over seeds); "
         "probe and expert numbers are the means over seeds on each seed's evaluation half. Swept "
-        f"budgets used for 0.1/0.2/0.3 (the nearest on the grid): {'; '.join(notes)}. Violation rates "
-        f"are from validate/<arch>/ (— when absent). CSV: `{relative}`.",
+        f"budgets used for 0.1/0.2/0.3 (the nearest on the grid): {'; '.join(notes)}. Violation (viol.) "
+        "and selection (sel.) rates are on the population (the whole test split), at the headline "
+        f"levels of the validation section (— when absent). CSV: `{relative}`.",
         "",
     ]

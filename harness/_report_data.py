@@ -25,11 +25,9 @@ from ._tables import RawTable, read_table
 __all__ = [
     "BINARY_SUFFIX",
     "MEAN_V_FRACTIONS",
-    "VALIDATIONS",
     "Curve",
     "GroupResult",
     "Sweep",
-    "Validation",
     "curves",
     "dv_quality_rows",
     "group_result",
@@ -38,12 +36,10 @@ __all__ = [
     "nearest_budget",
     "read_run_config",
     "read_sweep",
-    "read_validation",
     "seed_mean",
 ]
 
 SWEEP_FILES: tuple[str, ...] = ("sweep.csv", "baselines.csv", "summary.json")
-VALIDATIONS: tuple[str, ...] = ("budget-pareto", "budget-ltt", "performance")
 # A scores-table arch "<arch>-binary" holds a DV probe trained on v_bin; it pairs with "<arch>".
 BINARY_SUFFIX = "-binary"
 MEAN_V_FRACTIONS: NDArray[np.float64] = np.round(np.linspace(0.01, 1.0, 100), 6)  # k/N = 0.01, ..., 1
@@ -246,39 +242,6 @@ def value_at(
     """Mean over seeds of one sweep cell."""
     rows = sweep.rows(policy=policy, objective=objective, batch_size=batch_size, budget=budget)
     return seed_mean(sweep.table[metric][rows])
-
-
-# ---------------------------------------------------------------- validation records
-
-
-@dataclass(frozen=True)
-class Validation:
-    """A `validate_scores` record (`ValidationResult.to_dict()`) and, when found, its per-trial
-    table (written by `validate_scores(out=...)` next to the JSON, or a "per_trial" key)."""
-
-    name: str
-    path: Path
-    record: dict[str, Any]
-    per_trial: dict[str, NDArray] | None
-
-
-def read_validation(folder: Path, name: str) -> Validation:
-    path = folder / f"{name}.json"
-    record = _read_json(path)
-    per_trial = None
-    for suffix in (".csv", ".parquet"):
-        if (folder / f"{name}{suffix}").is_file():
-            per_trial = _columns(read_table(folder / f"{name}{suffix}"), ())
-            break
-    else:
-        if isinstance(record.get("per_trial"), dict):
-            per_trial = {k: np.asarray(v, dtype=np.float64) for k, v in record["per_trial"].items()}
-    if "error" in record:  # `ctd eval` records a validation it could not run, and why
-        raise InputError(f"{path}: not run: {record['error']}")
-    for key in ("violation_rate", "alpha"):
-        if key not in record:
-            raise InputError(f"{path}: no {key!r}; expected the record of validate_scores(...).to_dict()")
-    return Validation(name=name, path=path, record=record, per_trial=per_trial)
 
 
 # ---------------------------------------------------------------- group table

@@ -1,5 +1,6 @@
-"""The guarantee-validation section of the run report: the records written by
-`validate_scores` (violation and selection rates) and histograms over their per-trial tables."""
+"""The guarantee-validation section of the run report, read from validate/<arch>/ (written by
+`harness._validation.run_job`): violation and selection rates at every level, measured on the
+population and by the paper's protocol, and the per-trial histograms at the headline levels."""
 
 from __future__ import annotations
 
@@ -10,31 +11,41 @@ from numpy.typing import NDArray
 
 from . import _figures as fig
 from ._errors import InputError
-from ._report_context import ReportContext, fmt, markdown_table, pct, slug
-from ._report_data import VALIDATIONS, Validation, read_validation
+from ._report_context import ReportContext, markdown_table, pct, slug
+from ._validation import JOBS, JobRecord, read_job
 
 __all__ = ["validation_section"]
 
-VALIDATION_LABELS = {
-    "budget-pareto": "Pareto LTT",
-    "budget-ltt": "budget-only LTT",
-    "performance": "CTD (LTT)",
+_COLOURS = {
+    "budget-pareto": "#1f77b4",
+    "budget-ltt": "#2ca02c",
+    "performance": "#1f77b4",
+    "empirical": "#ff7f0e",
 }
+INTRO = (
+    "Each trial draws a random half of a seed's test split, calibrates on it, and measures the "
+    "returned policy two ways. **population**: its realised risk on the whole test split the half "
+    "was drawn from, which is what Learn-then-Test certifies: the violation rate should stay at or "
+    "below delta (brackets and bands: 95% Clopper-Pearson intervals). **paper**: on the other half "
+    "only, the paper's protocol. The paper protocol over-reads violations through finite evaluation "
+    "noise: LTT puts the chosen policy's risk just below alpha, and a policy whose risk is exactly "
+    "alpha exceeds floor(alpha m) losses on m evaluation rows about half the time. A violation is "
+    "decided on integer counts; a trial that returns no policy does not violate."
+)
 
 
-def _validation_row(label: str, record: dict[str, Any], alpha: float, delta: float) -> dict[str, Any]:
-    low, high = record.get("violation_ci95") or (None, None)
+def _measured(record: dict[str, Any], measurement: str) -> dict[str, float]:
+    """Rates of one measurement of a level record (the paper protocol's keys are top level)."""
+    r = record if measurement == "paper" else record[measurement]
+    low, high = r.get("violation_ci95") or (np.nan, np.nan)
     return {
-        "procedure": label,
-        "alpha": float(alpha),
-        "delta": float(delta),
-        "trials": int(record.get("trials", -1)),
-        "violation_rate": float(record["violation_rate"]),
-        "violation_ci_low": _number(low),
-        "violation_ci_high": _number(high),
-        "selection_rate": _number(record.get("selection_rate")),
-        "mean_realised_budget": _number(record.get("mean_realised_budget")),
-        "mean_accuracy": _number(record.get("mean_accuracy")),
+        "violation_rate": _number(r["violation_rate"]),
+        "ci_low": _number(low),
+        "ci_high": _number(high),
+        "selection_rate": _number(r.get("selection_rate")),
+        "mean_realised_budget": _number(r.get("mean_realised_budget")),
+        "mean_accuracy": _number(r.get("mean_accuracy")),
+        "trials": int(r.get("trials", -1)),
     }
 
 
@@ -42,126 +53,261 @@ def _number(value: object) -> float:
     return float("nan") if value is None else float(value)  # JSON writes NaN as null
 
 
-def _with_ci(row: dict[str, Any]) -> str:
-    return f"{pct(row['violation_rate'])} [{pct(row['violation_ci_low'])}, {pct(row['violation_ci_high'])}]"
+def _with_ci(m: dict[str, float]) -> str:
+    return f"{pct(m['violation_rate'])} [{pct(m['ci_low'])}, {pct(m['ci_high'])}]"
 
 
-def _read_validations(ctx: ReportContext, arch: str) -> dict[str, Validation]:
+def _selectors(record: JobRecord) -> dict[str, list[dict[str, Any]]]:
+    """Selector label -> its level records (the tested selector, and the empirical one)."""
+    out = {record.job.label: record.levels}
+    if record.job.mode == "performance":
+        out["empirical selector"] = [level["empirical"] for level in record.levels if "empirical" in level]
+    return out
+
+
+def _read_jobs(ctx: ReportContext, arch: str) -> dict[str, JobRecord]:
     folder = ctx.run_dir / "validate" / arch
     if not folder.is_dir():
-        ctx.note(f"{arch}: no validate/{arch}/ folder; run `ctd validate` to fill this section.")
+        ctx.note(f"{arch}: no validate/{arch}/ folder; `ctd eval` writes it in its validate stage.")
         return {}
     found = {}
-    for name in VALIDATIONS:
+    for job in JOBS:
         try:
-            found[name] = read_validation(folder, name)
+            found[job.name] = read_job(folder, job)
         except InputError as exc:
             ctx.note(f"{arch}: {exc}")
     return found
 
 
-def _validation_rows(v: Validation) -> list[dict[str, Any]]:
-    r = v.record
-    delta = _number(r.get("delta"))
-    rows = [_validation_row(VALIDATION_LABELS[v.name], r, r["alpha"], delta)]
-    if isinstance(r.get("empirical"), dict):
-        rows.append(_validation_row("empirical selector", r["empirical"], r["alpha"], delta))
-    return rows
-
-
 def validation_section(ctx: ReportContext) -> None:
-    ctx.lines += ["## Guarantee validation", ""]
+    ctx.lines += ["## Guarantee validation", "", INTRO, ""]
     for arch in ctx.sweeps:
         ctx.progress(f"{arch}: guarantee validation")
-        found = _read_validations(ctx, arch)
+        found = _read_jobs(ctx, arch)
+        if not found:
+            continue
         numbers = ctx.arch_numbers(arch).setdefault("validation", {})
-        rows = []
-        for name, v in list(found.items()):
-            try:
-                named = _validation_rows(v)
-            except (KeyError, TypeError, ValueError):
-                ctx.note(f"{arch}: {v.path}: not a validate_scores record; skipped.")
-                del found[name]
-                continue
-            rows += named
-            numbers[name] = named[0] | ({"empirical": named[1]} if len(named) > 1 else {})
-        if rows:
-            relative = ctx.table(f"tables/{slug(arch)}/validation.csv", rows)
-            header = [
-                "procedure",
-                "alpha",
-                "trials",
-                "violation (95% CI)",
-                "selection",
-                "mean realised",
-                "mean acc.",
-            ]
-            body = [
-                [
-                    r["procedure"],
-                    fmt(r["alpha"], 2),
-                    str(r["trials"]),
-                    _with_ci(r),
-                    pct(r["selection_rate"]),
-                    fmt(r["mean_realised_budget"]),
-                    fmt(r["mean_accuracy"]),
-                ]
-                for r in rows
-            ]
-            ctx.lines += [f"**{arch}** (`{relative}`)", "", *markdown_table(header, body)]
+        csv_rows = []
+        for name, record in found.items():
+            numbers[name] = _job_numbers(record)
+            for label, levels in _selectors(record).items():
+                for level, alpha in zip(levels, (r["alpha"] for r in record.levels), strict=True):
+                    for measurement in ("population", "paper"):
+                        csv_rows.append(
+                            {"procedure": label, "alpha": alpha, "measurement": measurement}
+                            | _measured(level, measurement)
+                        )
+        relative = ctx.table(f"tables/{slug(arch)}/validation.csv", csv_rows)
+        delta = (
+            next(iter(found.values())).levels[0]["delta"] if any(r.levels for r in found.values()) else np.nan
+        )
+        ctx.lines += [f"### {arch} (`{relative}`)", ""]
+        _budget_table(ctx, found)
+        _performance_table(ctx, found)
+        _levels_figure(ctx, arch, found, delta)
         _budget_histograms(ctx, arch, found)
         _performance_histograms(ctx, arch, found)
+        for record in found.values():
+            for skipped in record.not_validated:
+                ctx.lines += [
+                    f"- {record.job.label} not validated at alpha {skipped['alpha']:g}: {skipped['why']}."
+                ]
+        ctx.lines += [""]
 
 
-def _selected(v: Validation, column: str, prefix: str = "") -> NDArray[np.float64]:
-    """Per-trial `column` over the trials whose selector returned a policy."""
-    trials = v.per_trial or {}
-    if f"{prefix}{column}" not in trials or f"{prefix}selected" not in trials:
-        return np.array([])
-    return trials[f"{prefix}{column}"][trials[f"{prefix}selected"].astype(bool)]
+def _job_numbers(record: JobRecord) -> dict[str, Any]:
+    def level_numbers(level: dict[str, Any]) -> dict[str, Any]:
+        out = {m: _measured(level, m) for m in ("population", "paper")}
+        if "empirical" in level:
+            out["empirical"] = {m: _measured(level["empirical"], m) for m in ("population", "paper")}
+        return {"alpha": level["alpha"]} | out
 
-
-def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, Validation]) -> None:
-    budget = {n: v for n, v in found.items() if n.startswith("budget")}
-    with_trials = {n: v for n, v in budget.items() if v.per_trial is not None}
-    for name in budget.keys() - with_trials.keys():
-        ctx.note(f"{arch}: no per-trial table validate/{arch}/{name}.csv; its histogram is omitted.")
-    if not with_trials:
-        return
-    alpha = float(next(iter(with_trials.values())).record["alpha"])
-    panels = {
-        VALIDATION_LABELS[n]: (_selected(v, "realised"), float(v.record["violation_rate"]))
-        for n, v in with_trials.items()
+    headline = record.headline
+    return {
+        "headline_alpha": record.headline_alpha,
+        "headline": None if headline is None else level_numbers(headline),
+        "levels": [level_numbers(level) for level in record.levels],
+        "max_population_violation": max(
+            (_measured(level, "population")["violation_rate"] for level in record.levels), default=np.nan
+        ),
     }
-    path, relative = ctx.figure_path(arch, "validation-budget")
-    fig.budget_validation_figure(panels, alpha=alpha, title=f"{arch}: budget control", path=path)
+
+
+def _budget_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
+    jobs = [found[n] for n in ("budget-pareto", "budget-ltt") if n in found and found[n].levels]
+    if not jobs:
+        return
+    alphas = sorted({level["alpha"] for record in jobs for level in record.levels})
+    header = ["target budget"]
+    for record in jobs:
+        header += [f"{record.job.label}: population", "paper", "mean realised"]
+    rows = []
+    for alpha in alphas:
+        row = [f"{alpha:g}"]
+        for record in jobs:
+            level = next((r for r in record.levels if np.isclose(r["alpha"], alpha)), None)
+            if level is None:
+                row += ["—", "—", "—"]
+                continue
+            population, paper = _measured(level, "population"), _measured(level, "paper")
+            row += [
+                _with_ci(population),
+                pct(paper["violation_rate"]),
+                f"{population['mean_realised_budget']:.3f}",
+            ]
+        rows.append(row)
+    ctx.lines += [
+        "**Budget control**: violation rate (realised delegation above the target) at every budget; "
+        "mean realised delegation on the population.",
+        "",
+        *markdown_table(header, rows),
+    ]
+
+
+def _performance_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
+    record = found.get("performance")
+    if record is None or not record.levels:
+        return
+    header = ["alpha (min. accuracy)", "CTD: population", "paper", "selection"]
+    header += ["empirical: population", "paper", "selection"]
+    rows, vacuous = [], []
+    for level in record.levels:
+        row = [f"{level['alpha']:g} ({1 - level['alpha']:.2f})"]
+        for selector in (level, level.get("empirical")):
+            if selector is None:
+                row += ["—", "—", "—"]
+                continue
+            population, paper = _measured(selector, "population"), _measured(selector, "paper")
+            row += [_with_ci(population), pct(paper["violation_rate"]), pct(population["selection_rate"])]
+        rows.append(row)
+        if _measured(level, "population")["selection_rate"] == 0:
+            vacuous.append(f"{level['alpha']:g}")
+    ctx.lines += [
+        "**Performance control**: violation rate (cascade error above alpha) of CTD's LTT selector "
+        "and of the untested empirical selector, and how often each returned a policy.",
+        "",
+        *markdown_table(header, rows),
+    ]
+    trivial = [
+        f"{level['alpha']:g}"
+        for level in record.levels
+        if all(
+            _measured(selector, "population")["mean_realised_budget"] == 0
+            and _measured(selector, "population")["selection_rate"] == 1
+            for selector in (level, level.get("empirical") or level)
+        )
+    ]
+    if trivial:
+        ctx.lines += [
+            f"At alpha {', '.join(trivial)} both selectors never delegate in any trial: the probe alone "
+            "meets the target, so these rows cannot tell the selectors apart.",
+            "",
+        ]
+    if vacuous:
+        ctx.lines += [
+            f"CTD returned no policy in any trial at alpha {', '.join(vacuous)}: nothing was certified, "
+            "so its 0% there shows nothing about the guarantee (the cascade cannot be shown to reach "
+            "that accuracy with this much calibration data).",
+            "",
+        ]
+
+
+def _line(
+    label: str, colour: str, levels: list[dict[str, Any]], alphas: list[float], key: str, measurement: str
+) -> fig.RateLine:
+    values = [_measured(level, measurement) for level in levels]
+    x = np.asarray(alphas)
+    y = np.array([v[key] for v in values])
+    if measurement == "population" and key == "violation_rate":
+        low, high = np.array([v["ci_low"] for v in values]), np.array([v["ci_high"] for v in values])
+        return fig.RateLine(f"{label}: population", colour, x, y, low, high)
+    suffix = ": paper" if measurement == "paper" else ""
+    return fig.RateLine(f"{label}{suffix}", colour, x, y, dashed=measurement == "paper")
+
+
+def _levels_figure(ctx: ReportContext, arch: str, found: dict[str, JobRecord], delta: float) -> None:
+    panels: dict[str, tuple[list[fig.RateLine], list[fig.RateLine]]] = {
+        "budget control": ([], []),
+        "performance control": ([], []),
+    }
+    for record in found.values():
+        if not record.levels:
+            continue
+        alphas = [level["alpha"] for level in record.levels]
+        panel = panels["budget control" if record.job.mode == "budget" else "performance control"]
+        for label, levels in _selectors(record).items():
+            colour = _COLOURS["empirical"] if label == "empirical selector" else _COLOURS[record.job.name]
+            panel[0].append(_line(label, colour, levels, alphas, "violation_rate", "population"))
+            panel[0].append(_line(label, colour, levels, alphas, "violation_rate", "paper"))
+            key = "mean_realised_budget" if record.job.mode == "budget" else "selection_rate"
+            panel[1].append(_line(label, colour, levels, alphas, key, "population"))
+    path, relative = ctx.figure_path(arch, "validation-levels")
+    fig.validation_levels_figure(
+        panels, delta=delta, title=f"{arch}: guarantee validation at every level", path=path
+    )
     ctx.image(
         relative,
-        f"{arch}: realised delegation rate over random calibration/evaluation splits under budget "
-        f"control (alpha = {alpha:g}); red line at alpha, violation rate in each title.",
+        f"{arch}: violation rate against the target level (solid: population, with its 95% band; dashed: "
+        f"paper protocol; red: delta = {delta:g}); below, the delegation spent under budget control and "
+        "the selection rate under performance control.",
     )
 
 
-def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, Validation]) -> None:
-    v = found.get("performance")
-    if v is None:
+def _population(record: JobRecord, column: str, prefix: str = "") -> NDArray[np.float64]:
+    """Per-trial population `column` at the headline level, over trials that returned a policy."""
+    trials = record.trials_at(record.headline_alpha)
+    name = f"{prefix}population_{column}"
+    if trials is None or name not in trials or f"{prefix}selected" not in trials:
+        return np.array([])
+    return trials[name][trials[f"{prefix}selected"].astype(bool)].astype(np.float64)
+
+
+def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord]) -> None:
+    budget = [r for n, r in found.items() if n.startswith("budget") and r.headline is not None]
+    if not budget:
         return
-    if v.per_trial is None:
-        ctx.note(f"{arch}: no per-trial table validate/{arch}/performance.csv; its histogram is omitted.")
-        return
-    r, alpha = v.record, float(v.record["alpha"])
-    panels = {"CTD (LTT)": (_selected(v, "accuracy"), r["violation_rate"], r.get("selection_rate", np.nan))}
-    if isinstance(r.get("empirical"), dict):
-        e = r["empirical"]
-        panels["empirical"] = (
-            _selected(v, "accuracy", "empirical_"),
-            e["violation_rate"],
-            e.get("selection_rate", np.nan),
-        )
-    path, relative = ctx.figure_path(arch, "validation-performance")
-    fig.performance_validation_figure(panels, alpha=alpha, title=f"{arch}: performance control", path=path)
+    alpha = budget[0].headline_alpha
+    panels = {}
+    for record in budget:
+        headline = record.headline or {}
+        population, paper = _measured(headline, "population"), _measured(headline, "paper")
+        rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
+        panels[f"{record.job.label}: {rates}"] = _population(record, "realised")
+    path, relative = ctx.figure_path(arch, "validation-budget")
+    fig.budget_validation_figure(
+        panels, alpha=alpha, title=f"{arch}: budget control at alpha = {alpha:g}", path=path
+    )
     ctx.image(
         relative,
-        f"{arch}: held-out accuracy of the returned policies under performance control (alpha = "
-        f"{alpha:g}), CTD's LTT selector vs the empirical selector; dashed line at 1 - alpha.",
+        f"{arch}: realised delegation rate on the population (the whole test split) over random "
+        f"calibration halves under budget control (alpha = {alpha:g}); red line at alpha, violation "
+        "rates in each title.",
+    )
+
+
+def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord]) -> None:
+    record = found.get("performance")
+    if record is None or record.headline is None:
+        return
+    headline, alpha = record.headline, record.headline_alpha
+    panels = {}
+    for label, level, prefix in (
+        ("CTD (LTT)", headline, ""),
+        ("empirical", headline.get("empirical"), "empirical_"),
+    ):
+        if level is None:
+            continue
+        population, paper = _measured(level, "population"), _measured(level, "paper")
+        rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
+        selection = f"selection {pct(population['selection_rate'])}"
+        panels[f"{label}: {rates}, {selection}"] = _population(record, "accuracy", prefix)
+    path, relative = ctx.figure_path(arch, "validation-performance")
+    fig.performance_validation_figure(
+        panels, alpha=alpha, title=f"{arch}: performance control at alpha = {alpha:g}", path=path
+    )
+    ctx.image(
+        relative,
+        f"{arch}: accuracy on the population of the returned policies under performance control "
+        f"(alpha = {alpha:g}), CTD's LTT selector against the empirical selector; dashed line at "
+        "1 - alpha.",
     )

@@ -10,6 +10,7 @@ true delegation value: informative but noisy, as a trained DV probe is.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -44,6 +45,40 @@ _SEED_NOISE = 0.35  # share of the probe's noise that changes with the training 
 _DV_NOISE = {"strong": 0.8, "weak": 0.5}  # noise of the DV probe's view of v, per scenario
 
 
+_REFERENCE_SIZE = 200_000
+
+
+@functools.cache
+def _value_moments(scenario: Scenario) -> tuple[float, float]:
+    """Mean and variance of v under the scenario, from a fixed reference draw of 200,000
+    examples. The DV map uses them instead of a table's own moments, so every table of a
+    scenario, whatever its size or random_state, is scored by one DV probe: a table drawn with
+    another random_state is fresh data from the same distribution."""
+    rng = np.random.default_rng([2**32 - 1, SCENARIOS.index(scenario)])
+    g = rng.choice(len(_GROUPS), size=_REFERENCE_SIZE, p=_WEIGHTS / _WEIGHTS.sum())
+    sign = rng.choice([-1.0, 1.0], size=_REFERENCE_SIZE)
+    difficulty = np.abs(rng.normal(size=_REFERENCE_SIZE))
+    expert = _expert(scenario, g, sign, difficulty, rng.normal(size=_REFERENCE_SIZE))
+    noise = rng.normal(size=_REFERENCE_SIZE)  # input and seed noise together: unit variance
+    value = sign * (expert - _probe(g, sign, difficulty, noise))
+    return float(value.mean()), float(value.var())
+
+
+_WEIGHTS = np.array([g.weight for g in _GROUPS])
+
+
+def _expert(
+    scenario: Scenario, group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray
+) -> NDArray:
+    separation = np.array([g.expert_signal[scenario] for g in _GROUPS])[group_index]
+    return expit(_EXPERT_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty) + noise))
+
+
+def _probe(group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray) -> NDArray:
+    separation = np.array([g.probe_signal for g in _GROUPS])[group_index]
+    return expit(_PROBE_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty) + noise))
+
+
 def simulate_scores(
     scenario: Scenario,
     n: int,
@@ -62,8 +97,7 @@ def simulate_scores(
     rng = np.random.default_rng([random_state, SCENARIOS.index(scenario)])
     total = n + n_dev
     split = np.array(["test"] * n + ["dev"] * n_dev)
-    weights = np.array([g.weight for g in _GROUPS])
-    group_index = rng.choice(len(_GROUPS), size=total, p=weights / weights.sum())
+    group_index = rng.choice(len(_GROUPS), size=total, p=_WEIGHTS / _WEIGHTS.sum())
     label = np.zeros(total, dtype=np.int64)
     for part in (split == "test", split == "dev"):
         for gi in range(len(_GROUPS)):
@@ -71,12 +105,13 @@ def simulate_scores(
             label[rng.permutation(members)[: (members.size + 1) // 2]] = 1
     sign = 2.0 * label - 1.0
     difficulty = np.abs(rng.normal(size=total))
-    probe_sep = np.array([g.probe_signal for g in _GROUPS])[group_index]
-    expert_sep = np.array([g.expert_signal[scenario] for g in _GROUPS])[group_index]
-
-    expert_evidence = sign * (expert_sep - _DIFFICULTY * difficulty) + rng.normal(size=total)
-    expert = expit(_EXPERT_SHARPNESS * expert_evidence)
+    expert = _expert(scenario, group_index, sign, difficulty, rng.normal(size=total))
     input_noise = rng.normal(size=total)
+    value_mean, value_var = _value_moments(scenario)
+    # A regressor predicts E[v | noisy view]: shrink the view toward the mean by
+    # Var(v) / (Var(v) + noise^2), which keeps the ranking and gives a realistic MSE.
+    noise_sd = _DV_NOISE[scenario]
+    shrink = value_var / (value_var + noise_sd**2)
 
     ids = np.array(
         [f"{s}-{_GROUPS[g].name}-{i:05d}" for i, (s, g) in enumerate(zip(split, group_index, strict=True))]
@@ -87,15 +122,9 @@ def simulate_scores(
     for seed in range(seeds):
         seed_rng = np.random.default_rng([random_state, SCENARIOS.index(scenario), seed + 1])
         noise = np.sqrt(1 - _SEED_NOISE) * input_noise + np.sqrt(_SEED_NOISE) * seed_rng.normal(size=total)
-        probe_evidence = sign * (probe_sep - _DIFFICULTY * difficulty) + noise
-        probe = expit(_PROBE_SHARPNESS * probe_evidence)
+        probe = _probe(group_index, sign, difficulty, noise)
         value = sign * (expert - probe)
-        # A regressor predicts E[v | noisy view]: shrink the view toward the mean by
-        # Var(v) / (Var(v) + noise^2), which keeps the ranking and gives a realistic MSE.
-        noise_sd = _DV_NOISE[scenario]
-        shrink = value.var() / (value.var() + noise_sd**2)
-        view = value - value.mean() + noise_sd * seed_rng.normal(size=total)
-        dv = value.mean() + shrink * view
+        dv = value_mean + shrink * (value - value_mean + noise_sd * seed_rng.normal(size=total))
         dv = np.where(split == "test", dv, np.nan)
         columns["id"].append(ids)
         columns["group"].append(np.array([_GROUPS[g].name for g in group_index]))

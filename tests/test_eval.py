@@ -117,8 +117,20 @@ def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path,
             "cascade-auroc.png",
             "cascade-accuracy.png",
             "realised.png",
+            "validation-levels.png",
             "validation-budget.png",
         } <= figures
+        # Performance control at every error level D_cal can certify (22 rows: not 0.05), each
+        # configuration with split seeds of its own.
+        performance = json.loads((run / "validate" / "attention" / "performance.json").read_text())
+        assert [level["alpha"] for level in performance["levels"]][:2] == [0.1, 0.15]
+        assert performance["not_validated"][0]["alpha"] == 0.05
+        seeds = {
+            json.loads((run / "validate" / "attention" / f"{job}.json").read_text())["levels"][0]["seed"][1]
+            for job in ("budget-pareto", "budget-ltt", "performance")
+        }
+        assert len(seeds) == 3
+        assert read_table(run / "query" / "failed.csv").columns["id"].size == 0
 
         again = run_ctd(*eval_args(data, server.url), "--json", cwd=tmp_path, env=env, timeout=600)
         assert again.returncode == 0, again.stderr
@@ -138,15 +150,50 @@ def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path,
             "query": "skipped",
             "dv": "skipped",
             "calibrate": "ran",
-            "validate": "skipped",  # validation does not depend on the budgets grid
+            "validate": "ran",  # budget control is validated at every budget of the run
             "report": "ran",
         }
         assert not list((run / "calibrate" / "attention").glob("merge-*"))  # no stale merge controls
         sweep = read_table(run / "calibrate" / "attention" / "sweep.csv").columns
         assert set(np.round(sweep["budget"].astype(float), 6)) == {0.4, 0.6}
+        # Every budget and the headline level (--budget-alpha, default 0.3) are validated.
+        record = json.loads((run / "validate" / "attention" / "budget-ltt.json").read_text())
+        assert [level["alpha"] for level in record["levels"]] == [0.3, 0.4, 0.6]
+        assert all("population" in level for level in record["levels"])
         report = run_ctd("report", "t", cwd=tmp_path, env=env)
         assert report.returncode == 0, report.stderr
         assert "report.md" in report.stdout
+
+
+def test_too_many_expert_failures_stop_before_calibration(tmp_path, env) -> None:
+    """Two of 64 test items fail at the expert (3.1%, above --max-failed 1%): the run stops after
+    the query stage in one line with exit code 1, the ids are in query/failed.csv, and nothing
+    is calibrated. A higher --max-failed goes on without them and the report says so."""
+    data = write_data(tmp_path / "data")
+    first_test_item = SIZES["train"] + SIZES["dev"]
+    broken = frozenset({first_test_item + 2, first_test_item + 3})
+    with RunningServer(FaultPlan(broken=broken)) as server:
+        stopped = run_ctd(*eval_args(data, server.url), cwd=tmp_path, env=env, timeout=600)
+        assert stopped.returncode == 1, stopped.stderr
+        last = stopped.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in stopped.stderr
+        assert last.startswith("error: the expert failed on test examples: 2 of 64 failed (3.1%)"), last
+        assert "--max-failed 0.01" in last and "--retry-failed" in last
+        run = tmp_path / "runs" / "t"
+        assert str(run / "query" / "failed.csv") in last
+        failed = read_table(run / "query" / "failed.csv").columns
+        assert sorted(failed["split"].tolist()) == ["test", "test"]
+        assert not (run / "scores.parquet").exists() and not (run / "calibrate").exists()
+
+        went_on = run_ctd(
+            *eval_args(data, server.url), "--max-failed", "0.05", "--json", cwd=tmp_path, env=env
+        )
+        assert went_on.returncode == 0, went_on.stderr
+        assert stage_status(went_on.stdout)["query"] == "skipped"
+        assert read_scores(run / "scores.parquet").id.size == SIZES["dev"] + SIZES["test"] - 2
+        report = (run / "report" / "report.md").read_text()
+        assert "the expert failed on 2 examples" in report
+        assert json.loads((run / "report" / "numbers.json").read_text())["left_out"] == 2
 
 
 def item_numbers(folder: Path) -> dict[str, int]:

@@ -17,9 +17,9 @@ import calibrate
 import harness
 import harness._figures
 from calibrate import SweepConfig
-from harness import InputError, calibrate_scores, read_scores, simulate_scores, validate_scores, write_scores
+from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
 from harness._report import build_report
-from harness._tables import write_json
+from harness._validation import JOBS, read_job, run_job
 
 ARCH = "simulated"
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.8)
@@ -29,6 +29,7 @@ FULL_FIGURES = (
     "cascade-auroc",
     "cascade-accuracy",
     "realised",
+    "validation-levels",
     "validation-budget",
     "validation-performance",
     "mean-v-at-k",
@@ -38,11 +39,9 @@ FULL_FIGURES = (
     "merge-average-auroc",
     "merge-average-accuracy",
 )
-VALIDATIONS = {
-    "budget-pareto": {"mode": "budget", "alpha": 0.3, "pareto": True},
-    "budget-ltt": {"mode": "budget", "alpha": 0.3, "pareto": False},
-    "performance": {"mode": "performance", "alpha": 0.2},
-}
+LEVELS = {"budget": BUDGETS, "performance": (0.1, 0.2, 0.3)}
+TRIALS = 50
+HEADLINE = {"budget": 0.3, "performance": 0.2}
 
 
 def _calibrate(run: Path, arch: str, merges: tuple[str, ...]) -> None:
@@ -54,11 +53,19 @@ def _calibrate(run: Path, arch: str, merges: tuple[str, ...]) -> None:
 
 def _validate(run: Path, arch: str) -> None:
     folder = run / "validate" / arch
-    for name, kwargs in VALIDATIONS.items():
-        out = folder / f"{name}.csv"
-        folder.mkdir(parents=True, exist_ok=True)
-        result = validate_scores(run / "scores.parquet", delta=0.1, trials=50, arch=arch, out=out, **kwargs)
-        write_json(folder / f"{name}.json", result.to_dict())
+    folder.mkdir(parents=True, exist_ok=True)
+    for job in JOBS:
+        run_job(
+            run / "scores.parquet",
+            folder,
+            job,
+            arch=arch,
+            alphas=LEVELS[job.mode],
+            headline_alpha=HEADLINE[job.mode],
+            delta=0.1,
+            trials=TRIALS,
+            pvalue="binomial",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +99,18 @@ def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A partial validation folder: one record without its per-trial table, one malformed record.
     folder = run / "validate" / ARCH
     folder.mkdir(parents=True)
-    scores = run / "scores.parquet"
-    result = validate_scores(scores, mode="budget", alpha=0.3, delta=0.1, trials=20, arch=ARCH)
-    write_json(folder / "budget-pareto.json", result.to_dict())
+    run_job(
+        run / "scores.parquet",
+        folder,
+        JOBS[0],
+        arch=ARCH,
+        alphas=(0.2,),
+        headline_alpha=0.3,
+        delta=0.1,
+        trials=20,
+        pvalue="binomial",
+    )
+    (folder / f"{JOBS[0].name}.parquet").unlink()
     (folder / "performance.json").write_text("{}", encoding="utf-8")
     build_report(run)
     return run
@@ -155,15 +171,35 @@ def test_numbers_agree_with_the_sweep_and_baselines(full_run: tuple[Path, list[s
 def test_validation_numbers_come_from_the_records(full_run: tuple[Path, list[str]]) -> None:
     run, _ = full_run
     numbers = _numbers(run)["archs"][ARCH]
-    for name in VALIDATIONS:
-        record = json.loads((run / "validate" / ARCH / f"{name}.json").read_text(encoding="utf-8"))
-        assert numbers["validation"][name]["violation_rate"] == pytest.approx(record["violation_rate"])
-        assert numbers["summary"]["violation"][name] == pytest.approx(record["violation_rate"])
-    empirical = numbers["validation"]["performance"]["empirical"]
-    assert empirical["selection_rate"] == pytest.approx(
-        json.loads((run / "validate" / ARCH / "performance.json").read_text())["empirical"]["selection_rate"]
+    for job in JOBS:
+        record = read_job(run / "validate" / ARCH, job)
+        found = numbers["validation"][job.name]
+        assert [level["alpha"] for level in found["levels"]] == sorted(
+            {*LEVELS[job.mode], HEADLINE[job.mode]}
+        )
+        for level, written in zip(found["levels"], record.levels, strict=True):
+            assert level["paper"]["violation_rate"] == pytest.approx(written["violation_rate"])
+            assert level["population"]["violation_rate"] == pytest.approx(
+                written["population"]["violation_rate"]
+            )
+        assert found["headline"]["alpha"] == HEADLINE[job.mode]
+        # The per-trial table has every level, and its rates are the records'.
+        trials = record.trials_at(HEADLINE[job.mode])
+        assert trials is not None and trials["population_violated"].size == 50
+        assert trials["population_violated"].mean() == pytest.approx(
+            found["headline"]["population"]["violation_rate"]
+        )
+    summary = numbers["summary"]["validation"]
+    performance = numbers["validation"]["performance"]["headline"]
+    assert summary["viol. perf. CTD"] == pytest.approx(performance["population"]["violation_rate"])
+    assert summary["sel. perf. empirical"] == pytest.approx(
+        performance["empirical"]["population"]["selection_rate"]
     )
-    assert len(_csv(run / "report" / "tables" / ARCH / "validation.csv")) == 4
+    rows = _csv(run / "report" / "tables" / ARCH / "validation.csv")
+    # (Pareto + budget-only) x levels + (CTD + empirical) x levels, each measured two ways.
+    assert len(rows) == 2 * (2 * len(BUDGETS) + 2 * len(LEVELS["performance"]))
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "**population**" in report and "finite evaluation" in report
 
 
 def test_group_table_matches_an_independent_recomputation(full_run: tuple[Path, list[str]]) -> None:
@@ -232,9 +268,8 @@ def test_missing_optional_inputs_are_said_not_fatal(sparse_run: Path) -> None:
     assert "No config.toml in the run folder." in report
     assert f"no validate/{ARCH}-binary/ folder" in report
     assert f"validate/{ARCH}/budget-ltt.json: no such file" in report
-    assert f"validate/{ARCH}/performance.json: no 'violation_rate'" in report
-    assert f"no per-trial table validate/{ARCH}/budget-pareto.csv" in report
-    assert "| Pareto LTT | 0.30 | 20 |" in report  # the record without trials still has its row
+    assert f"validate/{ARCH}/performance.json: no per-level records" in report
+    assert "| 0.2 | " in report and "| 0.3 | " in report  # the record without trials still has its rows
     assert (
         f"no calibrate/{ARCH}/merge-overwrite/" in report and f"no calibrate/{ARCH}/merge-average/" in report
     )
@@ -242,11 +277,13 @@ def test_missing_optional_inputs_are_said_not_fatal(sparse_run: Path) -> None:
     assert any("merge-average" in m for m in numbers["missing"])
     assert not any(str(sparse_run) in m for m in numbers["missing"])  # paths relative to the run
     found = numbers["archs"][ARCH]
-    rate = found["validation"]["budget-pareto"]["violation_rate"]
-    assert found["summary"]["violation"] == {"budget-pareto": pytest.approx(rate)}
+    rate = found["validation"]["budget-pareto"]["headline"]["population"]["violation_rate"]
+    assert found["summary"]["validation"]["viol. budget Pareto"] == pytest.approx(rate)
+    assert found["summary"]["validation"]["viol. perf. CTD"] is None  # NaN, written as null
     figures = sparse_run / "report" / "figures" / ARCH
     _assert_png(figures / "cascade-auroc.png")
-    assert not (figures / "validation-budget.png").exists()
+    _assert_png(figures / "validation-levels.png")
+    _assert_png(figures / "validation-budget.png")  # empty panels: no per-trial table
     assert "viol. budget Pareto" in report  # the summary still has the column, with dashes
 
 

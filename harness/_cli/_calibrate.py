@@ -17,6 +17,7 @@ from calibrate import (
     MergeChoice,
     MergeRule,
     Objective,
+    PValueMethod,
     SweepConfig,
     ValidationMode,
 )
@@ -25,6 +26,7 @@ from .._calibration import calibrate_scores, resolve_scores, simulate, validate_
 from .._errors import InputError
 from .._simulate import Scenario
 from ._common import (
+    BUDGETS_TEXT,
     clean_errors,
     parse_floats,
     parse_ints,
@@ -55,6 +57,16 @@ ParetoOption = Annotated[
             "Pareto-filter the thresholds on D_est. --no-pareto: in budget mode, budget-only LTT (test "
             "every threshold, keep the most aggressive certified one); in performance mode, test every "
             "threshold unfiltered."
+        ),
+    ),
+]
+PValueOption = Annotated[
+    PValueMethod,
+    typer.Option(
+        "--pvalue",
+        help=(
+            "p-value of each LTT test: binomial (exact, as the paper's text says) or hb (Hoeffding-Bentkus, "
+            "as the authors' code did for performance control; more conservative)."
         ),
     ),
 ]
@@ -101,8 +113,9 @@ def calibrate_command(
         typer.Option("--out", help="Output folder (default: runs/NAME/calibrate with --run)."),
     ] = None,
     budgets: Annotated[
-        str, typer.Option("--budgets", help="Target budgets: 0.1,0.2 or START:STOP:COUNT.")
-    ] = "0.05:0.95:20",
+        str | None,
+        typer.Option("--budgets", help=f"Target budgets: 0.1,0.2 or START:STOP:COUNT [{BUDGETS_TEXT}]."),
+    ] = None,
     batch_sizes: Annotated[
         str, typer.Option("--batch-sizes", help="Batch sizes for the top-k policies.")
     ] = "32,64,128",
@@ -122,6 +135,7 @@ def calibrate_command(
         ),
     ] = "default",
     fwer: FwerOption = "fixed-sequence",
+    pvalue: PValueOption = "binomial",
     pareto: ParetoOption = True,
     split_seed: Annotated[
         int, typer.Option("--split-seed", help="Seed of the calibration/evaluation split.")
@@ -143,13 +157,18 @@ def calibrate_command(
         out = scores_path.parent / "calibrate"
     try:
         config = SweepConfig(
-            budgets=parse_unit_interval(parse_floats(budgets, "--budgets"), "--budgets"),
+            budgets=(
+                parse_unit_interval(parse_floats(budgets, "--budgets"), "--budgets")
+                if budgets is not None
+                else calibrate.DEFAULT_BUDGETS
+            ),
             batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
             policies=parse_names(policies, "--policies", tuple(POLICIES)),
             objectives=parse_names(objectives, "--objectives", OBJECTIVES),
             delta=_unit(delta, "--delta"),
             merge=merge,
             fwer=fwer,
+            pvalue=pvalue,
             pareto=pareto,
             split_seed=split_seed,
         )
@@ -176,6 +195,37 @@ def calibrate_command(
     stdout.print(f"wrote {summary['rows']} rows to {summary['table']} in {summary['elapsed_s']:.2f} s")
 
 
+_VALIDATE_TEXT = """Check a guarantee empirically over many random calibration samples.
+
+Each trial draws a calibration sample from a seed's test split (--cal-size, default half),
+calibrates on it, and measures the returned policy's realised risk three ways. paper: on the
+rest of the split, the paper's protocol. population: on the whole test split the sample was
+drawn from, which is what LTT certifies; its violation rate should stay at or below delta.
+fresh (with --eval-scores): on an independent table with the same columns.
+
+Why paper reads higher: finite evaluation noise, not the halves being complementary. LTT puts
+the chosen policy's risk just below alpha, and a policy whose risk is exactly alpha exceeds
+floor(800 alpha) losses on 800 evaluation rows about half the time (48% at alpha 0.3), so the
+paper protocol counts near-misses as violations: a procedure whose true violation rate is delta
+reads well above delta. On 1,600-row simulated splits at delta 0.1 it read up to 10.8% where
+the population rate stayed at or below 3.4%.
+
+Fresh data measures the guarantee when each trial's calibration sample is a small draw from a
+large table: give a small --cal-size with a large --scores. Trials drawn from one small fixed
+table are all conditioned on that table: a table whose probe happens to err less than the
+generator's (or delegate less) can violate on fresh data in most trials while the guarantee,
+which is over draws of the calibration data, holds. Halves of one 1,600-row table read up to
+18.6% on fresh data for budget-only LTT; 800-row samples of a 20,000-row table stayed below
+delta.
+
+A violation is more than floor(alpha m) delegations (budget mode) or errors (performance mode)
+on the m rows measured, decided on integer counts. Reports the violation rate with its 95%
+Clopper-Pearson interval and the selection rate, and in performance mode the same for the
+untested empirical selector."""
+# One line per paragraph: the help formatter keeps line breaks as they are written.
+VALIDATE_HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in _VALIDATE_TEXT.split("\n\n"))
+
+
 @clean_errors
 def validate_command(
     *,
@@ -191,7 +241,7 @@ def validate_command(
     alpha: Annotated[float, typer.Option("--alpha", help="Risk target in (0, 1).")] = 0.3,
     delta: DeltaOption = 0.1,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, help="Random calibration/evaluation splits.")
+        int, typer.Option("--trials", min=1, help="Random calibration samples (trials).")
     ] = 500,
     policy: Annotated[
         CalibratedPolicyName, typer.Option("--policy", help="Calibrated policy to validate.")
@@ -201,11 +251,36 @@ def validate_command(
     ] = "auroc",
     pareto: ParetoOption = True,
     fwer: FwerOption = "fixed-sequence",
+    pvalue: PValueOption = "binomial",
     merge: Annotated[
         MergeRule | None,
         typer.Option("--merge", help="Merge rule on delegated inputs (default: the policy's own)."),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random splits.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            help=(
+                "Seed of the random calibration samples: trial t of probe seed s is drawn from a generator "
+                "seeded by (--seed, s), so the same seed gives the same trials."
+            ),
+        ),
+    ] = 0,
+    cal_size: Annotated[
+        int | None,
+        typer.Option(
+            "--cal-size",
+            min=2,
+            help="Calibration sample per trial, 30% D_est and 70% D_cal (default: half of each test split).",
+        ),
+    ] = None,
+    eval_scores: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval-scores",
+            help="An independent scores table (same columns and seeds) to measure every policy on: 'fresh'.",
+        ),
+    ] = None,
     arch: ArchOption = None,
     out: Annotated[
         Path | None,
@@ -213,57 +288,64 @@ def validate_command(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Check a guarantee empirically over many random calibration/evaluation splits.
-
-    Each trial calibrates on a random half of a seed's test split and measures the returned
-    policy on the other half. Reports the violation rate with a 95% Clopper-Pearson interval,
-    the selection rate, and in performance mode the same for the untested empirical selector.
-    The halves are complementary, so a calibration half that delegates little leaves an
-    evaluation half that delegates more: expect violation rates somewhat above those on fresh
-    data.
-    """
     scores_path = resolve_scores(scores, run)
-    result = validate_scores(
+    (result,) = validate_scores(
         scores_path,
         mode=mode,
-        alpha=_unit(alpha, "--alpha"),
+        alphas=(_unit(alpha, "--alpha"),),
         delta=_unit(delta, "--delta"),
         trials=trials,
         policy=policy,
         objective=objective,
         pareto=pareto,
         fwer=fwer,
+        pvalue=pvalue,
         merge=merge,
         seed=seed,
         arch=arch,
+        cal_size=cal_size,
+        eval_scores=eval_scores,
         out=out,
     )
     record = {"scores": str(scores_path), **result.to_dict()}
+    if eval_scores is not None:
+        record["eval_scores"] = str(eval_scores)
     if json_output:
         print_json(record)
         return
     table = Table(title=f"{mode} control, alpha={alpha:g}, delta={delta:g}, {trials} trials ({policy})")
-    for column in (
-        "selector",
-        "violation rate (95% CI)",
-        "selection rate",
-        "mean realised budget",
-        "mean accuracy",
-    ):
-        table.add_column(column)
+    for column in ("selector", "measured", "violation rate", "selected", "realised", "accuracy"):
+        table.add_column(column, no_wrap=True)
     selectors = [("LTT", result.tested)] + ([("empirical", result.empirical)] if result.empirical else [])
-    for name, s in selectors:
-        table.add_row(
-            name,
-            f"{s.violation_rate:.3f} [{s.violation.low:.3f}, {s.violation.high:.3f}]",
-            f"{s.selection_rate:.3f}",
-            f"{s.mean_realised_budget:.3f}",
-            f"{s.mean_accuracy:.3f}",
-        )
+    for name, selector in selectors:
+        for measurement, where in MEASURED_ON.items():
+            s = selector.measured(measurement)
+            if s is None:
+                continue
+            table.add_row(
+                name,
+                where,
+                f"{s.violation_rate:.1%} [{100 * s.violation.low:.1f}, {100 * s.violation.high:.1f}]",
+                f"{s.selection_rate:.1%}",
+                f"{s.mean_realised_budget:.3f}",
+                f"{s.mean_accuracy:.3f}",
+            )
     stdout.print(table)
+    stdout.print(
+        "Violation rates with 95% Clopper-Pearson intervals; realised delegation and accuracy are means "
+        "over the trials that returned a policy. The population (and fresh) rates measure the guarantee "
+        f"and should stay at or below delta = {delta:g}; the paper protocol over-reads it (see --help)."
+    )
+
+
+MEASURED_ON: dict[calibrate.Measurement, str] = {
+    "paper": "paper",
+    "population": "population",
+    "fresh": "fresh",
+}
 
 
 def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate_command)
     app.command("calibrate")(calibrate_command)
-    app.command("validate")(validate_command)
+    app.command("validate", help=VALIDATE_HELP)(validate_command)

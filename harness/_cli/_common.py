@@ -11,6 +11,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
+import calibrate
 from experts import ConfigError, EndpointDown
 from probes import ProbeError
 
@@ -19,6 +20,10 @@ from .._tables import dumps
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# The default budget grid as START:STOP:COUNT, the form --budgets reads back.
+_GRID = calibrate.DEFAULT_BUDGETS
+BUDGETS_TEXT = f"{_GRID[0]:g}:{_GRID[-1]:g}:{len(_GRID)}"
 
 stderr = Console(stderr=True)
 stdout = Console()

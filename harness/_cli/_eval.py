@@ -10,10 +10,11 @@ import typer
 from rich.table import Table
 
 from .._calibration import default_runs_root
-from .._config import DEFAULT_BUDGETS, load_run_config
+from .._config import load_run_config
 from .._errors import InputError
 from .._eval import StageOutcome, run_eval
 from ._common import (
+    BUDGETS_TEXT,
     clean_errors,
     parse_floats,
     parse_ints,
@@ -31,7 +32,6 @@ EVAL_HELP = (
     "every stage whose inputs have not changed and resumes an interrupted one (extraction from the "
     "activation store, expert queries from the SQLite cache). The report is in runs/NAME/report/."
 )
-_BUDGETS_TEXT = f"{DEFAULT_BUDGETS[0]:g}:{DEFAULT_BUDGETS[-1]:g}:{len(DEFAULT_BUDGETS)}"
 
 
 def eval_command(
@@ -89,7 +89,7 @@ def eval_command(
     ] = None,
     budgets: Annotated[
         str | None,
-        typer.Option("--budgets", help=f"Target budgets, list or START:STOP:COUNT [{_BUDGETS_TEXT}]."),
+        typer.Option("--budgets", help=f"Target budgets, list or START:STOP:COUNT [{BUDGETS_TEXT}]."),
     ] = None,
     batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Batch sizes [32,64,128].")] = None,
     delta: Annotated[float | None, typer.Option("--delta", help="LTT error level delta [0.1].")] = None,
@@ -105,11 +105,39 @@ def eval_command(
     trials: Annotated[
         int | None, typer.Option("--trials", help="Random splits for validation [500].")
     ] = None,
+    performance_alphas: Annotated[
+        str | None,
+        typer.Option(
+            "--performance-alphas",
+            help="Error levels at which performance control is validated [0.05:0.5:10].",
+        ),
+    ] = None,
     budget_alpha: Annotated[
-        float | None, typer.Option("--budget-alpha", help="Budget guarantee to validate [0.3].")
+        float | None,
+        typer.Option(
+            "--budget-alpha",
+            help="Budget whose per-trial histogram the report draws (every budget is validated) [0.3].",
+        ),
     ] = None,
     performance_alpha: Annotated[
-        float | None, typer.Option("--performance-alpha", help="Error-rate guarantee to validate [0.2].")
+        float | None,
+        typer.Option(
+            "--performance-alpha", help="Error level whose per-trial histogram the report draws [0.2]."
+        ),
+    ] = None,
+    pvalue: Annotated[
+        str | None,
+        typer.Option(
+            "--pvalue",
+            help="LTT p-value: binomial (exact, the paper's text) or hb (Hoeffding-Bentkus) [binomial].",
+        ),
+    ] = None,
+    max_failed: Annotated[
+        float | None,
+        typer.Option(
+            "--max-failed",
+            help="Stop before calibration when over this fraction of a split failed at the expert [0.01].",
+        ),
     ] = None,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
@@ -142,8 +170,13 @@ def eval_command(
         "objectives": parse_names(objectives, "--objectives", ("auroc", "accuracy")) if objectives else None,
         "merge_controls": merge_controls,
         "trials": trials,
+        "performance_alphas": (
+            parse_floats(performance_alphas, "--performance-alphas") if performance_alphas else None
+        ),
         "budget_alpha": budget_alpha,
         "performance_alpha": performance_alpha,
+        "pvalue": pvalue,
+        "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
 

@@ -16,11 +16,11 @@ Everything is timed in one run, side by side, and reported as medians and ratios
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import numpy as np
+from timing import timings
 
 import calibrate
 from harness import scores_from_columns, simulate_scores
@@ -31,13 +31,7 @@ DELTA = 0.1
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up: imports, caches
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timings(run, repeats))
 
 
 def scores_by_seed() -> dict[int, calibrate.Scores]:

@@ -1,0 +1,161 @@
+"""The validate stage of `ctd eval`, and the files it leaves for the report.
+
+Per probe configuration, three jobs, each over every level of its grid on one set of random
+calibration samples (a split seed of its own, so no two jobs reuse the same trials):
+
+    budget-pareto   budget control with Pareto filtering, at every budget of the run
+    budget-ltt      budget-only LTT (no Pareto filter), at every budget of the run
+    performance     performance control against the empirical selector, at every error level
+
+validate/<arch>/<job>.json holds {"job", "headline_alpha", "levels": [one `ValidationResult.to_dict()`
+per level], "not_validated": [{"alpha", "why"}]}; validate/<arch>/<job>.parquet holds every
+trial of every level (column `alpha`). The headline level is the one whose per-trial
+histogram the report draws (the paper validated one level; every level is in the table).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+import calibrate
+
+from ._calibration import validate_scores
+from ._errors import InputError
+from ._scores import read_scores
+from ._tables import read_json, read_table, write_json
+
+__all__ = ["JOBS", "JobRecord", "ValidationJob", "read_job", "run_job"]
+
+
+@dataclass(frozen=True)
+class ValidationJob:
+    name: str
+    label: str  # as the report names it
+    mode: calibrate.ValidationMode
+    pareto: bool
+
+
+JOBS: tuple[ValidationJob, ...] = (
+    ValidationJob("budget-pareto", "Pareto LTT", "budget", True),
+    ValidationJob("budget-ltt", "budget-only LTT", "budget", False),
+    ValidationJob("performance", "CTD (LTT)", "performance", True),
+)
+
+
+def split_seed(arch: str, job: ValidationJob) -> tuple[int, int]:
+    """Seed words of a job's random samples: distinct per (probe configuration, job)."""
+    return 0, zlib.crc32(f"{arch}/{job.name}".encode())
+
+
+def _certifiable(
+    by_seed: dict[int, calibrate.Scores], alphas: tuple[float, ...], delta: float
+) -> tuple[tuple[float, ...], list[dict[str, Any]]]:
+    """The levels at which some threshold can be certified on every seed's D_cal, and why the
+    others cannot (too few calibration rows: (1 - alpha)^n_cal > delta)."""
+    n_cal = min(calibrate.split_sizes(s.n)[1] for s in by_seed.values())
+    kept, dropped = [], []
+    for alpha in alphas:
+        need = calibrate.min_calibration_size(alpha, delta)
+        if n_cal >= need:
+            kept.append(alpha)
+        else:
+            dropped.append({"alpha": alpha, "why": f"D_cal holds {n_cal} rows; alpha {alpha:g} needs {need}"})
+    return tuple(kept), dropped
+
+
+def run_job(
+    scores_path: Path,
+    folder: Path,
+    job: ValidationJob,
+    *,
+    arch: str,
+    alphas: tuple[float, ...],
+    headline_alpha: float,
+    delta: float,
+    trials: int,
+    pvalue: calibrate.PValueMethod,
+) -> dict[str, Any]:
+    """Validate one job at `alphas` plus `headline_alpha` and write its two files; returns the
+    JSON record. A table that cannot be validated at all (one class in a seed's test split)
+    is recorded as {"job", "error"} and raises nothing."""
+    levels = tuple(sorted({*alphas, headline_alpha}))
+    record: dict[str, Any] = {"job": job.name, "headline_alpha": headline_alpha}
+    trials_path = folder / f"{job.name}.parquet"
+    trials_path.unlink(missing_ok=True)
+    try:
+        by_seed = read_scores(scores_path).test_scores(arch)
+        kept, dropped = _certifiable(by_seed, levels, delta)
+        if not kept:
+            raise InputError(f"no level can be certified: {dropped[0]['why']}")
+        results = validate_scores(
+            scores_path,
+            mode=job.mode,
+            alphas=kept,
+            delta=delta,
+            trials=trials,
+            pareto=job.pareto,
+            pvalue=pvalue,
+            seed=split_seed(arch, job),
+            arch=arch,
+            out=trials_path,
+        )
+    except InputError as error:  # e.g. one class in a split: say so, keep the run going
+        record["error"] = str(error)
+        write_json(folder / f"{job.name}.json", record)
+        return record
+    record |= {"levels": [r.to_dict() for r in results], "not_validated": dropped}
+    write_json(folder / f"{job.name}.json", record)
+    return record
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's record as the report reads it: the per-level records (ascending alpha), the
+    headline level, and the per-trial table when it was written."""
+
+    job: ValidationJob
+    path: Path
+    levels: list[dict[str, Any]]
+    headline_alpha: float
+    not_validated: list[dict[str, Any]]
+    per_trial: dict[str, NDArray] | None
+
+    @property
+    def headline(self) -> dict[str, Any] | None:
+        return next((r for r in self.levels if np.isclose(r["alpha"], self.headline_alpha)), None)
+
+    def trials_at(self, alpha: float) -> dict[str, NDArray] | None:
+        if self.per_trial is None:
+            return None
+        rows = np.isclose(self.per_trial["alpha"], alpha)
+        return {k: v[rows] for k, v in self.per_trial.items()}
+
+
+def read_job(folder: Path, job: ValidationJob) -> JobRecord:
+    """Read a job's files; a missing, malformed or not-run record is an InputError saying why."""
+    path = folder / f"{job.name}.json"
+    record = read_json(path)
+    if "error" in record:
+        raise InputError(f"{path}: not run: {record['error']}")
+    levels = record.get("levels")
+    if not isinstance(levels, list) or not all(
+        isinstance(r, dict) and {"alpha", "violation_rate", "population"} <= r.keys() for r in levels
+    ):
+        raise InputError(f"{path}: no per-level records; rerun `ctd eval` to validate at every level")
+    per_trial = None
+    if (folder / f"{job.name}.parquet").is_file():
+        per_trial = {k: np.asarray(v) for k, v in read_table(folder / f"{job.name}.parquet").columns.items()}
+    return JobRecord(
+        job=job,
+        path=path,
+        levels=sorted(levels, key=lambda r: r["alpha"]),
+        headline_alpha=float(record.get("headline_alpha", levels[0]["alpha"] if levels else np.nan)),
+        not_validated=list(record.get("not_validated", [])),
+        per_trial=per_trial,
+    )
