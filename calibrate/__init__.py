@@ -4,6 +4,7 @@ delegation policies, metrics, sweeps and guarantee validation.
 Pure numpy functions over arrays; no I/O. Every decision is made from integer counts.
 """
 
+from ._candidates import CandidateBatch, Candidates
 from ._fwer import (
     FWER_METHODS,
     Bonferroni,
@@ -17,8 +18,6 @@ from ._fwer import (
     fwer_procedure,
 )
 from ._ltt import (
-    CandidateBatch,
-    Candidates,
     ControlBatch,
     ControlResult,
     budget_control,
@@ -89,15 +88,14 @@ from ._sweep import (
     SweepResult,
     sweep,
 )
-from ._validate import (
+from ._validate import validate, validate_levels
+from ._validation_results import (
     MEASUREMENTS,
     Measurement,
     SelectorResult,
     SelectorSummary,
     ValidationMode,
     ValidationResult,
-    validate,
-    validate_levels,
 )
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._ltt import CandidateBatch
+from ._candidates import CandidateBatch
 from ._metrics import auroc, delegation_value, predict, twice_mann_whitney_u
 from ._policies import MergeRule, Policy, cascade_scores, merge_scores, threshold_grid, uncertainty_signal
 from ._quota import count_at_most, count_nearest

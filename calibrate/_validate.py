@@ -6,8 +6,10 @@ the realised risk of the returned policy in up to three ways:
 - `paper`: on the rest of the split (the paper's protocol). Finite evaluation noise inflates
   it: LTT puts the chosen risk just below alpha, and a policy whose risk is exactly alpha
   exceeds floor(alpha m) losses on m evaluation rows about half the time.
-- `population`: on the whole test split the calibration sample was drawn from (the finite
-  population LTT's guarantee is about); measurable on any real table.
+- `population`: on the split minus D_est. Given the D_est rows the thresholds were fitted on,
+  D_cal is a uniform draw from the rest of the split: the finite population whose risk LTT
+  certifies. Measurable on any real table; with half splits D_cal is a large share of it and
+  the binomial test is conservative there, so it is a weak test of a procedure.
 - `fresh`: on an independent table (same columns), e.g. new rows from the same generator.
 
 A violation is a loss count above floor(alpha m) on the m examples measured, decided on
@@ -17,8 +19,7 @@ integers: delegations in budget mode, cascade errors in performance mode.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,7 +27,7 @@ from numpy.typing import NDArray
 from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
 from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
 from ._policies import POLICIES, MergeRule, Policy
-from ._pvalues import ProportionCI, PValueMethod, clopper_pearson
+from ._pvalues import PValueMethod
 from ._quota import count_at_most
 from ._splits import (
     Objective,
@@ -40,154 +41,22 @@ from ._splits import (
     split_sizes,
     threshold_candidates,
 )
+from ._validation_results import (
+    SelectorResult,
+    SelectorSummary,
+    ValidationMode,
+    ValidationResult,
+    summarise,
+)
 
-__all__ = [
-    "MEASUREMENTS",
-    "Measurement",
-    "SelectorResult",
-    "SelectorSummary",
-    "ValidationMode",
-    "ValidationResult",
-    "validate",
-    "validate_levels",
-]
+__all__ = ["validate", "validate_levels"]
 
-ValidationMode = Literal["budget", "performance"]
-Measurement = Literal["paper", "population", "fresh"]
-MEASUREMENTS: tuple[str, ...] = get_args(Measurement)
 
 # Trials whose split-dependent signal is evaluated on a fresh table at once: bounds the
 # (trials, fresh rows) work array.
 _FRESH_CHUNK = 32
 # Trials drawn and calibrated together: chunk x examples index entries (64 MB of int64).
 _WORK_ELEMENTS = 8_000_000
-
-
-@dataclass(frozen=True)
-class SelectorSummary:
-    """How one selector fared over the trials, in one measurement. `violation` is
-    unconditional (a trial without a policy does not violate), `conditional_violation` is over
-    the trials that returned a policy, and the means are over those trials too."""
-
-    trials: int
-    selections: int
-    violations: int
-    violation: ProportionCI
-    conditional_violation: ProportionCI
-    selection: ProportionCI
-    mean_realised_budget: float
-    mean_accuracy: float
-
-    @property
-    def violation_rate(self) -> float:
-        return self.violation.proportion
-
-    @property
-    def selection_rate(self) -> float:
-        return self.selection.proportion
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "trials": self.trials,
-            "violations": self.violations,
-            "selections": self.selections,
-            "violation_rate": self.violation_rate,
-            "violation_ci95": [self.violation.low, self.violation.high],
-            "conditional_violation_rate": self.conditional_violation.proportion,
-            "conditional_violation_ci95": [self.conditional_violation.low, self.conditional_violation.high],
-            "selection_rate": self.selection_rate,
-            "selection_ci95": [self.selection.low, self.selection.high],
-            # Means over the trials that returned a policy.
-            "mean_realised_budget": self.mean_realised_budget,
-            "mean_accuracy": self.mean_accuracy,
-        }
-
-
-@dataclass(frozen=True)
-class SelectorResult:
-    """One selector's returned policies, measured on the evaluation rest (`paper`), the whole
-    split (`population`) and, when given, an independent table (`fresh`)."""
-
-    paper: SelectorSummary
-    population: SelectorSummary
-    fresh: SelectorSummary | None = None
-
-    def measured(self, measurement: Measurement) -> SelectorSummary | None:
-        return getattr(self, measurement)
-
-    def to_dict(self) -> dict[str, object]:
-        """The paper protocol's keys at the top (as `ctd validate` always printed them), the
-        other measurements under their names."""
-        out = self.paper.to_dict()
-        out["population"] = self.population.to_dict()
-        if self.fresh is not None:
-            out["fresh"] = self.fresh.to_dict()
-        return out
-
-
-@dataclass(frozen=True)
-class ValidationResult:
-    """`tested`: the LTT selector; `empirical`: the plug-in selector (performance mode only).
-    `split_sizes`: (n_est, n_cal, n_eval) per probe seed; `fresh_sizes`: rows of the fresh
-    table per seed. `per_trial`: one entry per trial (seed, threshold, selected, and per
-    measurement the realised rate, accuracy and violation; `empirical_` columns alike)."""
-
-    mode: ValidationMode
-    policy: str
-    merge: MergeRule
-    fwer: str
-    pvalue_method: PValueMethod
-    alpha: float
-    delta: float
-    objective: str | None
-    pareto: bool
-    seed: tuple[int, ...]
-    split_sizes: dict[int, tuple[int, int, int]]
-    fresh_sizes: dict[int, int] | None
-    tested: SelectorResult
-    empirical: SelectorResult | None
-    per_trial: dict[str, NDArray] = field(repr=False)
-
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "mode": self.mode,
-            "policy": self.policy,
-            "merge": self.merge,
-            "fwer": self.fwer,
-            "pvalue_method": self.pvalue_method,
-            "alpha": self.alpha,
-            "delta": self.delta,
-            "objective": self.objective,
-            "pareto": self.pareto,
-            "seed": list(self.seed),
-            # The smallest split over the seeds: D_cal's size bounds what can be certified.
-            **{
-                name: min(sizes[i] for sizes in self.split_sizes.values())
-                for i, name in enumerate(("n_est", "n_cal", "n_eval"))
-            },
-            "splits_by_seed": {str(seed): list(sizes) for seed, sizes in self.split_sizes.items()},
-            **self.tested.to_dict(),
-        }
-        if self.fresh_sizes is not None:
-            out["fresh_rows_by_seed"] = {str(seed): n for seed, n in self.fresh_sizes.items()}
-        if self.empirical is not None:
-            out["empirical"] = self.empirical.to_dict()
-        return out
-
-
-def _summary(selected: NDArray[np.bool_], violated: NDArray[np.bool_], realised, acc) -> SelectorSummary:
-    trials = selected.size
-    chosen = int(selected.sum())
-    return SelectorSummary(
-        trials=trials,
-        selections=chosen,
-        violations=int(violated.sum()),
-        violation=clopper_pearson(int(violated.sum()), trials),
-        conditional_violation=clopper_pearson(int(violated.sum()), chosen),
-        selection=clopper_pearson(chosen, trials),
-        mean_realised_budget=float(realised[selected].mean()) if chosen else float("nan"),
-        mean_accuracy=float(acc[selected].mean()) if chosen else float("nan"),
-    )
 
 
 @dataclass(frozen=True)
@@ -210,23 +79,23 @@ def _measure(
     fresh: Scores | None,
 ) -> dict[str, _Counts]:
     """Delegation and error counts of every trial's thresholds `cuts` (R, J) (+inf: delegate
-    nothing) on the evaluation rest, the whole split, and the fresh table."""
+    nothing) on the evaluation rest, the population and the fresh table.
+
+    The population is the split minus D_est: given the D_est rows the thresholds were fitted on,
+    D_cal is a uniform draw from the rest, and that finite set's risk is what the tests
+    certify. Both it and the evaluation rest are counted as the whole split minus a sample
+    (small) instead of counting them directly (large when the sample is a small draw)."""
     wrong, step = error_terms(scores, merge)
     delegated, change = counts_above(signal, step[None, :], cuts)
-    population = _Counts(delegated, int(wrong.sum()) + change, scores.n)
-    # The evaluation rest is the split minus the calibration sample: subtract the sample's
-    # counts (small) instead of counting the rest (large when the sample is a small draw).
-    calibration = splits.calibration
-    delegated, change = counts_above(_rows(signal, calibration), step[calibration], cuts)
-    sample_errors = wrong[calibration].sum(axis=1)[:, None] + change
-    out = {
-        "paper": _Counts(
-            population.delegated - delegated,
-            population.errors - sample_errors,
-            scores.n - calibration.shape[1],
-        ),
-        "population": population,
-    }
+    whole = _Counts(delegated, int(wrong.sum()) + change, scores.n)
+
+    def without(index: NDArray[np.int64], counts: _Counts) -> _Counts:
+        delegated, change = counts_above(_rows(signal, index), step[index], cuts)
+        errors = wrong[index].sum(axis=1)[:, None] + change
+        return _Counts(counts.delegated - delegated, counts.errors - errors, counts.n - index.shape[1])
+
+    population = without(splits.est, whole)
+    out = {"paper": without(splits.cal, population), "population": population}
     if fresh is not None:
         fresh_wrong, fresh_step = error_terms(fresh, merge)
         parts = []
@@ -395,7 +264,7 @@ def validate_levels(
     def selector(per_trial: dict[str, NDArray], prefix: str) -> SelectorResult:
         def summary(measurement: str) -> SelectorSummary:
             name = prefix + ("" if measurement == "paper" else f"{measurement}_")
-            return _summary(
+            return summarise(
                 per_trial[f"{prefix}selected"],
                 per_trial[f"{name}violated"],
                 per_trial[f"{name}realised"],

@@ -9,7 +9,7 @@ from ._calibration import calibrate_scores, check_calibration_size, resolve_scor
 from ._config import RunConfig, load_run_config
 from ._dataspec import DataSplits, Example, load_data
 from ._dv import dv_stage
-from ._errors import InputError
+from ._errors import InputError, RunFailed
 from ._eval import EvalResult, run_eval
 from ._probe import ProbeSettings, probe_stage
 from ._scores import SCORES_COLUMNS, ScoresTable, read_scores, scores_from_columns, write_scores
@@ -33,6 +33,7 @@ __all__ = [
     "InputError",
     "ProbeSettings",
     "RunConfig",
+    "RunFailed",
     "Scenario",
     "ScoresTable",
     "build_report",

@@ -198,7 +198,7 @@ def validate_scores(
     out: Path | None = None,
 ) -> tuple[ValidationResult, ...]:
     """Guarantee validation over random calibration samples at every level of `alphas` (one
-    result each, on the same splits), measured on the evaluation rest, the whole test split
+    result each, on the same splits), measured on the evaluation rest, the population (split minus D_est)
     and, with `eval_scores`, an independent table; with `out`, also write the per-trial table
     (every level, column `alpha`). Checks everything before computing anything."""
     if out is not None and Path(out).is_dir():
@@ -208,7 +208,7 @@ def validate_scores(
     check_calibration_size(by_seed, table.source, min(alphas), delta, option="--alpha", cal_size=cal_size)
     fresh = None
     if eval_scores is not None:
-        fresh_table = read_scores(eval_scores)
+        fresh_table = read_scores(eval_scores, purpose="measure on")
         name = arch or table.archs[0]  # test_scores above made sure the choice is unambiguous
         if name not in fresh_table.archs:
             raise InputError(

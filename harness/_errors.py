@@ -3,6 +3,9 @@ finished its work but produced too many failures to be used (exit code 1)."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 __all__ = ["InputError", "RunFailed", "check_failed_fraction"]
 
 
@@ -18,10 +21,11 @@ class RunFailed(Exception):
 
 def check_failed_fraction(failed: int, total: int, limit: float, *, what: str, remedy: str) -> None:
     """Raise RunFailed when more than `limit` (a fraction, --max-failed) of `total` items of
-    `what` failed. Decided on integers: failed > floor(limit * total)."""
+    `what` failed. Decided on integers: failed > floor(limit * total), with the limit read as
+    the decimal the user wrote (0.29 is 29/100, not the float just below it)."""
     if not 0 <= limit < 1:
         raise InputError(f"--max-failed {limit:g}: must lie in [0, 1)")
-    allowed = int(limit * total + 1e-9 * total)  # floor, read as the fraction the user meant
+    allowed = math.floor(Fraction(repr(limit)) * total)
     if failed > allowed:
         raise RunFailed(
             f"{what}: {failed} of {total} failed ({failed / total:.1%}), more than --max-failed "

@@ -314,8 +314,7 @@ def _run_probe(ctx: _Context) -> str:
 
 def _query_fingerprint(ctx: _Context) -> tuple[str, dict]:
     inputs = {f"data.{s}": ctx.data.content_hash(s) for s in ("dev", "test")}
-    # outputs 2: the stage also writes failed.csv (a run from before replays its cache once).
-    return _fingerprint({"inputs": inputs, "expert": _expert_identity(ctx.spec), "outputs": 2}), inputs
+    return _fingerprint({"inputs": inputs, "expert": _expert_identity(ctx.spec)}), inputs
 
 
 def _run_query(ctx: _Context) -> tuple[str, str]:
@@ -336,7 +335,6 @@ def _run_query(ctx: _Context) -> tuple[str, str]:
                 "group": np.array([e.group for e in examples]),
             },
         )
-    _write_failed_ids(out, ctx.run.path("query", "failed.csv"))
     ctx.run.log(
         f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
         f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
@@ -347,28 +345,25 @@ def _run_query(ctx: _Context) -> tuple[str, str]:
     return detail, {"failed": summary.failed}
 
 
-def _write_failed_ids(expert_scores: Path, out: Path) -> None:
-    """The examples the expert failed on (they are left out of the scores table), one per row."""
-    table = read_table(expert_scores).columns
-    failed = table["source"].astype(str) == "failed"
-    write_table(out, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")})
-
-
 def _check_failures(ctx: _Context) -> None:
-    """Stop before the DV stage and calibration when more than --max-failed of a split failed at
-    the expert: leaving many examples out can bias the calibration set."""
+    """After the query stage (run or skipped): list the examples the expert failed on in
+    query/failed.csv (they are left out of the scores table), and stop before the DV stage and
+    calibration when more than --max-failed of a split failed: leaving many examples out can
+    bias the calibration set."""
     table = read_table(ctx.run.path("query", "expert_scores.parquet")).columns
+    failed = table["source"].astype(str) == "failed"
+    listing = ctx.run.path("query", "failed.csv")
+    write_table(listing, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")})
     for split in ("dev", "test"):
         rows = table["split"].astype(str) == split
-        failed = int((rows & (table["source"].astype(str) == "failed")).sum())
         check_failed_fraction(
-            failed,
+            int((rows & failed).sum()),
             int(rows.sum()),
             ctx.config.max_failed,
             what=f"the expert failed on {split} examples",
             remedy=(
-                f"rerun with --retry-failed to ask again for those (their ids: "
-                f"{ctx.run.path('query', 'failed.csv')}), or raise --max-failed to go on without them"
+                f"rerun with --retry-failed to ask again for those (their ids: {listing}), or raise "
+                "--max-failed to go on without them"
             ),
         )
 
@@ -610,7 +605,7 @@ def run_eval(
             "query",
             lambda: _query_fingerprint(ctx),
             lambda: _run_query(ctx),
-            [run.path("query", "expert_scores.parquet"), run.path("query", "failed.csv")],
+            [run.path("query", "expert_scores.parquet")],
         ),
         (
             "dv",

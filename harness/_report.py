@@ -222,7 +222,7 @@ def _summary(ctx: ReportContext) -> list[str]:
         "CTD AUROC rows are selected for AUROC, CTD accuracy rows for accuracy (means over seeds); "
         "probe and expert numbers are the means over seeds on each seed's evaluation half. Swept "
         f"budgets used for 0.1/0.2/0.3 (the nearest on the grid): {'; '.join(notes)}. Violation (viol.) "
-        "and selection (sel.) rates are on the population (the whole test split), at the headline "
+        "and selection (sel.) rates are on the population (the test split minus D_est), at the headline "
         f"levels of the validation section (— when absent). CSV: `{relative}`.",
         "",
     ]

@@ -121,10 +121,10 @@ def _integers(raw: RawTable, name: str) -> NDArray[np.int64]:
     return values.astype(np.int64)
 
 
-def read_scores(path: Path | str) -> ScoresTable:
+def read_scores(path: Path | str, *, purpose: str = "calibrate on") -> ScoresTable:
     """Read and check a scores table; the first problem found is raised as one InputError line
     naming the file, the column and the row."""
-    return _checked(read_table(Path(path)))
+    return _checked(read_table(Path(path)), purpose)
 
 
 def scores_from_columns(columns: dict[str, NDArray], source: str = "<memory>") -> ScoresTable:
@@ -133,7 +133,7 @@ def scores_from_columns(columns: dict[str, NDArray], source: str = "<memory>") -
     return _checked(RawTable(Path(source), arrays, lambda i: f"row {i + 1}"))
 
 
-def _checked(raw: RawTable) -> ScoresTable:
+def _checked(raw: RawTable, purpose: str = "calibrate on") -> ScoresTable:
     missing = [c for c in SCORES_COLUMNS if c not in raw.columns]
     if missing:
         names = ", ".join(repr(m) for m in missing)
@@ -182,7 +182,7 @@ def _checked(raw: RawTable) -> ScoresTable:
     )
     _check_unique_ids(raw, table)
     if not (split == "test").any():
-        raise InputError(f"{raw.path}: column 'split': no 'test' rows, so there is nothing to calibrate on")
+        raise InputError(f"{raw.path}: column 'split': no 'test' rows, so there is nothing to {purpose}")
     return table
 
 

@@ -46,6 +46,7 @@ _DV_NOISE = {"strong": 0.8, "weak": 0.5}  # noise of the DV probe's view of v, p
 
 
 _REFERENCE_SIZE = 200_000
+_WEIGHTS = np.array([g.weight for g in _GROUPS])
 
 
 @functools.cache
@@ -62,9 +63,6 @@ def _value_moments(scenario: Scenario) -> tuple[float, float]:
     noise = rng.normal(size=_REFERENCE_SIZE)  # input and seed noise together: unit variance
     value = sign * (expert - _probe(g, sign, difficulty, noise))
     return float(value.mean()), float(value.var())
-
-
-_WEIGHTS = np.array([g.weight for g in _GROUPS])
 
 
 def _expert(

@@ -144,8 +144,13 @@ def read_job(folder: Path, job: ValidationJob) -> JobRecord:
     if "error" in record:
         raise InputError(f"{path}: not run: {record['error']}")
     levels = record.get("levels")
-    if not isinstance(levels, list) or not all(
-        isinstance(r, dict) and {"alpha", "violation_rate", "population"} <= r.keys() for r in levels
+    keys = {"alpha", "delta", "violation_rate", "population"} | (
+        {"empirical"} if job.mode == "performance" else set()
+    )
+    if (
+        not isinstance(levels, list)
+        or not levels
+        or not all(isinstance(r, dict) and keys <= r.keys() for r in levels)
     ):
         raise InputError(f"{path}: no per-level records; rerun `ctd eval` to validate at every level")
     per_trial = None
@@ -155,7 +160,7 @@ def read_job(folder: Path, job: ValidationJob) -> JobRecord:
         job=job,
         path=path,
         levels=sorted(levels, key=lambda r: r["alpha"]),
-        headline_alpha=float(record.get("headline_alpha", levels[0]["alpha"] if levels else np.nan)),
+        headline_alpha=float(record.get("headline_alpha", levels[0]["alpha"])),
         not_validated=list(record.get("not_validated", [])),
         per_trial=per_trial,
     )

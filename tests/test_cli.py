@@ -181,7 +181,7 @@ def test_validate_budget_json(scores: Path):
         )
     )
     check_summary(record, 40)
-    check_summary(record["population"], 40)  # the whole test split: what LTT certifies
+    check_summary(record["population"], 40)  # the split minus D_est: what LTT certifies
     assert "fresh" not in record  # only with --eval-scores
     assert record["mode"] == "budget"
     assert record["alpha"] == 0.3 and record["delta"] == 0.1
@@ -237,17 +237,19 @@ def test_validate_prints_a_table_without_json(scores: Path, mode: str):
         json.loads(result.stdout)
 
 
-def test_validate_fresh_on_the_same_table_equals_the_population(scores: Path):
-    """Measured on an --eval-scores table that is the calibration table itself, 'fresh' is the
-    whole test split again: the same numbers as 'population', trial by trial."""
+def test_validate_fresh_on_the_same_table(scores: Path):
+    """--eval-scores adds the 'fresh' measurement and changes no trial; measured on the table
+    itself, 'fresh' is the whole split, which holds D_est beside the population's rows."""
     args = ("validate", "--scores", scores, "--mode", "performance", "--alpha", 0.3, "--trials", 30)
     record = one_json_object(ctd(*args, "--eval-scores", scores, "--json"))
     assert record["eval_scores"] == str(scores)
-    assert record["fresh"] == record["population"]
-    assert record["empirical"]["fresh"] == record["empirical"]["population"]
+    check_summary(record["fresh"], 30)
+    check_summary(record["empirical"]["fresh"], 30)
+    assert record["fresh"]["selection_rate"] == record["population"]["selection_rate"]
     assert record["fresh_rows_by_seed"] == {"0": 400, "1": 400}
     without = one_json_object(ctd(*args, "--json"))
-    assert without["population"] == record["population"]  # --eval-scores changes no trial
+    for key in ("population", "violation_rate", "mean_realised_budget"):
+        assert without[key] == record[key]  # --eval-scores changes no trial
 
 
 def test_validate_fresh_table_of_another_draw(scores: Path, tmp_path: Path):

@@ -1,12 +1,14 @@
 """The guarantees, validated empirically on simulated scores tables.
 
 `calibrate.validate` measures every returned policy three ways: on the rest of the split (the
-paper's protocol), on the whole split the calibration sample came from (the population LTT
+paper's protocol), on the split minus D_est, which D_cal was drawn from (the population LTT
 certifies) and on a fresh table from the same generator. The guarantee is checked on the
 population and fresh data; an anti-conservative procedure shows that these checks can fail.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -165,11 +167,12 @@ def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str
                 calibrate.policy_signal(scores, spec, splits, on=fresh[probe_seed]),
                 (mine.size, fresh[probe_seed].n),
             )
+            rest = np.concatenate([splits.cal, splits.evaluation], axis=1)  # the split minus D_est
             for prefix in ("", "empirical_") if mode == "performance" else ("",):
                 cut = np.where(rows[f"{prefix}selected"][mine], rows[f"{prefix}threshold"][mine], np.inf)
                 populations = {
                     "": (scores, splits.evaluation, np.take_along_axis(signal, splits.evaluation, axis=1)),
-                    "population_": (scores, np.broadcast_to(np.arange(scores.n), signal.shape), signal),
+                    "population_": (scores, rest, np.take_along_axis(signal, rest, axis=1)),
                     "fresh_": (
                         fresh[probe_seed],
                         np.broadcast_to(np.arange(fresh[probe_seed].n), fresh_signal.shape),
@@ -200,6 +203,48 @@ def test_levels_share_splits_and_match_single_level_runs() -> None:
         for key, values in alone.per_trial.items():
             np.testing.assert_array_equal(result.per_trial[key], values, err_msg=key)
         assert result.to_dict() == alone.to_dict()
+
+
+def test_paper_qualitative_findings() -> None:
+    """Weak expert: CTD plateaus and top-k spends its quota; strong expert: CTD beats
+    uncertainty top-k at a moderate budget."""
+    config = calibrate.SweepConfig(budgets=(0.35, 0.95), batch_sizes=(128,))
+    weak = calibrate.sweep(simulated("weak", 1600, 3), config).table
+    at_95 = (weak["budget"] == 0.95) & (weak["objective"] == "accuracy")
+    ctd = weak["realised"][at_95 & (weak["policy"] == "ctd")].mean()
+    topk = weak["realised"][at_95 & (weak["policy"] == "unc-topk")].mean()
+    assert ctd < 0.5
+    assert topk == pytest.approx(0.95, abs=0.01)
+    assert (
+        weak["accuracy"][at_95 & (weak["policy"] == "ctd")].mean()
+        > weak["accuracy"][at_95 & (weak["policy"] == "unc-topk")].mean()
+    )
+
+    strong = calibrate.sweep(simulated("strong", 1600, 3), config).table
+    at_35 = (strong["budget"] == 0.35) & (strong["objective"] == "auroc")
+    assert (
+        strong["auroc"][at_35 & (strong["policy"] == "ctd")].mean()
+        > strong["auroc"][at_35 & (strong["policy"] == "unc-topk")].mean()
+    )
+
+
+def test_chunked_trials_give_the_chunks_of_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trials drawn and calibrated a few at a time, and the fresh table's per-trial uncertainty
+    signal in small chunks, give exactly what one pass over all trials gives."""
+    import calibrate._validate as engine
+
+    table = simulated("weak", 500, 2)
+    fresh = simulated("weak", 2000, 2, random_state=5)
+    options = dict(mode="performance", alphas=(0.25, 0.35), delta=DELTA, trials=41, policy="unc-calibrated")
+    whole = calibrate.validate_levels(table, fresh=fresh, **options)  # type: ignore[arg-type]
+    monkeypatch.setattr(engine, "_WORK_ELEMENTS", 3 * 500)  # 3 trials per chunk
+    monkeypatch.setattr(engine, "_FRESH_CHUNK", 2)
+    chunked = calibrate.validate_levels(table, fresh=fresh, **options)  # type: ignore[arg-type]
+    for one, other in zip(whole, chunked, strict=True):
+        assert one.tested.population.selections > 0
+        assert json.dumps(one.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+        for key, values in one.per_trial.items():
+            np.testing.assert_array_equal(other.per_trial[key], values, err_msg=key)
 
 
 def test_hoeffding_bentkus_is_never_less_conservative() -> None:

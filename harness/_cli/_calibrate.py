@@ -198,17 +198,21 @@ def calibrate_command(
 _VALIDATE_TEXT = """Check a guarantee empirically over many random calibration samples.
 
 Each trial draws a calibration sample from a seed's test split (--cal-size, default half),
-calibrates on it, and measures the returned policy's realised risk three ways. paper: on the
-rest of the split, the paper's protocol. population: on the whole test split the sample was
-drawn from, which is what LTT certifies; its violation rate should stay at or below delta.
-fresh (with --eval-scores): on an independent table with the same columns.
+calibrates on it (30% D_est, 70% D_cal), and measures the returned policy's realised risk three
+ways. paper: on the rest of the split, the paper's protocol. population: on the split minus
+D_est, the finite population D_cal was drawn from, whose risk LTT certifies; its violation
+rate should stay at or below delta. fresh (with --eval-scores): on an independent table with
+the same columns. With half splits D_cal is a large share of the population and the binomial
+test is conservative for such a sample, so a population rate well under delta shows the
+guarantee holds but is a weak test of a procedure: a test at 2 delta still read under delta
+there. For a sharp check, calibrate on small samples of a large table (below).
 
 Why paper reads higher: finite evaluation noise, not the halves being complementary. LTT puts
 the chosen policy's risk just below alpha, and a policy whose risk is exactly alpha exceeds
 floor(800 alpha) losses on 800 evaluation rows about half the time (48% at alpha 0.3), so the
 paper protocol counts near-misses as violations: a procedure whose true violation rate is delta
 reads well above delta. On 1,600-row simulated splits at delta 0.1 it read up to 10.8% where
-the population rate stayed at or below 3.4%.
+the population rate stayed at or below 3.0%.
 
 Fresh data measures the guarantee when each trial's calibration sample is a small draw from a
 large table: give a small --cal-size with a large --scores. Trials drawn from one small fixed
@@ -216,7 +220,7 @@ table are all conditioned on that table: a table whose probe happens to err less
 generator's (or delegate less) can violate on fresh data in most trials while the guarantee,
 which is over draws of the calibration data, holds. Halves of one 1,600-row table read up to
 18.6% on fresh data for budget-only LTT; 800-row samples of a 20,000-row table stayed below
-delta.
+delta, and a test at 2 delta read 12.8% on fresh data (800-row samples of 100,000 rows).
 
 A violation is more than floor(alpha m) delegations (budget mode) or errors (performance mode)
 on the m rows measured, decided on integer counts. Reports the violation rate with its 95%
@@ -318,13 +322,13 @@ def validate_command(
         table.add_column(column, no_wrap=True)
     selectors = [("LTT", result.tested)] + ([("empirical", result.empirical)] if result.empirical else [])
     for name, selector in selectors:
-        for measurement, where in MEASURED_ON.items():
-            s = selector.measured(measurement)
+        for measurement in calibrate.MEASUREMENTS:
+            s = selector.measured(measurement)  # type: ignore[arg-type]
             if s is None:
                 continue
             table.add_row(
                 name,
-                where,
+                measurement,
                 f"{s.violation_rate:.1%} [{100 * s.violation.low:.1f}, {100 * s.violation.high:.1f}]",
                 f"{s.selection_rate:.1%}",
                 f"{s.mean_realised_budget:.3f}",
@@ -336,13 +340,6 @@ def validate_command(
         "over the trials that returned a policy. The population (and fresh) rates measure the guarantee "
         f"and should stay at or below delta = {delta:g}; the paper protocol over-reads it (see --help)."
     )
-
-
-MEASURED_ON: dict[calibrate.Measurement, str] = {
-    "paper": "paper",
-    "population": "population",
-    "fresh": "fresh",
-}
 
 
 def register(app: typer.Typer) -> None:
