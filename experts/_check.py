@@ -79,10 +79,8 @@ async def check_endpoint(
         try:
             listing, _ = await endpoint.request("GET", "/models")
         except TransportError as exc:
-            report.problem = (
-                f"cannot reach {report.url} ({exc.reason}): is the server running? "
-                f"`ctd experts serve {spec.name}` starts one"
-            )
+            serve = f" (`ctd experts serve {spec.name}` starts one)" if spec.server != "external" else ""
+            report.problem = f"cannot reach {exc}; is the server running{serve}?"
             return report
         except HTTPStatusError as exc:
             report.reachable = True

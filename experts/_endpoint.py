@@ -91,8 +91,14 @@ class Endpoint:
             response = await self._client.request(method, url, json=body, headers=self._headers())
             content = await response.aread()
         except httpx.TimeoutException as exc:
-            # httpx-aiohttp reports a connection the server dropped as ConnectTimeout.
-            if isinstance(exc.__cause__, aiohttp.ServerDisconnectedError | ConnectionError):
+            # httpx-aiohttp reports a refused connection, and one the server dropped, as
+            # ConnectTimeout: tell them apart by the cause, so no one waits out a "timeout".
+            cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientConnectorError):
+                refused = isinstance(cause.os_error, ConnectionRefusedError)
+                why = "connection refused" if refused else cause.os_error.strerror or str(cause.os_error)
+                raise TransportError(f"{url}: {why}", reason="connection") from None
+            if isinstance(cause, aiohttp.ServerDisconnectedError | ConnectionError):
                 raise TransportError(
                     f"{url}: the server closed the connection", reason="connection"
                 ) from None

@@ -14,7 +14,7 @@ from calibrate import SweepConfig, ValidationResult
 from ._errors import InputError
 from ._scores import read_scores, write_scores
 from ._simulate import Scenario, simulate_scores
-from ._tables import write_json, write_jsonl, write_table
+from ._tables import check_writable, write_json, write_jsonl, write_table
 
 __all__ = [
     "calibrate_scores",
@@ -91,8 +91,7 @@ def simulate(
     scenario: Scenario, n: int, seeds: int, out: Path, *, n_dev: int | None = None, random_state: int = 0
 ) -> Path:
     """Write a synthetic scores table (see `harness._simulate`)."""
-    if Path(out).is_dir():
-        raise InputError(f"--out {out}: is a folder, expected a file name (.parquet or .csv)")
+    check_writable(out, "--out")
     return write_scores(out, simulate_scores(scenario, n, seeds, n_dev=n_dev, random_state=random_state))
 
 
@@ -201,8 +200,8 @@ def validate_scores(
     result each, on the same splits), measured on the evaluation rest, the population (split minus D_est)
     and, with `eval_scores`, an independent table; with `out`, also write the per-trial table
     (every level, column `alpha`). Checks everything before computing anything."""
-    if out is not None and Path(out).is_dir():
-        raise InputError(f"--out {out}: is a folder, expected a file name (.csv or .parquet)")
+    if out is not None:
+        check_writable(out, "--out")
     table = read_scores(scores_path)
     by_seed = table.test_scores(arch)
     check_calibration_size(by_seed, table.source, min(alphas), delta, option="--alpha", cal_size=cal_size)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import calibrate
 from probes import ARCHS, EMBEDDED_MODEL
 
-from ._errors import InputError
+from ._errors import MAX_FAILED, InputError, check_max_failed
 
 __all__ = ["RunConfig", "load_run_config"]
 
@@ -63,7 +63,7 @@ class RunConfig:
     budget_alpha: float = 0.3
     performance_alpha: float = 0.2  # minimum accuracy 1 - alpha
     # The expert stage: stop before calibration when more than this fraction of a split failed.
-    max_failed: float = 0.01
+    max_failed: float = MAX_FAILED
 
     def __post_init__(self) -> None:
         for name in ("budgets", "performance_alphas"):
@@ -71,8 +71,7 @@ class RunConfig:
             if bad or not getattr(self, name):
                 option = "--" + name.replace("_", "-")
                 raise InputError(f"{option}: {bad[0] if bad else 'none'} is outside (0, 1)")
-        if not 0 <= self.max_failed < 1:
-            raise InputError(f"--max-failed: {self.max_failed} is outside [0, 1)")
+        check_max_failed(self.max_failed)
         if self.pvalue not in calibrate.PVALUE_METHODS:
             raise InputError(f"--pvalue {self.pvalue}: choose from {', '.join(calibrate.PVALUE_METHODS)}")
         for name in ("delta", "budget_alpha", "performance_alpha"):

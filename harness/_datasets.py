@@ -12,6 +12,7 @@ from pathlib import Path
 from experts import Conversation, Item
 
 from ._errors import InputError
+from ._tables import not_utf8
 
 __all__ = ["Dataset", "read_dataset"]
 
@@ -66,8 +67,17 @@ def _conversation(value: object, where: str) -> Conversation:
 
 def _rows(path: Path) -> list[tuple[str, dict[str, object]]]:
     """(where, row) pairs; `where` names the file and line."""
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a dataset file (.jsonl or .csv)")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
+    try:
+        return _decoded_rows(path)
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+
+
+def _decoded_rows(path: Path) -> list[tuple[str, dict[str, object]]]:
     rows: list[tuple[str, dict[str, object]]] = []
     if path.suffix.lower() == ".csv":
         with path.open(newline="", encoding="utf-8-sig") as handle:

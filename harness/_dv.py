@@ -23,7 +23,7 @@ from probes import ProbeConfig, predict, train_probe
 from ._errors import InputError
 from ._probe import open_stores
 from ._scores import scores_from_columns, write_scores
-from ._tables import read_table, write_json
+from ._tables import check_writable, read_table, write_json
 
 __all__ = ["DV_TARGETS", "DVStageResult", "DVTarget", "dv_stage", "read_expert_scores"]
 
@@ -69,6 +69,7 @@ def dv_stage(
     P(y=1), NaN where it failed: ids are unique within a split only."""
     if target not in DV_TARGETS:
         raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
+    check_writable(out, "--out")
     training = training or ProbeConfig()
     table = read_table(probe_dir / "probe_scores.parquet").columns
     acts = open_stores(probe_dir)

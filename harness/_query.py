@@ -16,8 +16,8 @@ import experts
 from experts import ConfigError, EndpointCheck, ExpertSpec, Item, RunStats, ScoreCache, check_endpoint
 
 from ._datasets import read_dataset
-from ._errors import InputError
-from ._tables import write_table
+from ._errors import InputError, check_failed_fraction
+from ._tables import check_writable, write_table
 
 __all__ = [
     "QuerySummary",
@@ -116,6 +116,20 @@ class QuerySummary:
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
+    def check_failures(self, max_failed: float) -> None:
+        """RunFailed (exit code 1) when more than `max_failed` of the items failed: a run in
+        which the expert failed on most items must not look like a success."""
+        reasons = ", ".join(
+            f"{n} x {r}" for r, n in sorted(self.failure_reasons.items(), key=lambda kv: -kv[1])
+        )
+        check_failed_fraction(
+            self.failed,
+            self.total,
+            max_failed,
+            what=f"the expert failed on examples ({reasons})",
+            remedy=f"their rows in {self.out} say why; rerun to ask them again (failures are never cached)",
+        )
+
 
 def query_dataset(
     data: Path,
@@ -128,8 +142,8 @@ def query_dataset(
 ) -> QuerySummary:
     """Score every example of a dataset file with an expert, through the cache, and write a table
     aligned with the file: id, label, expert, label_mass, source, reason, attempts.
-    The endpoint is checked first (reachable, model served, logprobs): a problem is one
-    InputError line and nothing is queried or cached."""
+    The inputs, `out` and the endpoint are checked first (reachable, model served, logprobs): a
+    problem is one InputError line and nothing is queried or cached."""
     dataset = read_dataset(data)
     summary = score_items(
         dataset.items, dataset.labels, spec, out, cache_path=cache_path, check=check, progress=progress
@@ -151,8 +165,7 @@ def score_items(
     """Score `items` with an expert through the cache and write the table `out` (one row per item,
     in order; `extra` columns are added as given). An interrupted run resumes from the cache:
     answers already committed are never requested again."""
-    if Path(out).is_dir():
-        raise InputError(f"--out {out}: is a folder, expected a file name (.parquet or .csv)")
+    check_writable(out, "--out")
     if check:
         report = check_expert(spec)
         if not report.ok:

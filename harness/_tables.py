@@ -23,9 +23,12 @@ from numpy.typing import NDArray
 from ._errors import InputError
 
 __all__ = [
+    "TABLE_SUFFIXES",
     "RawTable",
     "atomic_path",
+    "check_writable",
     "dumps",
+    "not_utf8",
     "read_json",
     "read_table",
     "write_json",
@@ -50,8 +53,36 @@ class RawTable:
         return len(next(iter(self.columns.values()))) if self.columns else 0
 
 
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
 def _is_csv(path: Path) -> bool:
     return path.suffix.lower() == ".csv"
+
+
+def check_writable(path: Path, option: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> Path:
+    """Check, before any work is done or paid for, that a file can be written at `path`: a
+    known suffix, not a folder, and a folder (or the nearest existing ancestor) that accepts a
+    new file. Nothing is left behind; the problem is one InputError line naming the option."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder, expected a file name ({' or '.join(suffixes)})")
+    if path.suffix.lower() not in suffixes:
+        raise InputError(
+            f"{option} {path}: unknown file type {path.suffix or '(none)'!r}; use {' or '.join(suffixes)}"
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"{option} {path}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise InputError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
 
 
 def read_table(path: Path) -> RawTable:
@@ -98,13 +129,25 @@ def _read_csv(path: Path) -> RawTable:
                     )
                 rows.append(row)
                 lines.append(first_line)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     except csv.Error as exc:
         raise InputError(f"{path}: malformed CSV ({exc})") from None
     columns = {name: np.array([r[j] for r in rows], dtype=object) for j, name in enumerate(header)}
     line_of = np.asarray(lines)
     return RawTable(path, columns, lambda i: f"line {line_of[i]}")
+
+
+def not_utf8(path: Path) -> InputError:
+    """The error for a text file that is not UTF-8, naming the line of the first bad byte (a text
+    reader's offsets are relative to its read buffer, so the whole file is decoded once more)."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save it as UTF-8")
+    return InputError(f"{path}: not UTF-8 text; save it as UTF-8")
 
 
 @contextmanager
@@ -139,8 +182,10 @@ def _cell(value: object) -> str:
 
 
 def write_table(path: Path, columns: Mapping[str, NDArray]) -> Path:
-    """Write columns to `path` (.csv or Parquet otherwise), atomically. NaN becomes an empty CSV cell."""
+    """Write columns to `path` (.csv or .parquet), atomically. NaN becomes an empty CSV cell."""
     path = Path(path)
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise InputError(f"{path}: unknown table type {path.suffix or '(none)'!r}; use .parquet or .csv")
     with atomic_path(path) as tmp:
         if _is_csv(path):
             names = list(columns)

@@ -113,14 +113,16 @@ def test_registry_typo_names_file_and_line(workdir: Path) -> None:
 
 def test_query_runs_resumes_and_reports(workdir: Path) -> None:
     with RunningServer(FaultPlan(rates={"500": 0.2}, broken=frozenset({3}))) as running:
-        first = query(workdir, running.url, "fault-model", "--json")
+        first = query(workdir, running.url, "fault-model", "--json", "--max-failed", "0.05")
         assert first.returncode == 0, first.stderr
         summary = json.loads(first.stdout)
         assert summary["total"] == 30 and summary["dropped"] == 1
         assert summary["scored"] == 29 and summary["failed"] == 1
         assert summary["failure_reasons"] == {"no-label-mass": 1}
         requests_after_first = sum(running.server.counts.requests.values())
-        again = json.loads(query(workdir, running.url, "fault-model", "--json").stdout)
+        again = json.loads(
+            query(workdir, running.url, "fault-model", "--json", "--max-failed", "0.05").stdout
+        )
         assert again["cached"] == 29 and again["scored"] == 0 and again["failed"] == 1
         # Only the failed item (and the check's probes) went to the server again.
         item_requests = {k: v for k, v in running.server.counts.requests.items() if k >= 0}

@@ -15,9 +15,9 @@ import experts
 from experts import ConfigError, ScoreCache, ScoringMethod
 
 from .._datasets import read_dataset
-from .._errors import InputError
-from .._query import check_expert, default_cache_path, pick_expert, query_dataset
-from .._tables import write_table
+from .._errors import MAX_FAILED, InputError, check_max_failed
+from .._query import QuerySummary, check_expert, default_cache_path, pick_expert, query_dataset
+from .._tables import check_writable, write_table
 from ._common import clean_errors, print_json, stdout
 
 ExpertOption = Annotated[
@@ -57,18 +57,33 @@ def query_command(
     method: MethodOption = None,
     cache: CacheOption = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Probe the endpoint first.")] = True,
+    max_failed: Annotated[
+        float,
+        typer.Option(
+            "--max-failed",
+            help=f"Exit with code 1 when more than this fraction of the examples failed [{MAX_FAILED:g}].",
+        ),
+    ] = MAX_FAILED,
     json_output: JsonOption = False,
 ) -> None:
     """Score every example of a dataset with an expert LLM (async, rate-limited, cached).
 
     Rerunning resumes: examples whose score is in the cache send no request. Failures after the
     retries are recorded with their reason and listed at the end; they are retried next time.
+    The table is written either way; the exit code is 1 when more than --max-failed of the
+    examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
     """
+    check_max_failed(max_failed)
     spec = pick_expert(expert, expert_url, expert_model, method)
     summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=not json_output)
     if json_output:
         print_json(summary.to_dict())
-        return
+    else:
+        _print_summary(summary)
+    summary.check_failures(max_failed)
+
+
+def _print_summary(summary: QuerySummary) -> None:
     stdout.print(
         f"{summary.total} examples: {summary.cached} from the cache, {summary.scored} scored, "
         f"{summary.failed} failed ({summary.retries} retries, {summary.rate_limited} answers 429) "
@@ -319,6 +334,7 @@ def cache_export(
     with_response: Annotated[bool, typer.Option("--with-response", help="Include the raw answers.")] = False,
 ) -> None:
     """Export stored scores (one row per answer)."""
+    check_writable(out, "--out", (".csv", ".jsonl", ".parquet"))
     store = _open_cache(cache)
     columns = [
         "key",
