@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, func, insert
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from ._errors import ConfigError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -112,12 +115,23 @@ class ScoreCache:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise ConfigError(f"{self.path}: is a folder, expected the cache's SQLite file")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"{self.path}: a file stands where its folder should be") from None
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         self.engine = create_engine(
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
         )
         event.listen(self.engine, "connect", _sqlite_pragmas)
-        SQLModel.metadata.create_all(self.engine)
+        try:
+            SQLModel.metadata.create_all(self.engine)
+        except DBAPIError as exc:  # not SQLite, unreadable, or no room to create the tables
+            self.engine.dispose()
+            raise ConfigError(f"{self.path}: cannot be used as the cache ({exc.orig})") from None
 
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedScore]:
         """The cached scores among `keys` (looked up 500 at a time)."""

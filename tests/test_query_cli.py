@@ -173,3 +173,24 @@ def test_a_refused_connection_is_not_called_a_timeout(workdir: Path) -> None:
     result = query(workdir, f"http://127.0.0.1:{free_port()}/v1")
     assert_one_line_error(result, "cannot reach", "connection refused")
     assert "timeout" not in result.stderr and "timed out" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda p: p.write_text("hello\n"), "cannot be used as the cache (file is not a database)"),
+        (lambda p: p.mkdir(), "is a folder, expected the cache's SQLite file"),
+    ],
+    ids=["not-sqlite", "folder"],
+)
+def test_a_cache_that_is_not_sqlite_is_one_line(workdir: Path, make, fragment: str) -> None:  # type: ignore[no-untyped-def]
+    cache = workdir / "notsqlite.sqlite"
+    make(cache)
+    before = sorted(p.name for p in workdir.rglob("*"))
+    stats = run_ctd("cache", "stats", "--cache", str(cache), cwd=workdir)
+    assert_one_line_error(stats, f"{cache}: {fragment}")
+    with RunningServer() as running:
+        result = query(workdir, running.url, "--cache", str(cache))
+        assert item_requests(running) == 0
+    assert_one_line_error(result, f"{cache}: {fragment}")
+    assert sorted(p.name for p in workdir.rglob("*")) == before
