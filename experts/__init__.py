@@ -8,9 +8,17 @@ an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM)
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
 from ._check import EndpointCheck, check_endpoint
 from ._client import ExpertClient, Item, ItemResult, Outage, ProgressSink, RunStats, score_items
-from ._config import RateLimit, RetryPolicy, Timeout
+from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._endpoint import Endpoint, default_transport
-from ._errors import ConfigError, EndpointDown, ExpertError, HTTPStatusError, ResponseError, TransportError
+from ._errors import (
+    ConfigError,
+    EndpointDown,
+    ExpertError,
+    HTTPStatusError,
+    InvalidSetting,
+    ResponseError,
+    TransportError,
+)
 from ._limiter import Limiter, Pacer
 from ._prompts import Conversation, PromptTemplate, load_template, render_conversation
 from ._registry import (
@@ -41,6 +49,7 @@ __all__ = [
     "ExpertSpec",
     "FailureRow",
     "HTTPStatusError",
+    "InvalidSetting",
     "Item",
     "ItemResult",
     "Limiter",
@@ -62,6 +71,7 @@ __all__ = [
     "TransportError",
     "add_expert",
     "build_request",
+    "check_base_url",
     "check_endpoint",
     "default_transport",
     "expert_from_url",
@@ -69,6 +79,7 @@ __all__ = [
     "load_experts",
     "load_template",
     "parse_response",
+    "redact_url",
     "render_conversation",
     "resolve_expert",
     "score_items",

@@ -1,13 +1,77 @@
-"""Settings of an expert endpoint, as frozen keyword-only value objects."""
+"""Settings of an expert endpoint, as frozen keyword-only value objects that refuse values that
+cannot work (InvalidSetting, naming the field), and the one check of a base URL."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["RateLimit", "RetryPolicy", "Timeout"]
+from ._errors import ConfigError, InvalidSetting
+
+__all__ = ["RateLimit", "RetryPolicy", "Timeout", "check_base_url", "redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """`url` safe to print: whatever stands between the scheme's // and the last '@' (user and
+    password, or a token used as the user name) becomes ***. Taking the last '@' rather than
+    parsing the URL means a password holding a '/' or an '@' is never printed; the price is
+    over-redacting a (rare) path with an '@' in it."""
+    start = url.find("//") + 2 if "//" in url else 0
+    at = url.rfind("@")
+    return url if at < start else url[:start] + "***" + url[at:]
+
+
+def check_base_url(url: object, setting: str = "base_url") -> str:
+    """`url` if it can be a base URL (http or https, a host, a valid port, no query or fragment,
+    since API paths are appended to it); InvalidSetting otherwise. Credentials in the URL are
+    refused: httpx cannot send them beside the bearer token, and the URL is printed, logged and
+    stored in run folders. The error shows the URL with them redacted."""
+    example = "like http://host:8000/v1"
+    if not isinstance(url, str):
+        raise InvalidSetting(setting, repr(url), f"must be a URL {example}")
+    redacted = redact_url(url)
+    shown = repr(redacted)
+    if redacted != url:  # whatever redaction would hide is refused, before any other problem
+        raise InvalidSetting(
+            setting,
+            shown,
+            "credentials in the URL are refused (they would be printed and stored): put the key in "
+            "an environment variable and name it with --api-key-env (api_key_env in experts.toml)",
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        raise InvalidSetting(setting, shown, f"is not a valid URL; expected one {example}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise InvalidSetting(setting, shown, f"must start with http:// or https:// and a host, {example}")
+    if parts.query or parts.fragment:
+        raise InvalidSetting(setting, shown, "a base URL takes no ?query or #fragment: API paths follow it")
+    return url
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive(setting: str, value: object, what: str = "a number") -> None:
+    """Finite and above 0: NaN would switch a limit off and infinity would wait forever."""
+    if not _is_real(value) or not (0 < value < math.inf):  # type: ignore[operator]
+        raise InvalidSetting(setting, repr(value), f"must be {what} above 0 (finite)")
+
+
+def _at_least(setting: str, value: object, minimum: float, what: str = "a number") -> None:
+    if not _is_real(value) or not (minimum <= value < math.inf):  # type: ignore[operator]
+        raise InvalidSetting(setting, repr(value), f"must be {what} of at least {minimum:g} (finite)")
+
+
+def _whole(setting: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidSetting(setting, repr(value), f"must be a whole number of at least {minimum}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,8 +85,8 @@ class Timeout:
     pool: float = 30.0
 
     def __post_init__(self) -> None:
-        if min(self.connect, self.read, self.write, self.pool) <= 0:
-            raise ValueError(f"timeouts must be positive, got {self}")
+        for name in ("connect", "read", "write", "pool"):
+            _positive(name, getattr(self, name), "a number of seconds")
 
     def to_httpx(self) -> httpx.Timeout:
         return httpx.Timeout(connect=self.connect, read=self.read, write=self.write, pool=self.pool)
@@ -38,12 +102,22 @@ class RateLimit:
     tpm: float | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        _whole("concurrency", self.concurrency, 1)
         for name in ("rpm", "tpm"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive or None, got {value}")
+            if value is not None:  # unset is the only way to say "unlimited"
+                _positive(name, value, "a number per minute")
+
+    def check_fits(self, tokens: int) -> None:
+        """ConfigError when one request holds more tokens than `tpm` allows in a whole minute:
+        no pacing could admit it (a hosted API refuses it too), so waiting for it would stall
+        the run without a word."""
+        if self.tpm is not None and tokens > self.tpm:
+            raise ConfigError(
+                f"a request of about {tokens} tokens is larger than tpm = {self.tpm:g}, the whole "
+                "per-minute token budget: raise tpm or shorten the input",
+                setting="tpm",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,14 +137,13 @@ class RetryPolicy:
     down_after: int = 0
 
     def __post_init__(self) -> None:
-        if self.down_after < 0:
-            raise ValueError(f"down_after must be at least 0, got {self.down_after}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if not 0 <= self.jitter <= 1:
-            raise ValueError(f"jitter must lie in [0, 1], got {self.jitter}")
-        if min(self.initial, self.maximum, self.deadline) < 0 or self.multiplier < 1:
-            raise ValueError(f"invalid backoff settings {self}")
+        _whole("max_attempts", self.max_attempts, 1)
+        _whole("down_after", self.down_after, 0)
+        for name in ("initial", "maximum", "deadline"):
+            _at_least(name, getattr(self, name), 0, "a number of seconds")
+        _at_least("multiplier", self.multiplier, 1)
+        if not _is_real(self.jitter) or not 0 <= self.jitter <= 1:
+            raise InvalidSetting("jitter", repr(self.jitter), "must lie in [0, 1]")
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""

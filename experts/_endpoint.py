@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from ._config import Timeout
+from ._config import Timeout, check_base_url
 from ._errors import ConfigError, HTTPStatusError, ResponseError, TransportError
 
 __all__ = ["Endpoint", "default_transport"]
@@ -60,7 +60,7 @@ class Endpoint:
     ) -> None:
         if not base_urls:
             raise ConfigError("an endpoint needs at least one base URL")
-        self.base_urls = tuple(url.rstrip("/") for url in base_urls)
+        self.base_urls = tuple(check_base_url(url, "base URL").rstrip("/") for url in base_urls)
         self.api_key_env = api_key_env
         self._in_flight = [0] * len(self.base_urls)
         self._next = 0

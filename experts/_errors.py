@@ -2,6 +2,8 @@
 
     ExpertError                 anything that went wrong for an item or an endpoint
     ├── ConfigError             a registry entry or option that cannot work (never retried)
+    │   └── InvalidSetting      one setting's value: which setting, the value as it may be
+    │                           shown (credentials redacted), and what is wrong with it
     ├── TransportError          connect/read/write timeouts, refused or dropped connections
     ├── HTTPStatusError         a non-2xx answer; 408, 409, 425, 429 and 5xx are retried
     ├── ResponseError           a 2xx answer without a usable score: malformed JSON, missing
@@ -19,6 +21,7 @@ __all__ = [
     "EndpointDown",
     "ExpertError",
     "HTTPStatusError",
+    "InvalidSetting",
     "ResponseError",
     "TransportError",
 ]
@@ -35,7 +38,26 @@ class ExpertError(Exception):
 
 
 class ConfigError(ExpertError):
+    """`setting` names the key or option the problem is about, where there is one, so that
+    whoever knows where it was written (a file's line, an option) can say so."""
+
     reason = "config"
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class InvalidSetting(ConfigError):
+    """A setting whose value cannot work. `setting` names it as the object that refused it
+    knows it (a field, a TOML key); `shown` is the value safe to print (a URL's credentials
+    are redacted); `problem` says what a valid value looks like. Whoever knows where the value
+    came from (a file and line, a command-line option) rewords it with that place."""
+
+    def __init__(self, setting: str, shown: str, problem: str) -> None:
+        super().__init__(f"{setting} = {shown}: {problem}", setting=setting)
+        self.shown = shown
+        self.problem = problem
 
 
 class TransportError(ExpertError):

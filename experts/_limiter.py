@@ -66,7 +66,9 @@ class Limiter:
         self.in_flight = 0
 
     async def admit(self, tokens: int, requests: int = 1) -> None:
-        """Wait until `requests` HTTP requests carrying about `tokens` tokens may start."""
+        """Wait until `requests` HTTP requests carrying about `tokens` tokens may start;
+        ConfigError at once, before anything is sent, if `tokens` exceed the whole TPM budget."""
+        self.limit.check_fits(tokens)
         if self.requests is not None:
             await self.requests.take(requests)
         if self.tokens is not None:

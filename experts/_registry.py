@@ -20,10 +20,11 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from ._config import RateLimit, RetryPolicy, Timeout
-from ._errors import ConfigError
+from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
+from ._errors import ConfigError, InvalidSetting
+from ._prompts import load_template
 from ._scoring import SCORING_METHODS, ScoringMethod
 
 __all__ = [
@@ -37,6 +38,15 @@ __all__ = [
 ]
 
 ServerKind = Literal["vllm", "llama.cpp", "external"]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _shown(value: object) -> str:
+    """A value for an error line, with any URL's credentials redacted."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return repr(redact_url(value)) if isinstance(value, str) else repr(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,10 +70,41 @@ class ExpertSpec:
     hf_model: str | None = None
     source: str = "built-in"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_urls, tuple) or not self.base_urls:
+            raise InvalidSetting("base_urls", _shown(self.base_urls), "must be a tuple of one or more URLs")
+        for url in self.base_urls:
+            check_base_url(url, "base_urls")
+        for name in ("model", "template"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise InvalidSetting(name, repr(getattr(self, name)), "must be a non-empty string")
+        for name in ("base_url_env", "api_key_env"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and _ENV_NAME.fullmatch(value)):
+                # Not echoed: the likeliest mistake here is the key itself in place of its name.
+                raise InvalidSetting(
+                    name, "'***'", "must name an environment variable (letters, digits, _), not hold a key"
+                )
+        for name, choices in (("method", SCORING_METHODS), ("server", get_args(ServerKind))):
+            if getattr(self, name) not in choices:
+                raise InvalidSetting(name, repr(getattr(self, name)), f"must be one of {', '.join(choices)}")
+        top = self.top_logprobs
+        if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+            raise InvalidSetting("top_logprobs", repr(top), "must be a whole number of at least 1")
+        if self.hf_model is not None and not isinstance(self.hf_model, str):
+            raise InvalidSetting("hf_model", repr(self.hf_model), "must be a string")
+        for name, kind in (("rate", RateLimit), ("timeout", Timeout), ("retry", RetryPolicy)):
+            if not isinstance(getattr(self, name), kind):
+                raise InvalidSetting(name, repr(getattr(self, name)), f"must be a {kind.__name__}")
+
     def resolved_urls(self) -> tuple[str, ...]:
-        """The base URLs in force: the override variable's, if set."""
+        """The base URLs in force: the override variable's, if set (checked like any URL)."""
         if self.base_url_env and os.environ.get(self.base_url_env):
-            return tuple(u.strip() for u in os.environ[self.base_url_env].split(",") if u.strip())
+            setting = f"${self.base_url_env}"
+            urls = tuple(u.strip() for u in os.environ[self.base_url_env].split(",") if u.strip())
+            if not urls:
+                raise InvalidSetting(setting, repr(os.environ[self.base_url_env]), "names no URL")
+            return tuple(check_base_url(url, setting) for url in urls)
         return self.base_urls
 
     def endpoint_id(self) -> str:
@@ -106,24 +147,21 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
     )
 }
 
-_KEYS = {
-    "base_url",
-    "base_urls",
-    "base_url_env",
+# Where each TOML key goes: the ExpertSpec field, or the field of one of its value objects.
+_SPEC_KEYS = {
     "model",
+    "base_url_env",
     "api_key_env",
     "method",
     "template",
     "top_logprobs",
-    "concurrency",
-    "rpm",
-    "tpm",
-    "timeout",
-    "max_attempts",
-    "down_after",
     "server",
     "hf_model",
 }
+_RATE_KEYS = {"concurrency": "concurrency", "rpm": "rpm", "tpm": "tpm"}
+_TIMEOUT_KEYS = {"timeout": "read"}
+_RETRY_KEYS = {"max_attempts": "max_attempts", "down_after": "down_after"}
+_KEYS = {"base_url", "base_urls", *_SPEC_KEYS, *_RATE_KEYS, *_TIMEOUT_KEYS, *_RETRY_KEYS}
 
 
 def experts_file() -> Path:
@@ -145,54 +183,49 @@ def _line_of(text: str, name: str, key: str | None = None) -> int:
     return start + 1
 
 
-def _spec_from_table(name: str, table: dict[str, Any], where: str, text: str) -> ExpertSpec:
+def _value_object(kind: type[Any], table: dict[str, Any], fields_of_keys: dict[str, str]) -> Any:
+    """`kind` built from the keys the table gives (the rest keep their defaults); a refused
+    value is reported under its TOML key."""
+    try:
+        return kind(**{field: table[key] for key, field in fields_of_keys.items() if key in table})
+    except InvalidSetting as exc:
+        key = next(k for k, f in fields_of_keys.items() if f == exc.setting)
+        raise InvalidSetting(key, exc.shown, exc.problem) from None
+
+
+def _spec_from_table(name: str, table: dict[str, Any], source: str) -> ExpertSpec:
+    """The entry [experts.NAME] as an ExpertSpec. Problems are ConfigError naming the key
+    (InvalidSetting for a value); the caller adds where the entry was written."""
     unknown = sorted(set(table) - _KEYS)
     if unknown:
-        line = _line_of(text, name, unknown[0])
         raise ConfigError(
-            f"{where}:{line}: expert {name!r}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})"
+            f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})", setting=unknown[0]
         )
-    try:
-        urls = table.get("base_urls") or [table["base_url"]]
-        model = table["model"]
-    except KeyError as exc:
-        raise ConfigError(
-            f"{where}:{_line_of(text, name)}: expert {name!r}: missing {exc.args[0]!r} "
-            "(needs base_url and model)"
-        ) from None
-    method = table.get("method", "next-token")
-    if method not in SCORING_METHODS:
-        raise ConfigError(
-            f"{where}:{_line_of(text, name, 'method')}: expert {name!r}: method {method!r} is not one of "
-            f"{', '.join(SCORING_METHODS)}"
-        )
+    url_key = "base_urls" if "base_urls" in table else "base_url"
+    if url_key not in table or "model" not in table:
+        missing = "model" if url_key in table else "base_url"
+        raise ConfigError(f"missing {missing!r} (needs base_url and model)")
+    urls = table[url_key]
+    if url_key == "base_url":
+        urls = [urls]
+    elif not isinstance(urls, list):
+        raise InvalidSetting("base_urls", _shown(urls), "must be a list of URLs")
+    rate = _value_object(RateLimit, table, _RATE_KEYS)
+    timeout = _value_object(Timeout, table, _TIMEOUT_KEYS)
+    retry = _value_object(RetryPolicy, table, _RETRY_KEYS)
+    given = {key: table[key] for key in _SPEC_KEYS if key in table}
     try:
         return ExpertSpec(
-            name=name,
-            base_urls=tuple(str(u) for u in urls),
-            model=str(model),
-            base_url_env=table.get("base_url_env"),
-            api_key_env=table.get("api_key_env"),
-            method=method,
-            template=str(table.get("template", "stakes-v1")),
-            top_logprobs=int(table.get("top_logprobs", 20)),
-            rate=RateLimit(
-                concurrency=int(table.get("concurrency", 16)), rpm=table.get("rpm"), tpm=table.get("tpm")
-            ),
-            timeout=Timeout(read=float(table.get("timeout", 120.0))),
-            retry=RetryPolicy(
-                max_attempts=int(table.get("max_attempts", 6)), down_after=int(table.get("down_after", 0))
-            ),
-            server=table.get("server", "external"),
-            hf_model=table.get("hf_model"),
-            source=where,
+            name=name, base_urls=tuple(urls), rate=rate, timeout=timeout, retry=retry, source=source, **given
         )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}:{_line_of(text, name)}: expert {name!r}: {exc}") from None
+    except InvalidSetting as exc:
+        key = url_key if exc.setting == "base_urls" else exc.setting
+        raise InvalidSetting(key, exc.shown, exc.problem) from None
 
 
 def load_experts(path: Path | None = None) -> dict[str, ExpertSpec]:
-    """Built-in entries, then the user's file (which may override a built-in by name)."""
+    """Built-in entries, then the user's file (which may override a built-in by name). A problem
+    is one ConfigError line naming the file, the line and the key."""
     path = path or experts_file()
     experts = dict(BUILTIN_EXPERTS)
     if not path.exists():
@@ -210,14 +243,19 @@ def load_experts(path: Path | None = None) -> dict[str, ExpertSpec]:
     for name, table in data.get("experts", {}).items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}:{_line_of(text, name)}: experts.{name} must be a table")
-        experts[name] = _spec_from_table(name, table, str(path), text)
+        try:
+            experts[name] = _spec_from_table(name, table, str(path))
+        except ConfigError as exc:
+            line = _line_of(text, name, exc.setting)
+            raise ConfigError(f"{path}:{line}: expert {name!r}: {exc}", setting=exc.setting) from None
     return experts
 
 
 def expert_from_url(
     url: str, model: str, *, method: ScoringMethod = "next-token", api_key_env: str | None = None
 ) -> ExpertSpec:
-    """An unregistered expert given by URL (`--expert-url URL --expert-model NAME`)."""
+    """An unregistered expert given by URL (`--expert-url URL --expert-model NAME`); a URL or
+    model that cannot work is InvalidSetting on `base_urls` or `model`."""
     return ExpertSpec(
         name=f"url:{model}",
         base_urls=(url,),
@@ -244,24 +282,40 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    # A TOML basic string: quotes and backslashes escaped, control characters as \\uXXXX.
+    escaped = "".join(
+        "\\" + ch if ch in '"\\' else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ch == "\x7f" else ch
+        for ch in str(value)
+    )
     return f'"{escaped}"'
 
 
 def add_expert(name: str, entry: dict[str, Any], path: Path | None = None) -> Path:
     """Append (or replace) [experts.NAME] in the user's file, keeping everything else as written.
-    The entry is checked first; the file is rewritten atomically."""
+    The entry is checked first, as the file will read it back, and its template must load (a
+    template path is written absolute, so that the entry works from any folder); a problem is
+    ConfigError naming the key (InvalidSetting for a value) and leaves the file as it was. The
+    file is rewritten atomically."""
     path = path or experts_file()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ConfigError(f"expert name {name!r}: use letters, digits, '-', '_' and '.'")
-    body = "\n".join(f"{key} = {_toml_value(value)}" for key, value in entry.items() if value is not None)
+    entry = {key: value for key, value in entry.items() if value is not None}
+    template = entry.get("template")
+    if isinstance(template, str):
+        try:
+            loaded = load_template(template)
+        except ConfigError as exc:
+            raise InvalidSetting("template", repr(template), str(exc)) from None
+        if Path(template).suffix:
+            entry["template"] = str(loaded.path.resolve())
+    body = "\n".join(f"{key} = {_toml_value(value)}" for key, value in entry.items())
     section = f'[experts."{name}"]\n{body}\n'  # quoted: a '.' in the name is not a sub-table
+    _spec_from_table(name, tomllib.loads(section)["experts"][name], str(path))
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     # Drop an existing section of that name (up to the next section header).
     pattern = re.compile(rf"(?ms)^\[experts\.\"?{re.escape(name)}\"?\]\n.*?(?=^\[|\Z)")
     text = pattern.sub("", text).rstrip()
     new_text = (text + "\n\n" if text else "") + section
-    _spec_from_table(name, tomllib.loads(section)["experts"][name], str(path), new_text)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(new_text, encoding="utf-8")

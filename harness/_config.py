@@ -13,9 +13,9 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
 
 import calibrate
+import experts
 from probes import ARCHS, EMBEDDED_MODEL
 
 from ._errors import MAX_FAILED, InputError, check_max_failed
@@ -101,14 +101,11 @@ class RunConfig:
                 f"--dv-target {self.dv_target}: choose from {', '.join(get_args(DVTargetChoice))}"
             )
         if self.expert.startswith(("http://", "https://")):
-            url = urlsplit(self.expert)
-            if url.username or url.password or url.query:
-                # The URL is written to config.toml, run.json and the report: no secrets in it.
-                raise InputError(
-                    "--expert: credentials or query parameters in the URL would be written to the run "
-                    "folder; give the key in an environment variable (an expert in the registry names "
-                    "it with api_key_env)"
-                )
+            # The URL is written to config.toml, run.json and the report: no secrets in it.
+            try:
+                experts.check_base_url(self.expert, "--expert")
+            except experts.InvalidSetting as error:
+                raise InputError(f"--expert {error.shown}: {error.problem}") from None
             if not self.expert_model:
                 raise InputError(
                     f"--expert {self.expert}: a URL needs --expert-model (the served model name)"

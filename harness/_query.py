@@ -13,7 +13,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 import experts
-from experts import ConfigError, EndpointCheck, ExpertSpec, Item, RunStats, ScoreCache, check_endpoint
+from experts import (
+    ConfigError,
+    EndpointCheck,
+    ExpertSpec,
+    InvalidSetting,
+    Item,
+    RunStats,
+    ScoreCache,
+    check_endpoint,
+)
 
 from ._datasets import read_dataset
 from ._errors import InputError, check_failed_fraction
@@ -23,6 +32,7 @@ __all__ = [
     "QuerySummary",
     "RichProgress",
     "check_expert",
+    "check_request_sizes",
     "default_cache_path",
     "pick_expert",
     "query_dataset",
@@ -37,10 +47,14 @@ def default_cache_path() -> Path:
     return Path(os.environ.get("CTD_RUNS_DIR", "runs")) / "cache" / "experts.sqlite"
 
 
+_URL_OPTIONS = {"base_urls": "--expert-url", "model": "--expert-model"}
+
+
 def pick_expert(
     name: str | None, url: str | None, model: str | None, method: experts.ScoringMethod | None = None
 ) -> ExpertSpec:
-    """--expert NAME, or --expert-url URL --expert-model NAME (registry errors become one line)."""
+    """--expert NAME, or --expert-url URL --expert-model NAME (registry errors become one line;
+    a URL that cannot work, credentials in it included, is named by its option, redacted)."""
     if (name is None) == (url is None):
         raise InputError("give --expert NAME, or --expert-url URL with --expert-model NAME")
     try:
@@ -50,9 +64,30 @@ def pick_expert(
             if not model:
                 raise InputError("--expert-url needs --expert-model (the served model name)")
             spec = experts.expert_from_url(str(url), model)
+    except InvalidSetting as exc:
+        if url is None or exc.setting not in _URL_OPTIONS:
+            raise InputError(str(exc)) from None
+        raise InputError(f"{_URL_OPTIONS[exc.setting]} {exc.shown}: {exc.problem}") from None
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     return replace(spec, method=method) if method else spec
+
+
+def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
+    """Before anything is sent: an item whose request holds more tokens than the expert's whole
+    per-minute budget (tpm) is one line naming the item, its tokens and the tpm; the limiter
+    would refuse it in the middle of the run, after paying for the items before it."""
+    if spec.rate.tpm is None:
+        return
+    template = experts.load_template(spec.template)
+    for item in items:
+        request = experts.build_request(
+            spec.method, template, item.conversation, spec.model, top_logprobs=spec.top_logprobs
+        )
+        try:
+            spec.rate.check_fits(request.tokens)
+        except ConfigError as exc:
+            raise InputError(f"example {item.id!r}: {exc} (expert {spec.name}, {spec.source})") from None
 
 
 def check_expert(spec: ExpertSpec) -> EndpointCheck:
@@ -166,6 +201,7 @@ def score_items(
     in order; `extra` columns are added as given). An interrupted run resumes from the cache:
     answers already committed are never requested again."""
     check_writable(out, "--out")
+    check_request_sizes(items, spec)
     if check:
         report = check_expert(spec)
         if not report.ok:

@@ -32,6 +32,7 @@ from experts import (
     ExpertClient,
     ExpertSpec,
     HTTPStatusError,
+    InvalidSetting,
     Item,
     Limiter,
     Outage,
@@ -45,10 +46,13 @@ from experts import (
     TransportError,
     add_expert,
     build_request,
+    check_base_url,
+    expert_from_url,
     experts_file,
     load_experts,
     load_template,
     parse_response,
+    redact_url,
     render_conversation,
     resolve_expert,
 )
@@ -277,22 +281,51 @@ def test_backoff_exponential_with_jitter_and_cap() -> None:
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("make", "setting"),
     [
-        lambda: RetryPolicy(max_attempts=0),
-        lambda: RetryPolicy(jitter=1.5),
-        lambda: RetryPolicy(multiplier=0.5),
-        lambda: RetryPolicy(initial=-1.0),
-        lambda: RetryPolicy(down_after=-1),
-        lambda: RateLimit(concurrency=0),
-        lambda: RateLimit(rpm=0),
-        lambda: RateLimit(tpm=-5),
-        lambda: Timeout(read=0),
+        (lambda: RetryPolicy(max_attempts=0), "max_attempts"),
+        (lambda: RetryPolicy(max_attempts=2.5), "max_attempts"),
+        (lambda: RetryPolicy(jitter=1.5), "jitter"),
+        (lambda: RetryPolicy(jitter=math.nan), "jitter"),
+        (lambda: RetryPolicy(multiplier=0.5), "multiplier"),
+        (lambda: RetryPolicy(initial=-1.0), "initial"),
+        (lambda: RetryPolicy(deadline=math.nan), "deadline"),
+        (lambda: RetryPolicy(maximum=math.inf), "maximum"),
+        (lambda: RetryPolicy(down_after=-1), "down_after"),
+        (lambda: RateLimit(concurrency=0), "concurrency"),
+        (lambda: RateLimit(concurrency=True), "concurrency"),
+        (lambda: RateLimit(concurrency=1.5), "concurrency"),
+        (lambda: RateLimit(rpm=0), "rpm"),
+        (lambda: RateLimit(rpm=math.nan), "rpm"),  # NaN compares false: it used to switch the limit off
+        (lambda: RateLimit(rpm=math.inf), "rpm"),
+        (lambda: RateLimit(rpm="fast"), "rpm"),
+        (lambda: RateLimit(tpm=-5), "tpm"),
+        (lambda: RateLimit(tpm=math.nan), "tpm"),
+        (lambda: Timeout(read=0), "read"),
+        (lambda: Timeout(read=math.nan), "read"),
+        (lambda: Timeout(connect=math.inf), "connect"),
+        (lambda: Timeout(pool="30"), "pool"),
     ],
 )
-def test_invalid_settings_raise(make: Any) -> None:
-    with pytest.raises(ValueError):
+def test_invalid_settings_raise_naming_the_setting(make: Any, setting: str) -> None:
+    with pytest.raises(InvalidSetting) as info:
         make()
+    assert info.value.setting == setting
+    assert isinstance(info.value, ConfigError)
+    assert str(info.value).startswith(f"{setting} = ")
+
+
+def test_a_request_larger_than_the_tpm_is_refused_not_paced() -> None:
+    fake = FakeTime(max_sleeps=5)
+
+    async def main() -> None:
+        limiter = Limiter(RateLimit(tpm=100), clock=fake.clock, sleep=fake.sleep)
+        await limiter.admit(100)  # exactly a minute's budget: admitted
+        with pytest.raises(ConfigError, match=r"about 101 tokens .* tpm = 100"):
+            await limiter.admit(101)
+
+    asyncio.run(main())
+    assert fake.sleeps == []  # refused at once, not after a wait
 
 
 def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
@@ -711,10 +744,38 @@ GOOD_ENTRY = '[experts.good]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\n\
         ),
         ('[experts.bad]\nbase_url = "http://x/v1"\nmethod = "next-token"\n', 5, "missing 'model'"),
         ('[experts.bad]\nmodel = "m"\n', 5, "missing 'base_url'"),
-        ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = "m"\n\nmethod = "vibes"\n', 9, "method 'vibes'"),
+        ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = "m"\n\nmethod = "vibes"\n', 9, "method = 'vibes'"),
         ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = \n', 7, "Invalid value"),
-        ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = "m"\nconcurrency = 0\n', 5, "concurrency"),
+        ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = "m"\nconcurrency = 0\n', 8, "concurrency = 0"),
         ("[other]\nx = 1\n", None, r"unknown section \[other\]"),
+        *[
+            ('[experts.bad]\nbase_url = "http://x/v1"\nmodel = "m"\n' + setting + "\n", 8, match)
+            for setting, match in [
+                ("rpm = nan", r"rpm = nan: must be a number per minute above 0"),
+                ("tpm = inf", r"tpm = inf: must be a number per minute above 0"),
+                ('rpm = "fast"', r"rpm = 'fast': must be a number"),
+                ("timeout = nan", r"timeout = nan: must be a number of seconds above 0"),
+                ("concurrency = 2.5", r"concurrency = 2.5: must be a whole number"),
+                ("top_logprobs = 0", r"top_logprobs = 0"),
+                ("max_attempts = true", r"max_attempts = True"),
+                ('api_key_env = "sk-live-123"', r"api_key_env = '\*\*\*': must name an environment variable"),
+                ('server = "docker"', r"server = 'docker'"),
+            ]
+        ],
+        ('[experts.bad]\nmodel = "m"\nbase_url = 5\n', 7, r"base_url = 5: must be a URL like http://"),
+        (
+            '[experts.bad]\nmodel = "m"\nbase_url = "ftp//nope"\n',
+            7,
+            r"base_url = 'ftp//nope': must start with",
+        ),
+        ('[experts.bad]\nmodel = "m"\nbase_urls = "http://x/v1"\n', 7, r"base_urls = .*must be a list"),
+        ('[experts.bad]\nmodel = "m"\nbase_urls = ["http://x/v1", "x"]\n', 7, r"base_urls = 'x'"),
+        ('[experts.bad]\nmodel = "m"\nbase_url = "http://x/v1?key=1"\n', 7, r"no \?query"),
+        (
+            '[experts.bad]\nmodel = "m"\nbase_url = "http://me:s3cret@x:8000/v1"\n',
+            7,
+            r"base_url = 'http://\*\*\*@x:8000/v1': credentials in the URL are refused.*--api-key-env",
+        ),
     ],
 )
 def test_user_file_errors_name_file_and_line(
@@ -725,7 +786,8 @@ def test_user_file_errors_name_file_and_line(
     with pytest.raises(ConfigError, match=match) as info:
         load_experts()
     message = str(info.value)
-    assert str(experts_toml) in message
+    assert str(experts_toml) in message and "s3cret" not in message and "sk-live" not in message
+    assert "\n" not in message
     if line is not None:
         assert re.search(rf"(:{line}:|line {line}\b)", message), message
 
@@ -774,6 +836,108 @@ def test_add_expert_rejects_bad_entries_and_leaves_the_file(experts_toml: Path) 
     with pytest.raises(ConfigError, match="expert name"):
         add_expert("bad name!", {"base_url": "http://127.0.0.1:9001/v1", "model": "m"})
     assert experts_toml.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [
+        ({"rpm": math.nan}, "rpm"),
+        ({"tpm": -1}, "tpm"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"template": "nosuch"}, "template"),
+        ({"template": "missing.toml"}, "template"),
+        ({"base_urls": ["ftp//nope"]}, "base_urls"),
+        ({"base_urls": ["http://ok/v1", "http://user:pw@host/v1"]}, "base_urls"),
+        ({"base_urls": []}, "base_urls"),
+        ({"model": ""}, "model"),
+        ({"model": "a\nb", "rpm": "fast"}, "rpm"),
+    ],
+)
+def test_add_expert_refuses_a_bad_value_and_writes_nothing(
+    experts_toml: Path, change: dict[str, Any], setting: str
+) -> None:
+    add_expert("keep", {"base_url": "http://127.0.0.1:9001/v1", "model": "m"})
+    before = experts_toml.read_bytes()
+    entry = {"base_urls": ["http://127.0.0.1:9002/v1"], "model": "m", **change}
+    with pytest.raises(InvalidSetting) as info:
+        add_expert("new", entry)
+    assert info.value.setting == setting
+    assert "pw" not in str(info.value)
+    assert experts_toml.read_bytes() == before
+    assert not experts_toml.with_suffix(".toml.tmp").exists()
+
+
+def test_add_expert_writes_a_template_path_absolute(
+    experts_toml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mine.toml").write_bytes(STAKES_V1.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    add_expert("mine", {"base_url": "http://127.0.0.1:9001/v1", "model": "m", "template": "mine.toml"})
+    monkeypatch.chdir(experts_toml.parent.parent.parent)  # elsewhere: the entry still loads
+    assert load_experts()["mine"].template == str(tmp_path / "mine.toml")
+    add_expert("builtin", {"base_url": "http://127.0.0.1:9001/v1", "model": "m", "template": "stakes-v1"})
+    assert load_experts()["builtin"].template == "stakes-v1"
+
+
+def test_add_expert_escapes_control_characters(experts_toml: Path) -> None:
+    add_expert("odd", {"base_url": "http://127.0.0.1:9001/v1", "model": 'a\tb\x7f"c\\'})
+    assert load_experts()["odd"].model == 'a\tb\x7f"c\\'
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pass@host:8000/v1", "http://***@host:8000/v1"),
+        ("https://token@host/v1", "https://***@host/v1"),
+        ("http://user:pa/ss@host/v1", "http://***@host/v1"),  # a '/' in the password
+        ("user:pass@host/v1", "***@host/v1"),  # no scheme at all
+        ("http://host:8000/v1", "http://host:8000/v1"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://user:pass@host:8000/v1", "credentials in the URL are refused"),
+        ("https://token@host/v1", "credentials"),
+        ("http://user:pa/ss@host/v1", "credentials"),
+        ("ftp//nope", "must start with http:// or https://"),
+        ("ftp://host/v1", "must start with http"),
+        ("http:///v1", "and a host"),
+        ("http://host:port/v1", "not a valid URL"),
+        ("http://[::1/v1", "not a valid URL"),
+        ("http://host/v1?api_key=abc", "no ?query"),
+        ("http://host/v1#x", "#fragment"),
+        (5, "must be a URL"),
+        (None, "must be a URL"),
+    ],
+)
+def test_check_base_url_refuses(url: Any, problem: str) -> None:
+    with pytest.raises(InvalidSetting) as info:
+        check_base_url(url, "--url")
+    assert problem in info.value.problem
+    assert str(info.value).startswith("--url ")
+    assert "pass" not in str(info.value) and "ss@" not in str(info.value)
+
+
+def test_urls_with_credentials_are_refused_where_they_enter(
+    experts_toml: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url in ("http://127.0.0.1:8000/v1", "HTTPS://[::1]:8443/v1/", "http://host/"):
+        assert check_base_url(url) == url
+    with pytest.raises(InvalidSetting, match=r"base_urls = 'http://\*\*\*@h/v1'"):
+        expert_from_url("http://u:secret@h/v1", "m")
+    with pytest.raises(InvalidSetting, match="credentials"):
+        Endpoint(["http://u:secret@h/v1"])
+    monkeypatch.setenv("CTD_GEMMA_27B_URL", "http://10.0.0.1:9000/v1, http://u:secret@10.0.0.2/v1")
+    with pytest.raises(InvalidSetting, match=r"\$CTD_GEMMA_27B_URL = 'http://\*\*\*@10.0.0.2/v1'"):
+        resolve_expert("gemma-27b").resolved_urls()
+    monkeypatch.setenv("CTD_GEMMA_27B_URL", " , ")
+    with pytest.raises(InvalidSetting, match="names no URL"):
+        resolve_expert("gemma-27b").resolved_urls()
 
 
 def test_add_expert_with_a_dotted_name(experts_toml: Path) -> None:

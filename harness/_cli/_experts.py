@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 import experts
-from experts import ConfigError, ScoreCache, ScoringMethod
+from experts import ConfigError, InvalidSetting, ScoreCache, ScoringMethod
 
 from .._datasets import read_dataset
 from .._errors import MAX_FAILED, InputError, check_max_failed
@@ -180,6 +180,9 @@ def experts_add(
     }
     try:
         path = experts.add_expert(name, entry)
+    except InvalidSetting as exc:  # named by the option it came from; nothing was written
+        option = "--url" if exc.setting in ("base_url", "base_urls") else "--" + exc.setting.replace("_", "-")
+        raise InputError(f"{option} {exc.shown}: {exc.problem}") from None
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     stdout.print(f"added {name} to {path}; check it with `ctd experts check {name}`")
