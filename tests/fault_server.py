@@ -3,7 +3,9 @@
 Each request names its item ("item-123" inside the conversation). The answer for an item is
 fixed (its score depends only on the item), and the fault an attempt meets depends only on
 (item, attempt number, fault plan), so a run through faults must end with the same scores as a
-clean run. The server counts requests and successful answers per item.
+clean run. The server counts requests and successful answers per item. A request that names no
+item (the pre-flight check's probes) counts as item -1: its attempts go on counting across
+checks against one server, so that successive checks meet different faults.
 
 Run standalone (the resume test does): python tests/fault_server.py PORT_FILE [PLAN_JSON]
 """
@@ -41,12 +43,16 @@ def _uniform(*parts: object) -> float:
 
 @dataclass
 class FaultPlan:
-    """Per attempt, the chance of each fault; `broken` items answer without label tokens on
-    every attempt (they must end as failures); `slow_seconds` should exceed the client's read
-    timeout; `delay` is added to every answer."""
+    """Per attempt, the chance of each fault; `first` scripts the faults of every item's first
+    attempts (None: none), before the rates apply; `broken` items answer without label tokens
+    on every attempt (they must end as failures); `logprobs=False` is a server without them:
+    every answer it gives lacks them; `slow_seconds` should exceed the client's read timeout;
+    `delay` is added to every answer."""
 
     rates: dict[str, float] = field(default_factory=dict)
+    first: tuple[str | None, ...] = ()
     broken: frozenset[int] = frozenset()
+    logprobs: bool = True
     slow_seconds: float = 1.5
     retry_after: float = 0.01
     delay: float = 0.0
@@ -54,6 +60,8 @@ class FaultPlan:
     def fault(self, item: int, attempt: int) -> str | None:
         if item in self.broken:
             return "no-labels"
+        if attempt <= len(self.first):
+            return self.first[attempt - 1]
         u = _uniform("fault", item, attempt)
         edge = 0.0
         for name in FAULTS:
@@ -67,7 +75,9 @@ class FaultPlan:
         data = json.loads(text)
         return cls(
             rates=data.get("rates", {}),
+            first=tuple(data.get("first", [])),
             broken=frozenset(data.get("broken", [])),
+            logprobs=data.get("logprobs", True),
             slow_seconds=data.get("slow_seconds", 1.5),
             retry_after=data.get("retry_after", 0.01),
             delay=data.get("delay", 0.0),
@@ -131,7 +141,7 @@ class FaultServer:
             return response
         fault = self.plan.fault(item, self.counts.requests[item])
         p = item_score(item)
-        if fault == "no-logprobs":
+        if fault == "no-logprobs" or not self.plan.logprobs:
             return web.json_response({"choices": [{"message": {"content": "high"}}]})
         if fault == "no-labels":
             top = [{"token": "maybe", "logprob": -0.1}, {"token": "perhaps", "logprob": -2.5}]
@@ -169,6 +179,8 @@ class FaultServer:
             return response
         p = item_score(item)
         fault = self.plan.fault(item, self.counts.requests[item])
+        if not self.plan.logprobs:
+            fault = "no-logprobs"
         # The answers' log-likelihoods: softmax over the two gives p.
         answer_ll = [math.log(p), math.log(1 - p)]
         choices = []
