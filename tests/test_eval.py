@@ -270,6 +270,10 @@ def test_bad_options_fail_before_any_work(tmp_path, env) -> None:
         cases = [
             (["eval", "--expert", "no-such-expert"], ["no-such-expert"]),
             (["eval", "--expert", "http://127.0.0.1:9/v1", "--expert-model", "m"], ["127.0.0.1:9"]),
+            (
+                ["eval", "--expert", "http://me:s3cret@127.0.0.1:9/v1", "--expert-model", "m"],
+                ["--expert 'http://***@127.0.0.1:9/v1'", "credentials", "--api-key-env"],
+            ),
             (["eval", "--data", "train=missing.jsonl"], ["missing.jsonl"]),
             (["eval", "--data", "bogus=x.jsonl"], ["bogus"]),
             (["eval", "--budgets", "0.2,1.5"], ["--budgets", "1.5"]),
@@ -280,6 +284,7 @@ def test_bad_options_fail_before_any_work(tmp_path, env) -> None:
             started = time.monotonic()
             result = run_ctd(*args, cwd=tmp_path, env=env, timeout=300)
             assert_one_line_error(result, *fragments)
+            assert "s3cret" not in result.stdout + result.stderr
             assert time.monotonic() - started < 60
         assert not item_requests(server)  # the layer error came before any expert was scored
     assert not list((tmp_path / "store").glob("*/complete.json"))

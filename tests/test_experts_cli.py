@@ -164,3 +164,128 @@ def test_experts_add_show_and_check(workdir: Path) -> None:
         report = json.loads(check.stdout)
         assert report["reachable"] and report["model_served"] and report["chat_logprobs"]
         assert report["completions_echo"] and report["method"] == "next-token"
+
+
+# --------------------------------------------------------------------------- bad configuration
+
+SECRET = "s3cret-pw"
+
+
+def assert_no_secret(result: subprocess.CompletedProcess[str]) -> None:
+    assert SECRET not in result.stdout + result.stderr, (result.stdout, result.stderr)
+
+
+def test_credentials_in_a_url_are_refused_redacted_wherever_the_url_enters(workdir: Path) -> None:
+    with RunningServer() as running:
+        port = running.port
+        with_credentials = f"http://user:{SECRET}@127.0.0.1:{port}/v1"
+        shown = f"'http://***@127.0.0.1:{port}/v1'"
+        # --expert-url of query and check: one line naming the option, before any request.
+        for command in (["query", "--data", "data.jsonl", "--out", "out.csv"], ["experts", "check"]):
+            result = run_ctd(
+                *command, "--expert-url", with_credentials, "--expert-model", "fault-model",
+                cwd=workdir, env=env_for(workdir),
+            )  # fmt: skip
+            assert_one_line_error(result, f"--expert-url {shown}", "credentials", "--api-key-env")
+            assert_no_secret(result)
+        assert sum(running.server.counts.requests.values()) == running.server.counts.models == 0
+    assert nothing_cached(workdir) and not (workdir / "out.csv").exists()
+    # ctd experts add --url: nothing written.
+    result = run_ctd(
+        "experts",
+        "add",
+        "judge",
+        "--url",
+        with_credentials,
+        "--model",
+        "m",
+        cwd=workdir,
+        env=env_for(workdir),
+    )
+    assert_one_line_error(result, f"--url {shown}", "credentials", "--api-key-env")
+    assert_no_secret(result)
+    assert not (workdir / "experts.toml").exists()
+    # An entry written by hand: list and show refuse it with the file and line, never print it.
+    (workdir / "experts.toml").write_text(f'[experts.judge]\nmodel = "m"\nbase_url = "{with_credentials}"\n')
+    for command in (["experts", "list"], ["experts", "show", "judge"]):
+        result = run_ctd(*command, cwd=workdir, env=env_for(workdir))
+        assert_one_line_error(result, "experts.toml:3", f"base_url = {shown}", "credentials")
+        assert_no_secret(result)
+    # A built-in's URL from the environment.
+    (workdir / "experts.toml").unlink()
+    result = run_ctd(
+        "experts", "list", cwd=workdir, env={**env_for(workdir), "CTD_SMOLLM2_URL": with_credentials}
+    )
+    assert_one_line_error(result, f"$CTD_SMOLLM2_URL = {shown}", "credentials")
+    assert_no_secret(result)
+
+
+@pytest.mark.parametrize(
+    ("option", "fragments"),
+    [
+        (["--rpm", "nan"], ["--rpm nan: must be a number per minute above 0"]),
+        (["--tpm", "inf"], ["--tpm inf: must be a number per minute above 0"]),
+        (["--url", "ftp//nope"], ["--url 'ftp//nope': must start with http:// or https://"]),
+        (["--template", "nosuch"], ["--template 'nosuch'", "not found"]),
+        (["--concurrency", "0"], ["--concurrency 0: must be a whole number of at least 1"]),
+    ],
+)
+def test_experts_add_refuses_a_bad_value_and_writes_nothing(
+    workdir: Path, option: list[str], fragments: list[str]
+) -> None:
+    (workdir / "experts.toml").write_text('[experts.keep]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\n')
+    before = (workdir / "experts.toml").read_bytes()
+    args = ["--url", "http://127.0.0.1:8000/v1", "--model", "m"]
+    result = run_ctd("experts", "add", "judge", *args, *option, cwd=workdir, env=env_for(workdir))
+    assert_one_line_error(result, *fragments)
+    assert (workdir / "experts.toml").read_bytes() == before
+    assert sorted(p.name for p in workdir.iterdir()) == ["data.jsonl", "experts.toml"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "command", "fragments"),
+    [
+        (
+            "rpm = nan",
+            ["experts", "list"],
+            ["experts.toml:4", "rpm = nan: must be a number per minute above 0"],
+        ),
+        (
+            'rpm = "fast"',
+            ["query", "--expert", "judge"],
+            ["experts.toml:4", "rpm = 'fast': must be a number"],
+        ),
+        (
+            "timeout = nan",
+            ["experts", "check", "judge"],
+            ["experts.toml:4", "timeout = nan", "seconds above 0"],
+        ),
+        ("base_url = 5", ["experts", "show", "judge"], ["experts.toml:3", "base_url = 5: must be a URL"]),
+    ],
+)
+def test_a_bad_value_in_experts_toml_is_one_line_naming_file_line_and_key(
+    workdir: Path, setting: str, command: list[str], fragments: list[str]
+) -> None:
+    url_line = "" if setting.startswith("base_url") else 'base_url = "http://127.0.0.1:1/v1"\n'
+    (workdir / "experts.toml").write_text(
+        f'[experts.judge]\nmodel = "m"\n{url_line}{setting}\n'.replace("\n\n", "\n")
+    )
+    if command[0] == "query":
+        command = [*command, "--data", "data.jsonl", "--out", "out.csv"]
+    result = run_ctd(*command, cwd=workdir, env=env_for(workdir))
+    assert_one_line_error(result, *fragments)
+    assert nothing_cached(workdir) and not (workdir / "out.csv").exists()
+
+
+def test_a_request_larger_than_the_tpm_stops_before_anything_is_paid(workdir: Path) -> None:
+    with RunningServer() as running:
+        (workdir / "experts.toml").write_text(
+            f'[experts.tiny]\nbase_url = "{running.url}"\nmodel = "fault-model"\ntpm = 50\n'
+        )
+        result = run_ctd(
+            "query", "--data", "data.jsonl", "--out", "out.csv", "--expert", "tiny",
+            cwd=workdir, env=env_for(workdir), timeout=60,
+        )  # fmt: skip
+        assert_one_line_error(result, "example 'ex0'", "tokens is larger than tpm = 50", "experts.toml")
+        assert sum(running.server.counts.requests.values()) == 0  # not even the check's probes
+    assert nothing_cached(workdir) and not (workdir / "out.csv").exists()

@@ -163,7 +163,7 @@ def experts_add(
     template: Annotated[
         str, typer.Option("--template", help="Prompt template name or .toml path.")
     ] = "stakes-v1",
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight.")] = 16,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight (at least 1).")] = 16,
     rpm: Annotated[float | None, typer.Option("--rpm", help="Requests per minute.")] = None,
     tpm: Annotated[float | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
 ) -> None:
