@@ -124,7 +124,8 @@ class _Patience:
                 return payload
         except TimeoutError:
             raise TransportError(
-                f"no answer within the check's {self.policy.deadline:g} s", reason="timeout"
+                f"{endpoint.base_urls[0]}{path}: no answer within the check's {self.policy.deadline:g} s",
+                reason="timeout",
             ) from None
 
 
