@@ -202,14 +202,15 @@ def score_items(
     answers already committed are never requested again."""
     check_writable(out, "--out")
     check_request_sizes(items, spec)
-    if check:
-        report = check_expert(spec)
-        if not report.ok:
-            raise InputError(report.problem or "the endpoint check failed")
+    # The cache opens before the endpoint is asked anything: a bad --cache costs no request.
     cache_path = cache_path or default_cache_path()
     cache = ScoreCache(cache_path)
     started = time.monotonic()
     try:
+        if check:
+            report = check_expert(spec)
+            if not report.ok:
+                raise InputError(report.problem or "the endpoint check failed")
         if progress:
             with RichProgress() as sink:
                 client = experts.ExpertClient(spec, cache=cache, progress=sink)

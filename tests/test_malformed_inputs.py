@@ -1,0 +1,195 @@
+"""Malformed inputs and configurations across the expert-stage commands (`ctd query`,
+`ctd experts`, `ctd cache`) and the run options that guard them: each is one line naming the
+file, line or option, exit code 2, no traceback, and nothing asked of the endpoint, cached or
+written. One table of cases, run through the real `ctd` app against a live fault server."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fault_server import RunningServer
+from typer.testing import CliRunner
+
+from harness._cli import app
+
+SECRET = "hunter2-url-password"
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple[str, ...]  # {url} is the fault server's base URL
+    fragments: tuple[str, ...]  # each must appear in the one error line
+    registry: str = ""  # experts.toml content ({url} filled in)
+    files: Callable[[Path], None] | None = None  # builds extra input files
+
+
+def _expert(**keys: object) -> str:
+    lines = ["[experts.judge]", 'base_url = "{url}"', 'model = "fault-model"']
+    lines += [f"{k} = {json.dumps(v) if isinstance(v, str) else v}" for k, v in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _write(name: str, content: bytes | str) -> Callable[[Path], None]:
+    def make(folder: Path) -> None:
+        path = folder / name
+        if name.endswith("/"):
+            path.mkdir()
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+    return make
+
+
+QUERY = ("query", "--data", "data.jsonl", "--out", "out.csv")
+BY_URL = ("--expert-url", "{url}", "--expert-model", "fault-model")
+BY_NAME = ("--expert", "judge")
+
+CASES: dict[str, Case] = {
+    # the dataset
+    "data missing": Case((*QUERY[:2], "nope.jsonl", *QUERY[3:], *BY_URL), ("nope.jsonl: no such file",)),
+    "data folder": Case(
+        ("query", "--data", "folder", "--out", "o.csv", *BY_URL),
+        ("folder: is a folder",),
+        files=_write("folder/", ""),
+    ),
+    "data not utf-8": Case(
+        ("query", "--data", "l1.jsonl", "--out", "o.csv", *BY_URL),
+        ("l1.jsonl:2: not UTF-8",),
+        files=_write("l1.jsonl", b'{"inputs": "fine"}\n{"inputs": "caf\xe9"}\n'),
+    ),
+    "data bad json": Case(
+        ("query", "--data", "bad.jsonl", "--out", "o.csv", *BY_URL),
+        ("bad.jsonl:2: malformed JSON",),
+        files=_write("bad.jsonl", '{"inputs": "a"}\n{"inputs": \n'),
+    ),
+    "data unknown label": Case(
+        ("query", "--data", "lab.jsonl", "--out", "o.csv", *BY_URL),
+        ("lab.jsonl:1: label 'maybe'",),
+        files=_write("lab.jsonl", '{"inputs": "a", "labels": "maybe"}\n'),
+    ),
+    "data repeated id": Case(
+        ("query", "--data", "dup.jsonl", "--out", "o.csv", *BY_URL),
+        ("dup.jsonl:2: id 'x' repeats",),
+        files=_write("dup.jsonl", '{"ids": "x", "inputs": "a"}\n{"ids": "x", "inputs": "b"}\n'),
+    ),
+    "data no inputs": Case(
+        ("query", "--data", "noin.jsonl", "--out", "o.csv", *BY_URL),
+        ("noin.jsonl:1: missing field 'inputs'",),
+        files=_write("noin.jsonl", '{"text": "a"}\n'),
+    ),
+    # the output and the cache
+    "out .txt": Case((*QUERY[:4], "out.txt", *BY_URL), ("--out out.txt", "unknown file type '.txt'")),
+    "out under a file": Case(
+        (*QUERY[:4], "plain/o.csv", *BY_URL),
+        ("--out plain/o.csv", "not a folder"),
+        files=_write("plain", "x"),
+    ),
+    "out in /proc": Case((*QUERY[:4], "/proc/o.csv", *BY_URL), ("--out /proc/o.csv", "cannot write")),
+    "max-failed nan": Case((*QUERY, *BY_URL, "--max-failed", "nan"), ("--max-failed nan",)),
+    "max-failed 1": Case((*QUERY, *BY_URL, "--max-failed", "1"), ("--max-failed 1",)),
+    "cache not sqlite": Case(
+        (*QUERY, *BY_URL, "--cache", "c.sqlite"),
+        ("c.sqlite: cannot be used as the cache",),
+        files=_write("c.sqlite", "no"),
+    ),
+    "cache folder": Case(
+        (*QUERY, *BY_URL, "--cache", "cdir"), ("cdir: is a folder",), files=_write("cdir/", "")
+    ),
+    "cache stats not sqlite": Case(
+        ("cache", "stats", "--cache", "c.sqlite"),
+        ("c.sqlite: cannot be used",),
+        files=_write("c.sqlite", "no"),
+    ),
+    "cache export .txt": Case(("cache", "export", "--out", "x.txt"), ("--out x.txt", "unknown file type")),
+    # the expert, by URL
+    "url without model": Case((*QUERY, "--expert-url", "{url}"), ("--expert-model",)),
+    "url scheme": Case(
+        (*QUERY, "--expert-url", "ftp//nope", "--expert-model", "m"), ("--expert-url", "ftp//nope")
+    ),
+    "url credentials": Case(
+        (*QUERY, "--expert-url", f"http://user:{SECRET}@127.0.0.1:9/v1", "--expert-model", "m"),
+        ("--expert-url", "--api-key-env"),
+    ),
+    "unknown expert": Case((*QUERY, "--expert", "nosuch"), ("nosuch",)),
+    # the expert, from experts.toml
+    "toml rpm nan": Case((*QUERY, *BY_NAME), ("experts.toml:4", "rpm"), registry=_expert(rpm="nan")),
+    "toml rpm text": Case((*QUERY, *BY_NAME), ("experts.toml:4", "rpm"), registry=_expert(rpm='"fast"')),
+    "toml timeout nan": Case(
+        (*QUERY, *BY_NAME), ("experts.toml:4", "timeout"), registry=_expert(timeout="nan")
+    ),
+    "toml base_url number": Case(
+        (*QUERY, *BY_NAME),
+        ("experts.toml", "base_url"),
+        registry='[experts.judge]\nbase_url = 5\nmodel = "m"\n',
+    ),
+    "toml unknown key": Case((*QUERY, *BY_NAME), ("experts.toml:4", "modle"), registry=_expert(modle='"m"')),
+    "toml tpm below one request": Case((*QUERY, *BY_NAME), ("tpm",), registry=_expert(tpm=1)),
+    "toml credentials": Case(
+        ("experts", "list"),
+        ("experts.toml", "--api-key-env"),
+        registry=f'[experts.judge]\nbase_url = "http://u:{SECRET}@h/v1"\nmodel = "m"\n',
+    ),
+    # experts add
+    "add rpm nan": Case(
+        ("experts", "add", "j", "--url", "{url}", "--model", "m", "--rpm", "nan"), ("--rpm nan",)
+    ),
+    "add url scheme": Case(
+        ("experts", "add", "j", "--url", "ftp//nope", "--model", "m"), ("--url", "ftp//nope")
+    ),
+    "add template": Case(
+        ("experts", "add", "j", "--url", "{url}", "--model", "m", "--template", "nosuch"),
+        ("--template", "nosuch"),
+    ),
+    "add concurrency 0": Case(
+        ("experts", "add", "j", "--url", "{url}", "--model", "m", "--concurrency", "0"), ("--concurrency",)
+    ),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def server():  # type: ignore[no-untyped-def]
+    with RunningServer() as running:
+        yield running
+
+
+def test_there_are_more_than_25_cases() -> None:
+    assert len(CASES) >= 25
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_malformed_input_is_one_line(
+    name: str, server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = CASES[name]
+    monkeypatch.chdir(tmp_path)  # the relative names of the cases live here
+    rows = [{"ids": f"ex{i}", "inputs": f"item-{i}: risky?", "labels": "low-stakes"} for i in range(5)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    registry = tmp_path / "experts.toml"
+    if case.registry:
+        registry.write_text(case.registry.replace("{url}", server.url))
+    if case.files is not None:
+        case.files(tmp_path)
+    before = _snapshot(tmp_path)
+    requests_before = sum(server.server.counts.requests.values())
+    env = {"CTD_CACHE": str(tmp_path / "cache.sqlite"), "CTD_EXPERTS_FILE": str(registry)}
+    args = [a.replace("{url}", server.url) for a in case.args]
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=True)
+    assert result.exit_code == 2, (name, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in case.fragments:
+        assert re.search(re.escape(fragment), lines[0]), (fragment, lines[0])
+    assert SECRET not in result.output
+    assert sum(server.server.counts.requests.values()) == requests_before  # nothing asked
+    assert _snapshot(tmp_path) == before  # nothing cached or written, experts.toml untouched
