@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, event, func, insert
-from sqlmodel import Field, Session, SQLModel, col, create_engine, select
+from sqlalchemy import event, func, insert
+from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -154,6 +155,10 @@ class ScoreCache:
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
         )
         event.listen(self.engine, "connect", _sqlite_pragmas)
+        # This process's writers (the cache writer, the claims) take turns here: SQLite's own
+        # busy wait between two connections sleeps in steps of milliseconds, which would stall
+        # every worker waiting on a commit.
+        self.write_lock = threading.Lock()
         self._create_tables()
 
     def _create_tables(self) -> None:
@@ -199,19 +204,18 @@ class ScoreCache:
         its first answer. With `release_owner`, that run's claims on the rows' keys are deleted
         in the same transaction, so no other run ever sees an item neither claimed nor stored."""
         scores, failures = list(scores), list(failures)
-        with Session(self.engine) as session:
+        with self.write_lock, Session(self.engine) as session:
             if scores:
                 session.execute(insert(ScoreRow).prefix_with("OR IGNORE"), scores)
             if failures:
                 session.execute(insert(FailureRow), failures)
             if release_owner is not None:
-                keys = sorted({row["key"] for row in (*scores, *failures)})
-                for start in range(0, len(keys), 500):
-                    session.execute(
-                        delete(ClaimRow).where(
-                            col(ClaimRow.owner) == release_owner,
-                            col(ClaimRow.key).in_(keys[start : start + 500]),
-                        )
+                # Plain SQL: this runs at every commit of a run, and compiling an ORM delete
+                # with an IN list each time costs more than the delete.
+                released = sorted({(row["key"], release_owner) for row in (*scores, *failures)})
+                if released:
+                    session.connection().exec_driver_sql(
+                        "DELETE FROM claims WHERE key = ? AND owner = ?", released
                     )
             session.commit()
 

@@ -230,18 +230,19 @@ def _immediate(cache: ScoreCache) -> Iterator[Any]:
     """A cursor inside one write transaction, begun IMMEDIATE: the write lock is taken before
     the first read, so no other run can claim or answer a key between our look and our write
     (and two runs never deadlock upgrading a read to a write)."""
-    connection = cache.engine.raw_connection()
-    try:
-        cursor = connection.cursor()
-        cursor.execute("BEGIN IMMEDIATE")
+    with cache.write_lock:  # this process's writers take turns without SQLite's busy sleeps
+        connection = cache.engine.raw_connection()
         try:
-            yield cursor
-        except BaseException:
-            connection.rollback()
-            raise
-        connection.commit()
-    finally:
-        connection.close()
+            cursor = connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+            except BaseException:
+                connection.rollback()
+                raise
+            connection.commit()
+        finally:
+            connection.close()
 
 
 def _chunks(keys: Sequence[str]) -> Iterator[list[str]]:
