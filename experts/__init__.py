@@ -2,11 +2,13 @@
 
 Small composable pieces: value objects for settings (`Timeout`, `RateLimit`, `RetryPolicy`),
 an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM), a
-`ScoreCache` with its single `CacheWriter`, and the `ExpertClient` that joins them.
+`ScoreCache` with its single `CacheWriter`, claims on the items in flight under a `Lease` (so
+that runs sharing a cache never pay twice), and the `ExpertClient` that joins them.
 """
 
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
 from ._check import EndpointCheck, check_endpoint
+from ._claims import ClaimHolder, Lease, list_claims
 from ._client import ExpertClient, Item, ItemResult, Outage, ProgressSink, RunStats, score_items
 from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._endpoint import Endpoint, default_transport
@@ -39,6 +41,7 @@ __all__ = [
     "SCORING_METHODS",
     "CacheKey",
     "CacheWriter",
+    "ClaimHolder",
     "ConfigError",
     "Conversation",
     "Endpoint",
@@ -52,6 +55,7 @@ __all__ = [
     "InvalidSetting",
     "Item",
     "ItemResult",
+    "Lease",
     "Limiter",
     "LocalServer",
     "Outage",
@@ -76,6 +80,7 @@ __all__ = [
     "default_transport",
     "expert_from_url",
     "experts_file",
+    "list_claims",
     "load_experts",
     "load_template",
     "parse_response",

@@ -2,8 +2,10 @@
 
 `scores` holds one row per successful answer, keyed by a hash of everything that can change
 the answer; `failures` records items that failed after their retries, with the reason. A
-failure is never a cache hit: resuming retries it. Writes go through one `CacheWriter` task
-that commits in short batches, so a crash loses at most the answers of the last batch.
+failure is never a cache hit: resuming retries it. `claims` holds the items some run is asking
+about right now (the protocol is in `experts._claims`): committing an item's score or failure
+deletes its claim in the same transaction. Writes go through one `CacheWriter` task that
+commits in short batches, so a crash loses at most the answers of the last batch.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sqlite3
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +32,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "CacheKey",
     "CacheWriter",
+    "ClaimRow",
     "FailureRow",
     "ScoreCache",
     "ScoreRow",
@@ -69,6 +75,21 @@ class FailureRow(SQLModel, table=True):
     created: datetime
 
 
+class ClaimRow(SQLModel, table=True):
+    """An item some run is asking the expert about: its key, who holds it and until when.
+    Rows live only while their item is in flight, so the table stays small."""
+
+    __tablename__ = "claims"
+
+    key: str = Field(primary_key=True)
+    expert: str
+    item_id: str
+    owner: str  # one run (a uuid)
+    host: str
+    pid: int
+    expires: float  # unix seconds: the lease, renewed while the holder runs
+
+
 @dataclass(frozen=True, kw_only=True)
 class CacheKey:
     """What an answer depends on. Left out on purpose: the API key, timeouts, rate limits,
@@ -103,10 +124,27 @@ class CachedScore:
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor = connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
-    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; safe with WAL
     cursor.execute("PRAGMA busy_timeout=30000")
+    _use_wal(cursor)  # readers never block the writer
+    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; safe with WAL
     cursor.close()
+
+
+def _use_wal(cursor: Any, *, tries: int = 200) -> None:
+    """Switch the file to WAL (it stays so). The switch needs the file to itself and SQLite
+    does not wait for that: when two runs open a new cache at the same moment, one of them
+    hears "database is locked" and tries again shortly."""
+    for attempt in range(tries):
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            if cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == tries - 1:
+                raise
+        time.sleep(0.05)
+    raise sqlite3.OperationalError("could not switch the cache to WAL: database is locked")
 
 
 class ScoreCache:
@@ -127,11 +165,31 @@ class ScoreCache:
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
         )
         event.listen(self.engine, "connect", _sqlite_pragmas)
+        # This process's writers (the cache writer, the claims) take turns here: SQLite's own
+        # busy wait between two connections sleeps in steps of milliseconds, which would stall
+        # every worker waiting on a commit.
+        self.write_lock = threading.Lock()
         try:
-            SQLModel.metadata.create_all(self.engine)
-        except DBAPIError as exc:  # not SQLite, unreadable, or no room to create the tables
+            self._create_tables()
+        except (DBAPIError, sqlite3.Error) as exc:  # not SQLite, unreadable, or no room for the tables
             self.engine.dispose()
-            raise ConfigError(f"{self.path}: cannot be used as the cache ({exc.orig})") from None
+            raise ConfigError(
+                f"{self.path}: cannot be used as the cache ({getattr(exc, 'orig', exc)})"
+            ) from None
+
+    def _create_tables(self) -> None:
+        """Create the missing tables (an older cache gains the new ones) under the write lock:
+        two runs started together on a new file would otherwise race between "is it there?"
+        and "create it", and the loser would fail with "table already exists". A cache that
+        has them all is only read (it may be read-only)."""
+        with self.engine.connect() as connection:
+            names = connection.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if set(SQLModel.metadata.tables) <= {name for (name,) in names}:
+                return
+            connection.rollback()
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            SQLModel.metadata.create_all(connection)
+            connection.commit()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedScore]:
         """The cached scores among `keys` (looked up 500 at a time)."""
@@ -151,15 +209,30 @@ class ScoreCache:
             connection.close()
         return found
 
-    def put_many(self, scores: Iterable[dict[str, Any]], failures: Iterable[dict[str, Any]] = ()) -> None:
+    def put_many(
+        self,
+        scores: Iterable[dict[str, Any]],
+        failures: Iterable[dict[str, Any]] = (),
+        *,
+        release_owner: str | None = None,
+    ) -> None:
         """Insert rows (dicts of column values) in one transaction; a key already stored keeps
-        its first answer."""
+        its first answer. With `release_owner`, that run's claims on the rows' keys are deleted
+        in the same transaction, so no other run ever sees an item neither claimed nor stored."""
         scores, failures = list(scores), list(failures)
-        with Session(self.engine) as session:
+        with self.write_lock, Session(self.engine) as session:
             if scores:
                 session.execute(insert(ScoreRow).prefix_with("OR IGNORE"), scores)
             if failures:
                 session.execute(insert(FailureRow), failures)
+            if release_owner is not None:
+                # Plain SQL: this runs at every commit of a run, and compiling an ORM delete
+                # with an IN list each time costs more than the delete.
+                released = sorted({(row["key"], release_owner) for row in (*scores, *failures)})
+                if released:
+                    session.connection().exec_driver_sql(
+                        "DELETE FROM claims WHERE key = ? AND owner = ?", released
+                    )
             session.commit()
 
     def counts(self) -> dict[str, dict[str, int]]:
@@ -206,9 +279,10 @@ class CacheWriter:
     starts its next item before its answer is durable, a crash or kill -9 loses at most the
     answers of the items in flight (one per worker), and the queue never holds more than that."""
 
-    def __init__(self, cache: ScoreCache, *, batch: int = 512) -> None:
+    def __init__(self, cache: ScoreCache, *, batch: int = 512, release_owner: str | None = None) -> None:
         self.cache = cache
         self.batch = batch
+        self.release_owner = release_owner  # the run whose claims each commit releases
         self._queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[None]] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.committed = 0
@@ -241,7 +315,9 @@ class CacheWriter:
                 scores = [row for kind, row, _ in entries if kind == "score"]
                 failures = [row for kind, row, _ in entries if kind == "failure"]
                 try:
-                    await asyncio.to_thread(self.cache.put_many, scores, failures)
+                    await asyncio.to_thread(
+                        self.cache.put_many, scores, failures, release_owner=self.release_owner
+                    )
                 except Exception as exc:  # the disk failed: every waiting worker hears of it
                     for _, _, committed in entries:
                         if not committed.done():

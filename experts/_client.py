@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
+from ._claims import ClaimLedger, Lease
 from ._endpoint import Endpoint
 from ._errors import EndpointDown, ExpertError, HTTPStatusError, TransportError
 from ._limiter import Limiter
@@ -24,6 +25,7 @@ from ._scoring import Request, build_request, parse_response
 __all__ = ["ExpertClient", "Item", "ItemResult", "Outage", "ProgressSink", "RunStats", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
+_CLAIM_BATCH_MAX = 512  # items claimed in one transaction at most (see `_produce`)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class RunStats:
     retries: int = 0
     rate_limited: int = 0  # answers with status 429
     in_flight: int = 0
+    waiting: int = 0  # items another run on the same cache is asking about right now
     prompt_tokens: int = 0
     completion_tokens: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -108,7 +111,9 @@ class Outage:
 
 class ExpertClient:
     """Scores items with one expert. The transport, clock, sleep and random source can be
-    injected (tests use them to avoid real waiting); by default httpx over aiohttp."""
+    injected (tests use them to avoid real waiting); by default httpx over aiohttp. With a
+    cache, items in flight are claimed in it under `lease`, so that runs sharing the cache
+    never query the same item at once (see `experts._claims`)."""
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class ExpertClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
         progress: ProgressSink | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.spec = spec
         self.template: PromptTemplate = load_template(spec.template)
@@ -130,6 +136,7 @@ class ExpertClient:
         self._sleep = sleep
         self._rng = rng or random.Random(0)
         self._progress = progress
+        self._lease = lease or Lease()
 
     def request_for(self, item: Item) -> tuple[Request, str]:
         """The request an item sends and its cache key."""
@@ -153,13 +160,17 @@ class ExpertClient:
     async def score(self, items: Sequence[Item]) -> tuple[list[ItemResult], RunStats]:
         """One result per item, aligned with `items`. Items with a cached score send nothing;
         the others are queried; failures after the retry cap are recorded, never raised, unless
-        so many come in a row that the endpoint is down (EndpointDown; answers so far are kept)."""
+        so many come in a row that the endpoint is down (EndpointDown; answers so far are kept).
+        Items another run on the same cache is asking about are waited for, not paid twice."""
         stats = RunStats(total=len(items))
         results: list[ItemResult | None] = [None] * len(items)
         limiter = Limiter(self.spec.rate, clock=self._clock, sleep=self._sleep)
         concurrency = self.spec.rate.concurrency
         outage = Outage(self.spec.retry.down_after or max(8, 2 * concurrency))
-        writer = CacheWriter(self.cache) if self.cache is not None else None
+        ledger = ClaimLedger(self.cache, lease=self._lease) if self.cache is not None else None
+        writer = CacheWriter(ledger.cache, release_owner=ledger.owner) if ledger is not None else None
+        if ledger is not None:
+            await asyncio.to_thread(ledger.sweep)  # claims of runs that died: tidiness, not needed
         queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * self.spec.rate.concurrency)
         endpoint = Endpoint(
             self.spec.resolved_urls(),
@@ -168,13 +179,14 @@ class ExpertClient:
             max_connections=self.spec.rate.concurrency,
             transport=self._transport,
         )
+        heartbeat = [asyncio.create_task(ledger.heartbeat(), name="claims-heartbeat")] if ledger else []
         if writer is not None:
             writer.start()
         workers = [
             asyncio.create_task(self._worker(queue, endpoint, limiter, writer, outage, results, stats))
             for _ in range(self.spec.rate.concurrency)
         ]
-        producer = asyncio.create_task(self._produce(items, results, stats, queue, len(workers)))
+        producer = asyncio.create_task(self._produce(items, results, stats, queue, len(workers), ledger))
         tasks = [producer, *workers]
         try:
             # If the workers die (a disk error on commit, say), the producer must not wait on a
@@ -185,13 +197,15 @@ class ExpertClient:
                     raise task.exception()  # type: ignore[misc]
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
+            for task in [*tasks, *heartbeat]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *heartbeat, return_exceptions=True)
             try:
                 if writer is not None:
                     await writer.close()  # commits what was handed over (re-raises a disk error)
             finally:
+                if ledger is not None:
+                    await ledger.close()  # after the writer: an item handed over is stored first
                 await endpoint.aclose()
                 self._report(stats)
         return [r for r in results if r is not None], stats
@@ -203,30 +217,78 @@ class ExpertClient:
         stats: RunStats,
         queue: asyncio.Queue[_Pending | None],
         n_workers: int,
+        ledger: ClaimLedger | None,
     ) -> None:
-        for pending in self._misses(items, results, stats):
-            await queue.put(pending)
+        """Queue the misses, claiming them a batch at a time just before they are queued: the
+        claims a run holds beyond its items in flight stay few, so a second run finds most
+        items free. Items another run holds are set aside and looked at again every
+        `lease.poll` seconds once this run's own items are queued: each ends as a cache hit
+        (the other run answered it) or is claimed and queried here (its claim went stale, or
+        the other run failed it and let it go)."""
+        batch_size = min(_CLAIM_BATCH_MAX, 2 * n_workers)
+        held: list[_Pending] = []
+        for misses in self._misses(items, results, stats):
+            for start in range(0, len(misses), batch_size):
+                mine, others = await self._claim(misses[start : start + batch_size], results, stats, ledger)
+                held += others
+                for pending in mine:
+                    await queue.put(pending)
+        while held:
+            stats.waiting = len(held)
+            self._report(stats)
+            await asyncio.sleep(self._lease.poll)
+            mine, held = await self._claim(held, results, stats, ledger)
+            for pending in mine:
+                await queue.put(pending)
+        stats.waiting = 0
         for _ in range(n_workers):
             await queue.put(None)
 
     def _misses(
         self, items: Sequence[Item], results: list[ItemResult | None], stats: RunStats
-    ) -> Iterator[_Pending]:
-        """Fill in cached results chunk by chunk and yield the items to query."""
+    ) -> Iterator[list[_Pending]]:
+        """Fill in cached results chunk by chunk and yield each chunk's items to query."""
         for start in range(0, len(items), _LOOKUP_CHUNK):
             chunk = [
                 (i, items[i], *self.request_for(items[i]))
                 for i in range(start, min(start + _LOOKUP_CHUNK, len(items)))
             ]
             cached = self.cache.get_many([key for *_, key in chunk]) if self.cache is not None else {}
+            misses = []
             for index, item, request, key in chunk:
                 hit = cached.get(key)
                 if hit is not None:
                     results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache")
                     stats.cached += 1
                 else:
-                    yield _Pending(index, item, request, key)
+                    misses.append(_Pending(index, item, request, key))
             self._report(stats)
+            if misses:
+                yield misses
+
+    async def _claim(
+        self,
+        batch: list[_Pending],
+        results: list[ItemResult | None],
+        stats: RunStats,
+        ledger: ClaimLedger | None,
+    ) -> tuple[list[_Pending], list[_Pending]]:
+        """Split `batch` into the items this run now holds and those another run holds; items
+        another run answered since they were looked up become cache hits."""
+        if ledger is None:
+            return batch, []
+        claimed = await asyncio.to_thread(ledger.claim, self.spec.name, {p.key: p.item.id for p in batch})
+        mine, others = [], []
+        for pending in batch:
+            hit = claimed.scored.get(pending.key)
+            if hit is not None:
+                results[pending.index] = ItemResult(pending.item.id, hit.score, hit.label_mass, "cache")
+                stats.cached += 1
+            elif pending.key in claimed.held:
+                others.append(pending)
+            else:
+                mine.append(pending)
+        return mine, others
 
     async def _worker(
         self,

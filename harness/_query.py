@@ -130,6 +130,8 @@ class RichProgress:
             f"cached {stats.cached}  in flight {stats.in_flight}  retries {stats.retries}  "
             f"429s {stats.rate_limited}  failed {stats.failed}  {tokens:,.0f} tok/s"
         )
+        if stats.waiting:  # items another run on this cache is asking about
+            detail += f"  waiting on another run {stats.waiting}"
         self._progress.update(self._task, total=stats.total, completed=stats.done, detail=detail)
 
 

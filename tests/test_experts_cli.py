@@ -142,7 +142,9 @@ def test_query_runs_resumes_and_reports(workdir: Path) -> None:
         else:
             assert float(row[2]) == pytest.approx(item_score(i), abs=1e-12) and row[4] == "cache"
     stats = run_ctd("cache", "stats", "--json", cwd=workdir, env=env_for(workdir))
-    assert json.loads(stats.stdout)["experts"] == {"url:fault-model": {"scores": 29, "failures": 2}}
+    assert json.loads(stats.stdout)["experts"] == {
+        "url:fault-model": {"scores": 29, "failures": 2, "claims": 0, "stale_claims": 0}
+    }
     exported = run_ctd("cache", "export", "--out", "scores.jsonl", cwd=workdir, env=env_for(workdir))
     assert exported.returncode == 0
     assert len((workdir / "scores.jsonl").read_text().splitlines()) == 29

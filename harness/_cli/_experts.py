@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -265,18 +266,41 @@ def _open_cache(path: Path | None) -> ScoreCache:
 @cache_app.command("stats")
 @clean_errors
 def cache_stats(cache: CacheOption = None, json_output: JsonOption = False) -> None:
-    """Scores and recorded failures per expert."""
+    """Scores and recorded failures per expert, and the items runs are asking about right now
+    (claims; a stale claim is one whose run is gone: the next run takes it over)."""
     store = _open_cache(cache)
     counts = store.counts()
+    holders = experts.list_claims(store)
+    for c in counts.values():
+        c.update(claims=0, stale_claims=0)
+    for holder in holders:
+        c = counts.setdefault(holder.expert, {"scores": 0, "failures": 0, "claims": 0, "stale_claims": 0})
+        c["claims"] += holder.live
+        c["stale_claims"] += holder.stale
+    now = time.time()
     if json_output:
-        print_json({"cache": str(store.path), "experts": counts})
+        claimed = [
+            {
+                "expert": h.expert,
+                "host": h.host,
+                "pid": h.pid,
+                "claims": h.live,
+                "stale_claims": h.stale,
+                "lease_left_s": round(max(0.0, h.expires - now), 1),
+            }
+            for h in holders
+        ]
+        print_json({"cache": str(store.path), "experts": counts, "holders": claimed})
         return
     table = Table(title=str(store.path))
-    for column in ("expert", "scores", "failures"):
+    for column in ("expert", "scores", "failures", "claimed now", "stale claims"):
         table.add_column(column)
     for name, c in sorted(counts.items()):
-        table.add_row(name, str(c["scores"]), str(c["failures"]))
+        table.add_row(name, str(c["scores"]), str(c["failures"]), str(c["claims"]), str(c["stale_claims"]))
     stdout.print(table)
+    for h in holders:
+        state = f"lease {max(0.0, h.expires - now):.0f} s left" if h.live else "stale: its run is gone"
+        stdout.print(f"  {h.expert}: {h.live + h.stale} items claimed by pid {h.pid} on {h.host} ({state})")
 
 
 @cache_app.command("explain")

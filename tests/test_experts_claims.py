@@ -1,0 +1,400 @@
+"""Runs that share one cache: items in flight are claimed in it, so that two processes never
+pay twice for an item, and a claim whose holder died never blocks the next run for long.
+
+The two-process tests run the real `ctd query` twice at once against the fault-injecting
+server (tests/fault_server.py) in a process of its own; the server's counts say who paid."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ctd_cli import CTD, run_ctd
+from fault_server import FaultPlan, RunningServer, item_score
+from test_experts_engine import db_rows, make_spec, predict, server_stats
+
+from experts import ExpertClient, Item, Lease, RateLimit, ScoreCache, list_claims
+from experts._claims import ClaimLedger, process_gone, this_host
+
+TESTS = Path(__file__).resolve().parent
+
+# The fault rates of issue 12: half of all requests meet a fault.
+ISSUE_12_FAULTS = {"429": 0.20, "500": 0.15, "drop": 0.05, "malformed": 0.05, "no-logprobs": 0.05}
+MAX_ATTEMPTS = 60  # far above what any item of the plan needs (the test checks), so none fails
+
+# `ctd query` has no option for the retry backoff (0.5 s doubling up to 30 s by default): through
+# half of all requests failing that would take minutes, so these runs start `ctd` with a
+# shorter default backoff. Everything else is the real command.
+CTD_FAST_BACKOFF = (
+    "from experts import RetryPolicy; "
+    "RetryPolicy.__init__.__kwdefaults__.update(initial=0.001, maximum=0.01); " + CTD
+)
+
+
+@contextmanager
+def fault_server_process(folder: Path, plan: dict[str, Any]) -> Iterator[str]:
+    """tests/fault_server.py in a process of its own (not in the test's threads): its base URL."""
+    port_file = folder / "port"
+    server = subprocess.Popen(
+        [sys.executable, str(TESTS / "fault_server.py"), str(port_file), json.dumps(plan)]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the fault server did not start"
+            assert server.poll() is None
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/v1"
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
+def write_workdir(folder: Path, n: int, url: str, *, concurrency: int) -> dict[str, str]:
+    """A dataset of n items and a registry with the expert `faulty`; the environment for `ctd`."""
+    rows = [
+        {
+            "ids": f"ex{i}",
+            "inputs": f"item-{i}: is this risky?",
+            "labels": "high-stakes" if i % 2 else "low-stakes",
+        }
+        for i in range(n)
+    ]
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "experts.toml").write_text(
+        f'[experts.faulty]\nbase_url = "{url}"\nmodel = "fault-model"\n'
+        f"concurrency = {concurrency}\nmax_attempts = {MAX_ATTEMPTS}\ntimeout = 10\n"
+    )
+    return {"CTD_CACHE": str(folder / "cache.sqlite"), "CTD_EXPERTS_FILE": str(folder / "experts.toml")}
+
+
+def start_query(folder: Path, env: dict[str, str], out: str, method: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CTD_FAST_BACKOFF, "query", "--data", "data.jsonl", "--out", out,
+         "--expert", "faulty", "--method", method, "--no-check", "--json"],
+        cwd=folder, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def read_out(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --------------------------------------------------------------------------- two processes, one cache
+
+
+def two_queries_on_one_cache(folder: Path, n: int, method: str, delay: float) -> None:
+    """Two `ctd query` processes started together on the same items and the same new cache,
+    through the fault rates of issue 12: every item is paid for once across both."""
+    plan = FaultPlan(rates=ISSUE_12_FAULTS)
+    outcomes = [predict(plan, i, method, MAX_ATTEMPTS) for i in range(n)]
+    assert all(o.scored for o in outcomes)  # the cap is above what any item needs
+    with fault_server_process(folder, {"rates": ISSUE_12_FAULTS, "delay": delay}) as url:
+        env = write_workdir(folder, n, url, concurrency=16)
+        runs = [start_query(folder, env, f"out-{name}.csv", method) for name in ("a", "b")]
+        finished = [run.communicate(timeout=600) for run in runs]
+        stats = server_stats(url)
+    for run, (_, stderr) in zip(runs, finished, strict=True):
+        assert run.returncode == 0, stderr
+    summaries = [json.loads(stdout) for stdout, _ in finished]
+    for summary in summaries:
+        assert summary["total"] == n and summary["failed"] == 0
+        assert summary["scored"] + summary["cached"] == n
+    # Both really ran at once (else the test proves nothing), and between them scored each item once.
+    assert min(s["scored"] for s in summaries) >= n // 10, summaries
+    assert sum(s["scored"] for s in summaries) == n, summaries
+
+    # The server's own counts: each item met exactly the requests one run alone would have sent
+    # (the faults depend on how many requests the item has had), so one success per answer.
+    for i, outcome in enumerate(outcomes):
+        assert stats["requests"].get(i, 0) == outcome.requests, (i, outcome)
+        assert stats["successes"].get(i, 0) == outcome.successes, (i, outcome)
+    if method == "next-token":
+        assert all(stats["successes"].get(i, 0) == 1 for i in range(n))
+
+    # Both outputs complete and aligned; each item came from the expert in exactly one of them.
+    outputs = [read_out(folder / f"out-{name}.csv") for name in ("a", "b")]
+    for rows in outputs:
+        assert [row["id"] for row in rows] == [f"ex{i}" for i in range(n)]
+        for i, row in enumerate(rows):
+            assert abs(float(row["expert"]) - item_score(i)) <= 1e-12, (i, row)
+    for i, (a, b) in enumerate(zip(*outputs, strict=True)):
+        assert {a["source"], b["source"]} == {"expert", "cache"}, (i, a, b)
+
+    db = folder / "cache.sqlite"
+    assert db_rows(db, "PRAGMA integrity_check") == [("ok",)]
+    assert db_rows(db, "SELECT count(*), count(DISTINCT item_id) FROM scores") == [(n, n)]
+    assert db_rows(db, "SELECT count(*) FROM failures") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM claims") == [(0,)]  # both released everything
+
+
+@pytest.mark.parametrize("method", ["next-token", "likelihood"])
+def test_two_queries_on_one_cache_pay_once(tmp_path: Path, method: str) -> None:
+    # The delay keeps each run long (seconds) next to the gap between the two starts.
+    two_queries_on_one_cache(tmp_path, 400, method, delay=0.1 if method == "next-token" else 0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["next-token", "likelihood"])
+def test_two_queries_on_one_cache_pay_once_2400_items(tmp_path: Path, method: str) -> None:
+    two_queries_on_one_cache(tmp_path, 2400, method, delay=0.02)
+
+
+# --------------------------------------------------------------------------- a killed holder
+
+
+def test_sigkill_of_a_claim_holder_does_not_block_the_other_run(tmp_path: Path) -> None:
+    """Two runs at once; one is killed mid-run. The other takes over its claims at once (the
+    holder is gone from this host) instead of waiting out the 60 s lease, and finishes
+    everything, paying again only for the killed run's items in flight."""
+    n, concurrency = 1200, 8
+    with fault_server_process(tmp_path, {"rates": {"429": 0.05, "500": 0.05}, "delay": 0.05}) as url:
+        env = write_workdir(tmp_path, n, url, concurrency=concurrency)
+        db = tmp_path / "cache.sqlite"
+        first = start_query(tmp_path, env, "out-a.csv", "next-token")
+        second = start_query(tmp_path, env, "out-b.csv", "next-token")
+        deadline = time.monotonic() + 60
+        while True:  # both runs are paying, and the first holds claims
+            assert first.poll() is None and second.poll() is None, "a run ended before the kill"
+            assert time.monotonic() < deadline, "the runs did not get going"
+            try:
+                pids = {pid for (pid,) in db_rows(db, "SELECT DISTINCT pid FROM claims")}
+                stored = db_rows(db, "SELECT count(*) FROM scores")[0][0]
+            except sqlite3.Error:  # not created yet
+                pids, stored = set(), 0
+            if {first.pid, second.pid} <= pids and stored >= 200:
+                break
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = time.monotonic()
+        time.sleep(0.3)  # requests that reached the server before the kill finish there
+        at_kill = server_stats(url)
+        stdout, stderr = second.communicate(timeout=120)
+        took = time.monotonic() - killed_at
+        end = server_stats(url)
+    assert second.returncode == 0, stderr
+    assert took < 30, f"the second run waited {took:.1f} s after the kill: it waited for the lease"
+    summary = json.loads(stdout)
+    assert summary["failed"] == 0 and summary["cached"] + summary["scored"] == n
+    rows = read_out(tmp_path / "out-b.csv")
+    assert [row["id"] for row in rows] == [f"ex{i}" for i in range(n)]
+    assert all(abs(float(row["expert"]) - item_score(i)) <= 1e-12 for i, row in enumerate(rows))
+    # Paid twice: only items the killed run had in flight (asked, not committed), one per worker.
+    paid_twice = {i for i, count in end["successes"].items() if count > 1}
+    assert paid_twice <= {i for i, count in at_kill["successes"].items() if count > 0}
+    assert len(paid_twice) <= concurrency, sorted(paid_twice)
+    assert all(end["successes"].get(i, 0) >= 1 for i in range(n))
+    assert db_rows(db, "SELECT count(*) FROM scores") == [(n,)]
+    assert db_rows(db, "SELECT count(*) FROM claims") == [(0,)]
+    assert db_rows(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+# --------------------------------------------------------------------------- `ctd cache stats`
+
+
+def test_cache_stats_shows_claims_in_progress_and_stale_ones(tmp_path: Path) -> None:
+    n = 400
+    with fault_server_process(tmp_path, {"delay": 0.2}) as url:
+        env = write_workdir(tmp_path, n, url, concurrency=4)  # a slow run (20 s), killed early
+        run = start_query(tmp_path, env, "out.csv", "next-token")
+        deadline = time.monotonic() + 60
+        while True:
+            assert run.poll() is None, "the run ended before its claims were seen"
+            assert time.monotonic() < deadline, "no claims seen"
+            stats = run_ctd("cache", "stats", "--json", cwd=tmp_path, env=env)
+            if stats.returncode == 0 and json.loads(stats.stdout)["experts"].get("faulty", {}).get("claims"):
+                break
+            time.sleep(0.1)
+        report = json.loads(stats.stdout)
+        assert report["experts"]["faulty"]["stale_claims"] == 0
+        [holder] = report["holders"]
+        assert holder["pid"] == run.pid and holder["host"] == this_host()
+        assert holder["claims"] >= 1 and 0 < holder["lease_left_s"] <= Lease().seconds
+        table = run_ctd("cache", "stats", cwd=tmp_path, env=env)
+        assert "claimed now" in table.stdout and f"pid {run.pid}" in table.stdout, table.stdout
+
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        report = json.loads(run_ctd("cache", "stats", "--json", cwd=tmp_path, env=env).stdout)
+        counts = report["experts"]["faulty"]
+        assert counts["claims"] == 0 and counts["stale_claims"] >= 1
+        assert report["holders"][0]["pid"] == run.pid
+        assert "its run is gone" in run_ctd("cache", "stats", cwd=tmp_path, env=env).stdout
+
+    # The next run on this host sweeps them (and would take them over without the sweep).
+    cache = ScoreCache(tmp_path / "cache.sqlite")
+    ClaimLedger(cache).sweep()
+    assert list_claims(cache) == []
+    cache.close()
+
+
+# --------------------------------------------------------------------------- leases, in one process
+
+
+def key_of(spec: Any, item: Item) -> str:
+    return ExpertClient(spec, cache=None).request_for(item)[1]
+
+
+def hold(
+    cache: ScoreCache, spec: Any, items: list[Item], *, owner: str, host: str, pid: int, expires: float
+) -> None:
+    """Claims on `items` as another run would hold them."""
+    with cache.engine.begin() as connection:
+        for item in items:
+            connection.exec_driver_sql(
+                "INSERT INTO claims (key, expert, item_id, owner, host, pid, expires) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key_of(spec, item), spec.name, item.id, owner, host, pid, expires),
+            )
+
+
+def score_row(spec: Any, item: Item, score: float) -> dict[str, Any]:
+    from experts._cache import now
+
+    return {
+        "key": key_of(spec, item), "expert": spec.name, "item_id": item.id, "endpoint": "x", "model": "x",
+        "method": spec.method, "template_sha256": "x", "schema_version": 1, "score": score,
+        "label_mass": None, "response": "{}", "latency_ms": 1.0, "created": now(),
+    }  # fmt: skip
+
+
+def test_a_run_waits_for_items_a_live_run_holds(tmp_path: Path) -> None:
+    """Items another live run holds are not asked: the ones it answers come from the cache, the
+    ones it lets go unanswered (it failed them) are claimed and asked here."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    items = [Item(f"row-{i}", f"A request about item-{i}.") for i in range(40)]
+    with RunningServer() as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=4))
+        other = {"owner": "other-run", "host": this_host(), "pid": os.getpid()}  # alive: this process
+        hold(cache, spec, items[:6], **other, expires=time.time() + 60)
+
+        async def the_other_run() -> None:
+            await asyncio.sleep(0.6)
+            answered = [score_row(spec, item, 0.123) for item in items[:4]]
+            failed = [
+                {"key": key_of(spec, item), "expert": spec.name, "item_id": item.id, "reason": "http-500",
+                 "message": "HTTP 500", "attempts": 6, "created": answered[0]["created"]}
+                for item in items[4:6]
+            ]  # fmt: skip
+            await asyncio.to_thread(cache.put_many, answered, failed, release_owner="other-run")
+
+        async def both() -> Any:
+            client = ExpertClient(spec, cache=cache, lease=Lease(poll=0.05))
+            started = time.monotonic()
+            (results, stats), _ = await asyncio.gather(client.score(items), the_other_run())
+            return results, stats, time.monotonic() - started
+
+        results, stats, took = asyncio.run(both())
+        requests = server.server.counts.requests
+    assert took >= 0.6
+    assert [r.source for r in results] == ["cache"] * 4 + ["expert"] * 36
+    assert [r.score for r in results[:4]] == [0.123] * 4  # the other run's answers
+    assert all(requests[i] == 0 for i in range(4))
+    assert all(requests[i] == 1 for i in range(4, 40))
+    assert stats.cached == 4 and stats.scored == 36 and stats.waiting == 0
+    assert db_rows(tmp_path / "cache.db", "SELECT count(*) FROM claims") == [(0,)]
+    cache.close()
+
+
+def test_stale_claims_are_taken_over(tmp_path: Path) -> None:
+    """A claim of a process gone from this host is taken over at once, whatever its lease; a
+    claim from another host only when its lease runs out."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    items = [Item(f"row-{i}", f"A request about item-{i}.") for i in range(20)]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with RunningServer() as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=4))
+        held_at = time.monotonic()
+        hold(
+            cache, spec, items[:3], owner="killed", host=this_host(), pid=dead.pid, expires=time.time() + 600
+        )
+        hold(cache, spec, items[3:5], owner="far-away", host="another-host", pid=1, expires=time.time() + 1.5)
+        sent_at: dict[int, float] = {}
+        original = server.server._fault
+
+        async def record(request: Any, item: int) -> Any:
+            sent_at.setdefault(item, time.monotonic())
+            return await original(request, item)
+
+        server.server._fault = record  # type: ignore[method-assign]
+        results, _ = asyncio.run(ExpertClient(spec, cache=cache, lease=Lease(poll=0.05)).score(items))
+    assert [r.source for r in results] == ["expert"] * 20
+    assert all(sent_at[i] - held_at < 1.0 for i in (0, 1, 2))  # the dead holder's: at once
+    assert all(1.5 <= sent_at[i] - held_at < 3.0 for i in (3, 4))  # the far host's: after its lease
+    assert db_rows(tmp_path / "cache.db", "SELECT count(*) FROM claims") == [(0,)]
+    cache.close()
+
+
+def test_the_heartbeat_keeps_a_long_run_s_claims_live(tmp_path: Path) -> None:
+    """With a 0.5 s lease renewed every 0.1 s, a run of several seconds never shows a stale
+    claim to an observer, and its claims vanish when it ends."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    items = [Item(f"row-{i}", f"A request about item-{i}.") for i in range(120)]
+    samples: list[tuple[int, int]] = []
+    with RunningServer(FaultPlan(delay=0.1)) as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=4))
+        client = ExpertClient(spec, cache=cache, lease=Lease(seconds=0.5, renew_every=0.1, poll=0.05))
+        run = threading.Thread(target=lambda: asyncio.run(client.score(items)))
+        started = time.monotonic()
+        run.start()
+        while run.is_alive():
+            holders = list_claims(cache)
+            samples.append((sum(h.live for h in holders), sum(h.stale for h in holders)))
+            time.sleep(0.05)
+        run.join()
+        took = time.monotonic() - started
+    assert took > 4 * 0.5  # the run outlasted its lease several times over
+    assert any(live for live, _ in samples)
+    assert all(stale == 0 for _, stale in samples), samples
+    assert list_claims(cache) == []
+    cache.close()
+
+
+def test_process_gone() -> None:
+    assert not process_gone(os.getpid())
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    assert process_gone(exited.pid)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while not process_gone(zombie.pid):  # killed and not yet reaped: a zombie is gone
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    zombie.wait()
+    assert process_gone(0) and process_gone(-1)
+
+
+def test_own_claims_are_not_waited_for(tmp_path: Path) -> None:
+    """The same input twice in one run is asked twice (as before claims), never waited on."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    ledger = ClaimLedger(cache)
+    first = ledger.claim("e", {"k1": "a", "k2": "b"})
+    assert first.mine == {"k1", "k2"} and not first.held and not first.scored
+    again = ledger.claim("e", {"k1": "a"})
+    assert again.mine == {"k1"}
+    other_ledger = ClaimLedger(cache)
+    other = other_ledger.claim("e", {"k1": "a", "k3": "c"})
+    assert other.held == {"k1"} and other.mine == {"k3"}
+    ledger.release_all()
+    assert [(h.owner, h.live) for h in list_claims(cache)] == [(other_ledger.owner, 1)]
+    cache.close()
