@@ -19,6 +19,7 @@ from ._errors import (
     HTTPStatusError,
     InvalidSetting,
     ResponseError,
+    StorageError,
     TransportError,
 )
 from ._limiter import Limiter, Pacer
@@ -71,6 +72,7 @@ __all__ = [
     "ScoreCache",
     "ScoreRow",
     "ScoringMethod",
+    "StorageError",
     "Timeout",
     "TransportError",
     "add_expert",

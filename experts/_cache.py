@@ -16,7 +16,8 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from sqlalchemy import event, func, insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
-from ._errors import ConfigError
+from ._errors import ConfigError, StorageError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -147,6 +148,18 @@ def _use_wal(cursor: Any, *, tries: int = 200) -> None:
     raise sqlite3.OperationalError("could not switch the cache to WAL: database is locked")
 
 
+@contextmanager
+def storage_errors(path: Path) -> Iterator[None]:
+    """SQLite failing to write (disk full, I/O error, read-only file) as one StorageError that
+    names the file: where the cache is written, this is where its errors enter."""
+    try:
+        yield
+    except DBAPIError as exc:
+        raise StorageError(f"{path}: {exc.orig}") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise StorageError(f"{path}: {exc}") from None
+
+
 class ScoreCache:
     """Get and put rows of one SQLite file. Safe to share between the event loop (reads) and the
     writer's thread (writes)."""
@@ -220,7 +233,7 @@ class ScoreCache:
         its first answer. With `release_owner`, that run's claims on the rows' keys are deleted
         in the same transaction, so no other run ever sees an item neither claimed nor stored."""
         scores, failures = list(scores), list(failures)
-        with self.write_lock, Session(self.engine) as session:
+        with storage_errors(self.path), self.write_lock, Session(self.engine) as session:
             if scores:
                 session.execute(insert(ScoreRow).prefix_with("OR IGNORE"), scores)
             if failures:
@@ -318,17 +331,45 @@ class CacheWriter:
                     await asyncio.to_thread(
                         self.cache.put_many, scores, failures, release_owner=self.release_owner
                     )
-                except Exception as exc:  # the disk failed: every waiting worker hears of it
+                except StorageError:
+                    await self._commit_one_by_one(entries)  # raises unless every row fits alone
+                except Exception as exc:  # every waiting worker hears of it
                     for _, _, committed in entries:
                         if not committed.done():
                             committed.set_exception(exc)
                     raise
-                self.committed += len(scores)
-                for _, _, committed in entries:
-                    if not committed.done():
-                        committed.set_result(None)
+                else:
+                    self.committed += len(scores)
+                    for _, _, committed in entries:
+                        if not committed.done():
+                            committed.set_result(None)
             if None in group:
                 return
+
+    async def _commit_one_by_one(
+        self, entries: list[tuple[str, dict[str, Any], asyncio.Future[None]]]
+    ) -> None:
+        """The group's transaction failed to write: paid answers first, try each row on its own
+        (a row may still fit where the group did not), then raise what stopped the rest."""
+        first_error: StorageError | None = None
+        lost = 0
+        for kind, row, committed in sorted(entries, key=lambda entry: entry[0] != "score"):
+            try:
+                scores, failures = ([row], []) if kind == "score" else ([], [row])
+                await asyncio.to_thread(
+                    self.cache.put_many, scores, failures, release_owner=self.release_owner
+                )
+            except StorageError as exc:
+                first_error = first_error or exc
+                lost += kind == "score"
+                if not committed.done():  # its worker may be cancelled by now
+                    committed.set_exception(exc)
+                continue
+            self.committed += kind == "score"
+            if not committed.done():
+                committed.set_result(None)
+        if first_error is not None:
+            raise StorageError(f"{first_error} ({lost} answer(s) waiting to commit could not be stored)")
 
     async def close(self) -> None:
         """Commit everything handed over, then stop."""

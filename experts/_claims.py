@@ -18,7 +18,6 @@ import asyncio
 import functools
 import os
 import socket
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,9 +25,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from ._cache import CachedScore, ScoreCache
+from ._cache import CachedScore, ScoreCache, storage_errors
+from ._errors import StorageError
 
 __all__ = ["ClaimHolder", "ClaimLedger", "Claimed", "Lease", "list_claims"]
 
@@ -165,7 +163,7 @@ class ClaimLedger:
         """Release every claim this run still holds, if the database lets us. If it does not
         (the disk failed), they go stale when this process exits, and the next run on this
         host takes them over at once."""
-        with suppress(sqlite3.Error, SQLAlchemyError, OSError):
+        with suppress(StorageError):  # the disk failed (storage_errors translates every cause)
             await asyncio.to_thread(self.release_all)
 
     def sweep(self) -> None:
@@ -189,7 +187,7 @@ class ClaimLedger:
             await asyncio.sleep(self.lease.renew_every)
             try:
                 await asyncio.to_thread(self.renew)
-            except (sqlite3.Error, SQLAlchemyError):
+            except StorageError:  # storage_errors translates every cause
                 continue
 
 
@@ -230,7 +228,7 @@ def _immediate(cache: ScoreCache) -> Iterator[Any]:
     """A cursor inside one write transaction, begun IMMEDIATE: the write lock is taken before
     the first read, so no other run can claim or answer a key between our look and our write
     (and two runs never deadlock upgrading a read to a write)."""
-    with cache.write_lock:  # this process's writers take turns without SQLite's busy sleeps
+    with storage_errors(cache.path), cache.write_lock:  # our writers take turns without busy sleeps
         connection = cache.engine.raw_connection()
         try:
             cursor = connection.cursor()

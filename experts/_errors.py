@@ -8,8 +8,10 @@
     ├── HTTPStatusError         a non-2xx answer; 408, 409, 425, 429 and 5xx are retried
     ├── ResponseError           a 2xx answer without a usable score: malformed JSON, missing
     │                           logprobs, no mass on the label tokens (retried, never cached)
-    └── EndpointDown            item after item failed at the endpoint with no answer between:
-                                the run ends instead of waiting out every item's retries
+    ├── EndpointDown            item after item failed at the endpoint with no answer between:
+    │                           the run ends instead of waiting out every item's retries
+    └── StorageError            the cache could not store answers (disk full, I/O error): the
+                                run ends after committing what it can
 
 httpx exceptions are translated where they enter (`experts._endpoint`).
 """
@@ -23,6 +25,7 @@ __all__ = [
     "HTTPStatusError",
     "InvalidSetting",
     "ResponseError",
+    "StorageError",
     "TransportError",
 ]
 
@@ -87,3 +90,10 @@ class ResponseError(ExpertError):
 
 class EndpointDown(ExpertError):
     reason = "endpoint-down"
+
+
+class StorageError(ExpertError):
+    """The cache file could not be written; the message names it. Raised where SQLite is
+    written (`experts._cache`, `experts._claims`), never retried: a full disk stays full."""
+
+    reason = "storage"

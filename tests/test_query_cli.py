@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,44 @@ def test_a_cache_that_is_not_sqlite_is_one_line(workdir: Path, make, fragment: s
         assert item_requests(running) == 0
     assert_one_line_error(result, f"{cache}: {fragment}")
     assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real 256 KiB file system (tmpfs), so the cache meets a genuinely full disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_stops_the_run_in_one_line_after_committing_what_fits(
+    workdir: Path, small_disk: Path
+) -> None:
+    n, concurrency = 1500, 16  # the registered expert's default concurrency
+    rows = [{"ids": f"ex{i}", "inputs": f"item-{i}: is this risky?"} for i in range(n)]
+    (workdir / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = small_disk / "cache.sqlite"
+    with RunningServer() as running:
+        result = query(workdir, running.url, "--cache", str(cache), data="big.jsonl")
+        answered = {i for i, count in running.server.counts.successes.items() if i >= 0 and count > 0}
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {cache}: database or disk is full"), last
+    assert "could not be stored" in last and "rerun to resume" in last
+    assert not (workdir / "out.csv").exists()
+    with sqlite3.connect(cache) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        stored_items = {int(item.removeprefix("ex")) for (item,) in db.execute("SELECT item_id FROM scores")}
+    assert 0 < len(stored_items) < n
+    assert stored_items <= answered
+    # Paid but not stored: at most the answers in flight when the disk filled.
+    assert len(answered - stored_items) <= concurrency

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 import calibrate
-from experts import ConfigError, EndpointDown
+from experts import ConfigError, EndpointDown, StorageError
 from probes import ProbeError
 
 from .._errors import InputError, RunFailed
@@ -30,9 +30,9 @@ stdout = Console()
 
 
 def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Turn bad input into one line on stderr and exit code 2, and an expert endpoint that
-    failed during the run, or a run whose failures pass --max-failed, into one line and exit
-    code 1; no traceback either way."""
+    """Turn bad input into one line on stderr and exit code 2, and an expert endpoint or a cache
+    disk that failed during the run, or a run whose failures pass --max-failed, into one line
+    and exit code 1; no traceback either way."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -43,6 +43,12 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(code=2) from None
         except EndpointDown as exc:  # not the input: the endpoint failed during the run
             print(f"error: {exc}; the answers so far are cached: rerun to resume", file=sys.stderr)
+            raise typer.Exit(code=1) from None
+        except StorageError as exc:  # not the input: the disk under the cache failed mid-run
+            print(
+                f"error: {exc}; the answers committed so far are kept: free space and rerun to resume",
+                file=sys.stderr,
+            )
             raise typer.Exit(code=1) from None
         except RunFailed as exc:  # the work is done and kept, but its result is not usable
             print(f"error: {exc}", file=sys.stderr)
