@@ -17,9 +17,13 @@ import hashlib
 import json
 import math
 import re
+import subprocess
 import sys
 import threading
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,6 +261,28 @@ class RunningServer:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+@contextmanager
+def server_process(folder: Path, plan: dict[str, Any]) -> Iterator[str]:
+    """This file run as a server in a process of its own (not in the test's threads, so a test
+    may kill clients beside it): yields its base URL, stops it at the end."""
+    port_file = folder / "port"
+    server = subprocess.Popen([sys.executable, __file__, str(port_file), json.dumps(plan)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the fault server did not start"
+            assert server.poll() is None
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/v1"
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
 
 
 def main() -> None:

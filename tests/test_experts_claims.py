@@ -16,14 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ctd_cli import CTD, run_ctd
-from fault_server import FaultPlan, RunningServer, item_score
+from fault_server import FaultPlan, RunningServer, item_score, server_process
 from test_experts_engine import db_rows, make_spec, predict, server_stats
 
 from experts import ExpertClient, Item, Lease, RateLimit, ScoreCache, list_claims
@@ -42,29 +40,6 @@ CTD_FAST_BACKOFF = (
     "from experts import RetryPolicy; "
     "RetryPolicy.__init__.__kwdefaults__.update(initial=0.001, maximum=0.01); " + CTD
 )
-
-
-@contextmanager
-def fault_server_process(folder: Path, plan: dict[str, Any]) -> Iterator[str]:
-    """tests/fault_server.py in a process of its own (not in the test's threads): its base URL."""
-    port_file = folder / "port"
-    server = subprocess.Popen(
-        [sys.executable, str(TESTS / "fault_server.py"), str(port_file), json.dumps(plan)]
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert time.monotonic() < deadline, "the fault server did not start"
-            assert server.poll() is None
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}/v1"
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
 
 
 def write_workdir(folder: Path, n: int, url: str, *, concurrency: int) -> dict[str, str]:
@@ -107,7 +82,7 @@ def two_queries_on_one_cache(folder: Path, n: int, method: str, delay: float) ->
     plan = FaultPlan(rates=ISSUE_12_FAULTS)
     outcomes = [predict(plan, i, method, MAX_ATTEMPTS) for i in range(n)]
     assert all(o.scored for o in outcomes)  # the cap is above what any item needs
-    with fault_server_process(folder, {"rates": ISSUE_12_FAULTS, "delay": delay}) as url:
+    with server_process(folder, {"rates": ISSUE_12_FAULTS, "delay": delay}) as url:
         env = write_workdir(folder, n, url, concurrency=16)
         runs = [start_query(folder, env, f"out-{name}.csv", method) for name in ("a", "b")]
         finished = [run.communicate(timeout=600) for run in runs]
@@ -166,7 +141,7 @@ def test_sigkill_of_a_claim_holder_does_not_block_the_other_run(tmp_path: Path) 
     holder is gone from this host) instead of waiting out the 60 s lease, and finishes
     everything, paying again only for the killed run's items in flight."""
     n, concurrency = 1200, 8
-    with fault_server_process(tmp_path, {"rates": {"429": 0.05, "500": 0.05}, "delay": 0.05}) as url:
+    with server_process(tmp_path, {"rates": {"429": 0.05, "500": 0.05}, "delay": 0.05}) as url:
         env = write_workdir(tmp_path, n, url, concurrency=concurrency)
         db = tmp_path / "cache.sqlite"
         first = start_query(tmp_path, env, "out-a.csv", "next-token")
@@ -213,7 +188,7 @@ def test_sigkill_of_a_claim_holder_does_not_block_the_other_run(tmp_path: Path) 
 
 def test_cache_stats_shows_claims_in_progress_and_stale_ones(tmp_path: Path) -> None:
     n = 400
-    with fault_server_process(tmp_path, {"delay": 0.2}) as url:
+    with server_process(tmp_path, {"delay": 0.2}) as url:
         env = write_workdir(tmp_path, n, url, concurrency=4)  # a slow run (20 s), killed early
         run = start_query(tmp_path, env, "out.csv", "next-token")
         deadline = time.monotonic() + 60

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from fault_server import FAULTS, FaultPlan, RunningServer, item_score
+from fault_server import FAULTS, FaultPlan, RunningServer, item_score, server_process
 
 from experts import (
     ExpertClient,
@@ -461,21 +461,11 @@ def committed(db: Path) -> dict[int, str]:
 def test_sigkill_mid_run_then_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     n, concurrency = 1500, 8
     plan = {"rates": {"429": 0.02, "500": 0.02}, "delay": 0.02}
-    port_file = tmp_path / "port"
     script = tmp_path / "score.py"
     script.write_text(SCRIPT)
     db = tmp_path / "cache.db"
     monkeypatch.setenv(KEY_ENV, SECRET)
-    server = subprocess.Popen(
-        [sys.executable, str(TESTS / "fault_server.py"), str(port_file), json.dumps(plan)]
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert time.monotonic() < deadline, "the fault server did not start"
-            assert server.poll() is None
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{int(port_file.read_text())}/v1"
+    with server_process(tmp_path, plan) as url:
         command = [sys.executable, str(script), url, str(db), str(n), str(concurrency), method]
 
         scorer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -542,13 +532,6 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert db_rows(db, "SELECT count(*) FROM claims") == [(0,)]
         assert db_rows(db, "PRAGMA integrity_check") == [("ok",)]
         assert not any(SECRET.encode() in p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
 
 
 def test_answered_but_uncommitted_items_stay_within_concurrency(tmp_path: Path) -> None:

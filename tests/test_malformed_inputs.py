@@ -49,6 +49,14 @@ QUERY = ("query", "--data", "data.jsonl", "--out", "out.csv")
 BY_URL = ("--expert-url", "{url}", "--expert-model", "fault-model")
 BY_NAME = ("--expert", "judge")
 
+
+def _data_case(name: str, content: bytes | str, fragment: str) -> Case:
+    """`ctd query` on a dataset file `name` holding `content`."""
+    return Case(
+        ("query", "--data", name, "--out", "o.csv", *BY_URL), (fragment,), files=_write(name, content)
+    )
+
+
 CASES: dict[str, Case] = {
     # the dataset
     "data missing": Case((*QUERY[:2], "nope.jsonl", *QUERY[3:], *BY_URL), ("nope.jsonl: no such file",)),
@@ -57,31 +65,19 @@ CASES: dict[str, Case] = {
         ("folder: is a folder",),
         files=_write("folder/", ""),
     ),
-    "data not utf-8": Case(
-        ("query", "--data", "l1.jsonl", "--out", "o.csv", *BY_URL),
-        ("l1.jsonl:2: not UTF-8",),
-        files=_write("l1.jsonl", b'{"inputs": "fine"}\n{"inputs": "caf\xe9"}\n'),
+    "data not utf-8": _data_case(
+        "l1.jsonl", b'{"inputs": "fine"}\n{"inputs": "caf\xe9"}\n', "l1.jsonl:2: not UTF-8"
     ),
-    "data bad json": Case(
-        ("query", "--data", "bad.jsonl", "--out", "o.csv", *BY_URL),
-        ("bad.jsonl:2: malformed JSON",),
-        files=_write("bad.jsonl", '{"inputs": "a"}\n{"inputs": \n'),
+    "data bad json": _data_case("bad.jsonl", '{"inputs": "a"}\n{"inputs": \n', "bad.jsonl:2: malformed JSON"),
+    "data unknown label": _data_case(
+        "lab.jsonl", '{"inputs": "a", "labels": "maybe"}\n', "lab.jsonl:1: label 'maybe'"
     ),
-    "data unknown label": Case(
-        ("query", "--data", "lab.jsonl", "--out", "o.csv", *BY_URL),
-        ("lab.jsonl:1: label 'maybe'",),
-        files=_write("lab.jsonl", '{"inputs": "a", "labels": "maybe"}\n'),
+    "data repeated id": _data_case(
+        "dup.jsonl",
+        '{"ids": "x", "inputs": "a"}\n{"ids": "x", "inputs": "b"}\n',
+        "dup.jsonl:2: id 'x' repeats",
     ),
-    "data repeated id": Case(
-        ("query", "--data", "dup.jsonl", "--out", "o.csv", *BY_URL),
-        ("dup.jsonl:2: id 'x' repeats",),
-        files=_write("dup.jsonl", '{"ids": "x", "inputs": "a"}\n{"ids": "x", "inputs": "b"}\n'),
-    ),
-    "data no inputs": Case(
-        ("query", "--data", "noin.jsonl", "--out", "o.csv", *BY_URL),
-        ("noin.jsonl:1: missing field 'inputs'",),
-        files=_write("noin.jsonl", '{"text": "a"}\n'),
-    ),
+    "data no inputs": _data_case("noin.jsonl", '{"text": "a"}\n', "noin.jsonl:1: missing field 'inputs'"),
     # the output and the cache
     "out .txt": Case((*QUERY[:4], "out.txt", *BY_URL), ("--out out.txt", "unknown file type '.txt'")),
     "out under a file": Case(
