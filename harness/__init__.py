@@ -1,25 +1,31 @@
 """The harness: run configuration, stages from files to files, table I/O, the `ctd` CLI.
 
-The CLI (`harness._cli`) is a thin layer over these functions, which a notebook can call too.
+The CLI (`harness.cli`) is a thin layer over these functions, which a notebook can call too.
 """
 
 from pathlib import Path
 
-from ._calibration import calibrate_scores, check_calibration_size, resolve_scores, simulate, validate_scores
-from ._config import RunConfig, load_run_config
-from ._dataspec import DataSplits, Example, load_data
-from ._dv import dv_stage
 from ._errors import InputError, RunFailed
-from ._eval import EvalResult, run_eval
-from ._probe import ProbeSettings, probe_stage
-from ._scores import SCORES_COLUMNS, ScoresTable, read_scores, scores_from_columns, write_scores
-from ._simulate import SCENARIOS, Scenario, simulate_scores
-from ._tables import read_table, write_table
+from .data._dataspec import DataSplits, Example, load_data
+from .data._scores import SCORES_COLUMNS, ScoresTable, read_scores, scores_from_columns, write_scores
+from .data._simulate import SCENARIOS, Scenario, simulate_scores
+from .data._tables import read_table, write_table
+from .run._config import RunConfig, load_run_config
+from .run._runner import EvalResult, run_eval
+from .stages._calibrate import (
+    calibrate_scores,
+    check_calibration_size,
+    resolve_scores,
+    simulate,
+    validate_scores,
+)
+from .stages._dv import dv_stage
+from .stages._probe import ProbeSettings, probe_stage
 
 
 def build_report(run_dir: Path) -> Path:
     """Write run_dir/report/ for a finished run (imports matplotlib only when called)."""
-    from ._report import build_report as build
+    from .report._build import build_report as build
 
     return build(Path(run_dir))
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CTD = "import sys; from harness._cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
+CTD = "import sys; from harness.cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
 
 
 def start_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

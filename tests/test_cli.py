@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from harness._cli import app
-from harness._scores import SCORES_COLUMNS, read_scores
-from harness._simulate import simulate_scores
-from harness._tables import read_table, write_table
+from harness.cli import app
+from harness.data._scores import SCORES_COLUMNS, read_scores
+from harness.data._simulate import simulate_scores
+from harness.data._tables import read_table, write_table
 
 runner = CliRunner()
 
@@ -47,7 +47,7 @@ def ctd(*args: object, env: dict[str, str] | None = None):
 def ctd_process(*args: object) -> subprocess.CompletedProcess[str]:
     """The real console script, in a fresh interpreter."""
     exe = shutil.which("ctd")
-    command = [exe] if exe else [sys.executable, "-c", "from harness._cli import main; main()"]
+    command = [exe] if exe else [sys.executable, "-c", "from harness.cli import main; main()"]
     return subprocess.run(
         [*command, *map(str, args)], capture_output=True, text=True, timeout=120, check=False
     )

@@ -16,23 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from harness._builtin import (
-    BUILTIN_GROUPS,
-    BUILTIN_SPLITS,
-    PER_LABEL,
-    builtin_dir,
-    builtin_rows,
-    write_builtin,
-)
-from harness._datasets import read_dataset
-from harness._dataspec import (
+from harness._errors import InputError
+from harness.data._datasets import read_dataset
+from harness.data._dataspec import (
     SPLIT_SALT,
     DataSource,
     DataSplits,
     load_data,
     parse_data_spec,
 )
-from harness._errors import InputError
+from harness.data.builtin import builtin_dir
+from harness.data.builtin._generate import (
+    BUILTIN_GROUPS,
+    BUILTIN_SPLITS,
+    PER_LABEL,
+    builtin_rows,
+    write_builtin,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,14 +90,14 @@ def test_builtin_files_are_exactly_what_the_generator_writes(tmp_path: Path) -> 
     assert sorted(written) == sorted(BUILTIN_SPLITS)
     for split in BUILTIN_SPLITS:
         shipped = builtin_dir() / f"{split}.jsonl"
-        assert shipped.is_file(), f"{shipped} is missing: run python -m harness._builtin"
+        assert shipped.is_file(), f"{shipped} is missing: run python -m harness.data.builtin._generate"
         assert written[split].read_bytes() == shipped.read_bytes(), f"{split}.jsonl differs from a rewrite"
 
 
 def test_builtin_module_entry_point_is_independent_of_the_hash_seed(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     subprocess.run(
-        [sys.executable, "-m", "harness._builtin", str(tmp_path)],
+        [sys.executable, "-m", "harness.data.builtin._generate", str(tmp_path)],
         check=True,
         cwd=REPO,
         env=env,
@@ -312,7 +312,7 @@ def test_automatic_dev_test_split(files: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_automatic_split_depends_on_the_salted_id_hash(files: dict[str, Path], monkeypatch) -> None:
-    import harness._dataspec as dataspec
+    import harness.data._dataspec as dataspec
 
     spec = f"train={files['train']} dev={files['anthropic']}"
     before = {e.id for e in load_data(spec).test}

@@ -18,9 +18,9 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, llama_servers_on, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
-from harness._builtin import builtin_dir
-from harness._scores import read_scores
-from harness._tables import read_table
+from harness.data._scores import read_scores
+from harness.data._tables import read_table
+from harness.data.builtin import builtin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"train": 48, "dev": 40, "test": 64}

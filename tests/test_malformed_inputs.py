@@ -15,7 +15,7 @@ import pytest
 from fault_server import RunningServer
 from typer.testing import CliRunner
 
-from harness._cli import app
+from harness.cli import app
 
 SECRET = "hunter2-url-password"
 

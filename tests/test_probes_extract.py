@@ -260,7 +260,7 @@ def test_two_processes_write_their_own_shards_and_match_one_process(tmp_path) ->
     import subprocess
     import sys
 
-    from harness._builtin import builtin_dir
+    from harness.data.builtin import builtin_dir
 
     data = []
     for split, size in (("train", 24), ("dev", 12), ("test", 12)):
@@ -270,13 +270,13 @@ def test_two_processes_write_their_own_shards_and_match_one_process(tmp_path) ->
         data += ["--data", f"{split}={tmp_path / f'{split}.jsonl'}"]
     common = ["probe", *data, "--seeds", "0", "--epochs", "3", "--max-tokens", "64", "--batch-tokens", "256"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    alone = [sys.executable, "-m", "harness._cli"]
+    alone = [sys.executable, "-m", "harness.cli"]
     single = subprocess.run(
         [*alone, *common, "--out", str(tmp_path / "one"), "--store", str(tmp_path / "s1")],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "harness._cli"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "harness.cli"]
     double = subprocess.run(
         [*launch, *common, "--out", str(tmp_path / "two"), "--store", str(tmp_path / "s2")],
         capture_output=True, text=True, env=env, timeout=300,

@@ -15,11 +15,11 @@ import pytest
 
 import calibrate
 import harness
-import harness._figures
+import harness.report._figures
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
-from harness._report import build_report
-from harness._validation import JOBS, read_job, run_job
+from harness.report._build import build_report
+from harness.stages._validate import JOBS, read_job, run_job
 
 ARCH = "simulated"
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.8)
@@ -322,7 +322,7 @@ def test_an_interrupted_build_keeps_the_previous_report(
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(harness._figures, "realised_figure", boom)  # after the first figures
+    monkeypatch.setattr(harness.report._figures, "realised_figure", boom)  # after the first figures
     with pytest.raises(RuntimeError, match="interrupted"):
         build_report(run)
     assert (run / "report" / "report.md").read_bytes() == before

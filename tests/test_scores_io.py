@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import harness._tables as tables
-from harness._calibration import simulate
+import harness.data._tables as tables
 from harness._errors import InputError
-from harness._scores import SCORES_COLUMNS, read_scores, write_scores
-from harness._simulate import simulate_scores
-from harness._tables import read_table, write_json, write_jsonl, write_table
+from harness.data._scores import SCORES_COLUMNS, read_scores, write_scores
+from harness.data._simulate import simulate_scores
+from harness.data._tables import read_table, write_json, write_jsonl, write_table
+from harness.stages._calibrate import simulate
 
 GROUPS = {"anthropic", "mt", "mts", "toolace"}
 N, N_DEV, SEEDS = 300, 200, 2

@@ -31,13 +31,13 @@ MUP = Path(__file__).resolve().parents[3] / "shared" / "data" / "mup" / "dev"
 
 
 def conversations(n: int) -> tuple[list, str]:
-    from harness._datasets import read_dataset
+    from harness.data._datasets import read_dataset
 
     if MUP.is_dir():
         items = [it for f in sorted(MUP.glob("*.jsonl")) for it in read_dataset(f).items]
         source = str(MUP)
     else:
-        from harness._builtin import builtin_dir
+        from harness.data.builtin import builtin_dir
 
         items = [it for f in sorted(builtin_dir().glob("*.jsonl")) for it in read_dataset(f).items]
         source = "built-in"

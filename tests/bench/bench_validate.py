@@ -5,7 +5,7 @@
 The stage validates, per probe configuration, budget control at every budget of the run (Pareto
 and budget-only LTT) and performance control at every error level (against the empirical
 selector), 500 trials each, and writes the JSON records and per-trial tables the report reads.
-Timed here exactly as `ctd eval` runs it (`harness._validation.run_job` for every job, files
+Timed here exactly as `ctd eval` runs it (`harness.stages._validate.run_job` for every job, files
 included) on simulated tables of three sizes: the embedded default's test split (160 rows per
 seed), the McKenzie example's (898) and the held-out tables of the issue (1,586); 3 seeds and one
 probe configuration, as the default run has. Target: the default run's whole validation under
@@ -26,7 +26,7 @@ from timing import timings
 
 import harness
 from harness import RunConfig
-from harness._validation import JOBS, run_job
+from harness.stages._validate import JOBS, run_job
 
 DEFAULT = RunConfig()  # the levels and headline levels of the default run
 BUDGETS = DEFAULT.budgets

@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 import calibrate
 
-from ._errors import InputError
+from .._errors import InputError
 from ._tables import RawTable, read_table, write_table
 
 __all__ = ["SCORES_COLUMNS", "SPLITS", "ScoresTable", "read_scores", "scores_from_columns", "write_scores"]

@@ -16,8 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
-from ._report_data import Curve
-from ._tables import atomic_path
+from ..data._tables import atomic_path
+from ._data import Curve
 
 __all__ = [
     "POLICY_LABELS",

@@ -14,8 +14,8 @@ from numpy.typing import NDArray
 
 import calibrate
 
-from ._report_data import Sweep, mean_std
-from ._tables import write_table
+from ..data._tables import write_table
+from ._data import Sweep, mean_std
 
 __all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]
 

@@ -20,10 +20,10 @@ import numpy as np
 import calibrate
 from probes import ProbeConfig, predict, train_probe
 
-from ._errors import InputError
+from .._errors import InputError
+from ..data._scores import scores_from_columns, write_scores
+from ..data._tables import check_writable, read_table, write_json
 from ._probe import open_stores
-from ._scores import scores_from_columns, write_scores
-from ._tables import check_writable, read_table, write_json
 
 __all__ = ["DV_TARGETS", "DVStageResult", "DVTarget", "dv_stage", "read_expert_scores"]
 

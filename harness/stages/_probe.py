@@ -36,9 +36,9 @@ from probes import (
     train_probe,
 )
 
-from ._dataspec import SPLITS, DataSplits, SplitName
-from ._errors import InputError
-from ._tables import read_json, write_json, write_table
+from .._errors import InputError
+from ..data._dataspec import SPLITS, DataSplits, SplitName
+from ..data._tables import read_json, write_json, write_table
 
 __all__ = ["ProbeSettings", "ProbeStageResult", "default_store_root", "open_stores", "probe_stage"]
 

@@ -1,5 +1,5 @@
 """The guarantee-validation section of the run report, read from validate/<arch>/ (written by
-`harness._validation.run_job`): violation and selection rates at every level, measured on the
+`harness.stages._validate.run_job`): violation and selection rates at every level, measured on the
 population and by the paper's protocol, and the per-trial histograms at the headline levels."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._errors import InputError
+from ..stages._validate import JOBS, JobRecord, read_job
 from . import _figures as fig
-from ._errors import InputError
-from ._report_context import ReportContext, markdown_table, pct, slug
-from ._validation import JOBS, JobRecord, read_job
+from ._context import ReportContext, markdown_table, pct, slug
 
 __all__ = ["validation_section"]
 

@@ -22,9 +22,9 @@ from calibrate import (
     ValidationMode,
 )
 
-from .._calibration import calibrate_scores, resolve_scores, simulate, validate_scores
 from .._errors import InputError
-from .._simulate import Scenario
+from ..data._simulate import Scenario
+from ..stages._calibrate import calibrate_scores, resolve_scores, simulate, validate_scores
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,

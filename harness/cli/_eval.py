@@ -9,10 +9,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .._calibration import default_runs_root
-from .._config import load_run_config
 from .._errors import InputError
-from .._eval import StageOutcome, run_eval
+from ..run._config import load_run_config
+from ..run._runner import StageOutcome, run_eval
+from ..stages._calibrate import default_runs_root
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,
@@ -246,7 +246,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Rebuild the report of a finished run from its files, recomputing nothing."""
-    from .._report import build_report
+    from ..report._build import build_report
 
     folder = Path(name)
     if not (folder / "scores.parquet").is_file():

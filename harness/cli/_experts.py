@@ -15,10 +15,10 @@ from rich.table import Table
 import experts
 from experts import ConfigError, InvalidSetting, ScoreCache, ScoringMethod
 
-from .._datasets import read_dataset
 from .._errors import MAX_FAILED, InputError, check_max_failed
-from .._query import QuerySummary, check_expert, default_cache_path, pick_expert, query_dataset
-from .._tables import check_writable, write_table
+from ..data._datasets import read_dataset
+from ..data._tables import check_writable, write_table
+from ..stages._query import QuerySummary, check_expert, default_cache_path, pick_expert, query_dataset
 from ._common import clean_errors, print_json, stdout
 
 ExpertOption = Annotated[
@@ -382,7 +382,7 @@ def cache_export(
         columns.append("response")
     rows = [{c: getattr(row, c) for c in columns} for row in store.rows(expert)]
     if out.suffix.lower() == ".jsonl":
-        from .._tables import atomic_path
+        from ..data._tables import atomic_path
 
         with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
             for row in rows:

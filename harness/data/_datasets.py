@@ -11,7 +11,7 @@ from pathlib import Path
 
 from experts import Conversation, Item
 
-from ._errors import InputError
+from .._errors import InputError
 from ._tables import not_utf8
 
 __all__ = ["Dataset", "read_dataset"]

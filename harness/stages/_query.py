@@ -24,9 +24,9 @@ from experts import (
     check_endpoint,
 )
 
-from ._datasets import read_dataset
-from ._errors import InputError, check_failed_fraction
-from ._tables import check_writable, write_table
+from .._errors import InputError, check_failed_fraction
+from ..data._datasets import read_dataset
+from ..data._tables import check_writable, write_table
 
 __all__ = [
     "QuerySummary",

@@ -19,8 +19,8 @@ from numpy.typing import NDArray
 import calibrate
 from calibrate import POLICIES, SweepConfig
 
-from ._errors import InputError
-from ._tables import RawTable, read_table
+from .._errors import InputError
+from ..data._tables import RawTable, read_table
 
 __all__ = [
     "BINARY_SUFFIX",

@@ -10,10 +10,10 @@ from rich.table import Table
 
 from probes import ARCHS, ProbeConfig
 
-from .._dataspec import load_data
-from .._dv import DVTarget, dv_stage, read_expert_scores
-from .._probe import ProbeSettings, default_store_root, probe_stage
-from .._progress import StageProgress
+from ..data._dataspec import load_data
+from ..run._progress import StageProgress
+from ..stages._dv import DVTarget, dv_stage, read_expert_scores
+from ..stages._probe import ProbeSettings, default_store_root, probe_stage
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
 DataOption = Annotated[

@@ -10,7 +10,7 @@ string with the tokens separated by whitespace):
 - `GROUP:PATH` puts every row of PATH in GROUP. Without `GROUP:` a row keeps its own `group`
   field if it has one, else the file stem names the group (`anthropic.jsonl` -> `anthropic`).
 - PATH is a local JSONL or CSV file of the McKenzie et al. format, `builtin` (the built-in file of
-  that split, see `harness._builtin`), or `hf:OWNER/NAME/PATH/IN/REPO.jsonl`, a file of a Hugging
+  that split, see `harness.data.builtin`), or `hf:OWNER/NAME/PATH/IN/REPO.jsonl`, a file of a Hugging
   Face dataset repository (downloaded once into the Hugging Face cache).
 - With no `test`, each dev file is cut into a dev half and a test half, stratified by (group,
   label), by a salted SHA-256 of the example id: the same ids always land in the same half.
@@ -35,9 +35,9 @@ from typing import Literal, cast, get_args
 
 from experts import Conversation, Item
 
-from ._builtin import builtin_dir
+from .._errors import InputError
 from ._datasets import Dataset, read_dataset
-from ._errors import InputError
+from .builtin import builtin_dir
 
 __all__ = [
     "BUILTIN",

@@ -40,17 +40,17 @@ from calibrate import SweepConfig
 from experts import ConfigError, ExpertSpec
 from probes import ModelInfo, ProbeConfig, ProbeError, describe_model, process_state, resolve_layer
 
-from ._calibration import calibrate_scores, default_runs_root
+from .._errors import InputError, RunFailed, check_failed_fraction
+from ..data._dataspec import DataSplits, load_data
+from ..data._scores import read_scores, write_scores
+from ..data._tables import atomic_path, read_json, read_table, write_json, write_table
+from ..stages._calibrate import calibrate_scores, default_runs_root
+from ..stages._dv import dv_stage
+from ..stages._probe import ProbeSettings, probe_stage
+from ..stages._query import check_expert, score_items
+from ..stages._validate import JOBS, run_job
 from ._config import RunConfig
-from ._dataspec import DataSplits, load_data
-from ._dv import dv_stage
-from ._errors import InputError, RunFailed, check_failed_fraction
-from ._probe import ProbeSettings, probe_stage
 from ._progress import StageProgress
-from ._query import check_expert, score_items
-from ._scores import read_scores, write_scores
-from ._tables import atomic_path, read_json, read_table, write_json, write_table
-from ._validation import JOBS, run_job
 
 __all__ = ["STAGES", "EvalResult", "StageOutcome", "run_eval"]
 
@@ -516,7 +516,7 @@ def _report_fingerprint(ctx: _Context) -> tuple[str, dict]:
 
 
 def _run_report(ctx: _Context) -> str:
-    from ._report import build_report  # matplotlib is imported only when a report is built
+    from ..report._build import build_report  # matplotlib is imported only when a report is built
 
     path = build_report(ctx.run.root)
     return str(path)

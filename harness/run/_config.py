@@ -18,7 +18,7 @@ import calibrate
 import experts
 from probes import ARCHS, EMBEDDED_MODEL
 
-from ._errors import MAX_FAILED, InputError, check_max_failed
+from .._errors import MAX_FAILED, InputError, check_max_failed
 
 __all__ = ["RunConfig", "load_run_config"]
 

@@ -1,7 +1,7 @@
 """The sections of the run report built on the sweeps and the scores table: cascade curves,
 realised delegation, the group table, DV-probe diagnostics, binary vs continuous DV and the
 score-merging controls. Each appends Markdown lines, numbers, CSV tables and figures to a
-`ReportContext`; `harness._report` lists them in order."""
+`ReportContext`; `harness.report._build` lists them in order."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import InputError
 from . import _figures as fig
-from ._errors import InputError
-from ._report_context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm, slug
-from ._report_data import (
+from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm, slug
+from ._data import (
     BINARY_SUFFIX,
     MEAN_V_FRACTIONS,
     Curve,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from ._errors import InputError
+from .._errors import InputError
 
 __all__ = [
     "TABLE_SUFFIXES",

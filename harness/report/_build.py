@@ -7,7 +7,7 @@ Reads (run folder layout):
         sweep.csv, baselines.csv, summary.json, ltt.jsonl
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
-        one record per level (harness._validation), the per-trial table <name>.parquet beside it
+        one record per level (harness.stages._validate), the per-trial table <name>.parquet beside it
     config.toml                             the resolved run config                 (optional)
 
 Writes report/: report.md, numbers.json, figures/<arch>/*.png, tables/**/*.csv. The report is
@@ -24,10 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._errors import InputError
-from ._report_context import ReportContext, fmt, markdown_table, pct, slug
-from ._report_data import Sweep, nearest_budget, read_run_config, read_sweep, value_at
-from ._report_sections import (
+from .._errors import InputError
+from ..data._scores import read_scores
+from ..data._tables import atomic_path, read_table, write_json
+from ._context import ReportContext, fmt, markdown_table, pct, slug
+from ._data import Sweep, nearest_budget, read_run_config, read_sweep, value_at
+from ._sections import (
     binary_section,
     cascade_section,
     dv_quality_section,
@@ -36,9 +38,7 @@ from ._report_sections import (
     merge_section,
     realised_section,
 )
-from ._report_validation import validation_section
-from ._scores import read_scores
-from ._tables import atomic_path, read_table, write_json
+from ._validation import validation_section
 
 __all__ = ["build_report"]
 

@@ -25,10 +25,10 @@ from numpy.typing import NDArray
 
 import calibrate
 
-from ._calibration import validate_scores
-from ._errors import InputError
-from ._scores import read_scores
-from ._tables import read_json, read_table, write_json
+from .._errors import InputError
+from ..data._scores import read_scores
+from ..data._tables import read_json, read_table, write_json
+from ._calibrate import validate_scores
 
 __all__ = ["JOBS", "JobRecord", "ValidationJob", "read_job", "run_job"]
 

@@ -16,7 +16,7 @@ from experts import ConfigError, EndpointDown, StorageError
 from probes import ProbeError
 
 from .._errors import InputError, RunFailed
-from .._tables import dumps
+from ..data._tables import dumps
 
 P = ParamSpec("P")
 R = TypeVar("R")

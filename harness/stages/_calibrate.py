@@ -11,10 +11,10 @@ import numpy as np
 import calibrate
 from calibrate import SweepConfig, ValidationResult
 
-from ._errors import InputError
-from ._scores import read_scores, write_scores
-from ._simulate import Scenario, simulate_scores
-from ._tables import check_writable, write_json, write_jsonl, write_table
+from .._errors import InputError
+from ..data._scores import read_scores, write_scores
+from ..data._simulate import Scenario, simulate_scores
+from ..data._tables import check_writable, write_json, write_jsonl, write_table
 
 __all__ = [
     "calibrate_scores",
@@ -90,7 +90,7 @@ def check_calibration_size(
 def simulate(
     scenario: Scenario, n: int, seeds: int, out: Path, *, n_dev: int | None = None, random_state: int = 0
 ) -> Path:
-    """Write a synthetic scores table (see `harness._simulate`)."""
+    """Write a synthetic scores table (see `harness.data._simulate`)."""
     check_writable(out, "--out")
     return write_scores(out, simulate_scores(scenario, n, seeds, n_dev=n_dev, random_state=random_state))
 

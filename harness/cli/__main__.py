@@ -1,0 +1,5 @@
+"""`python -m harness.cli` (what `accelerate launch -m harness.cli eval ...` runs)."""
+
+from . import main
+
+main()
