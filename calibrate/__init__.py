@@ -29,7 +29,9 @@ from ._ltt import (
 )
 from ._metrics import (
     DECISION_THRESHOLD,
+    DV_TARGETS,
     DVQuality,
+    DVTarget,
     GroupRow,
     accuracy,
     auroc,
@@ -102,6 +104,7 @@ __all__ = [
     "DECISION_THRESHOLD",
     "DEFAULT_BUDGETS",
     "DEFAULT_POLICIES",
+    "DV_TARGETS",
     "FWER_METHODS",
     "MEASUREMENTS",
     "MERGE_RULES",
@@ -117,6 +120,7 @@ __all__ = [
     "ControlBatch",
     "ControlResult",
     "DVQuality",
+    "DVTarget",
     "FWERBatch",
     "FWERMethod",
     "FWERProcedure",

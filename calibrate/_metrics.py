@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -13,7 +14,9 @@ from ._quota import count_nearest
 
 __all__ = [
     "DECISION_THRESHOLD",
+    "DV_TARGETS",
     "DVQuality",
+    "DVTarget",
     "GroupRow",
     "accuracy",
     "auroc",
@@ -27,6 +30,12 @@ __all__ = [
 
 DECISION_THRESHOLD = 0.5
 """A score s is read as the prediction 1[s >= 0.5] everywhere (accuracy, 0-1 error, v_bin)."""
+
+
+DVTarget = Literal["continuous", "binary"]
+"""What a DV probe learns: v = P_e(y|x) - P_p(y|x) (`delegation_value`), or v_bin = 1[probe wrong
+and expert right] (`binary_delegation_value`)."""
+DV_TARGETS: tuple[DVTarget, ...] = get_args(DVTarget)
 
 
 def predict(scores: ArrayLike) -> NDArray[np.bool_]:

@@ -1,34 +1,41 @@
-"""The harness: run configuration, stages from files to files, table I/O, the `ctd` CLI.
+"""The harness: `ctd eval` and every stage as a library a notebook can call, and the `ctd` CLI.
 
-The CLI (`harness.cli`) is a thin layer over these functions, which a notebook can call too.
+Rooms: `harness.run` (configuration, run folder layout, run log, the runner), `harness.stages`
+(probe, query, dv, calibrate, validate, report), `harness.data` (data sets, data specs, the scores
+table, table I/O, simulation), `harness.report` (the report, from files), `harness.cli` (thin
+Typer commands over this API).
 """
 
-from pathlib import Path
-
 from ._errors import InputError, RunFailed
-from .data._dataspec import DataSplits, Example, load_data
-from .data._scores import SCORES_COLUMNS, ScoresTable, read_scores, scores_from_columns, write_scores
-from .data._simulate import SCENARIOS, Scenario, simulate_scores
-from .data._tables import read_table, write_table
-from .run._config import RunConfig, load_run_config
-from .run._runner import EvalResult, run_eval
-from .stages._calibrate import (
+from ._eval import EvalResult, run_eval
+from .data import (
+    SCENARIOS,
+    SCORES_COLUMNS,
+    DataSplits,
+    Example,
+    Scenario,
+    ScoresTable,
+    load_data,
+    read_scores,
+    read_table,
+    scores_from_columns,
+    simulate_scores,
+    write_scores,
+    write_table,
+)
+from .report import build_report
+from .run import Roots, RunConfig, RunLayout, RunLog, StageOutcome, load_run_config
+from .stages import (
+    ProbeSettings,
     calibrate_scores,
-    check_calibration_size,
-    resolve_scores,
+    dv_stage,
+    pick_expert,
+    probe_stage,
+    query_dataset,
+    query_items,
     simulate,
     validate_scores,
 )
-from .stages._dv import dv_stage
-from .stages._probe import ProbeSettings, probe_stage
-
-
-def build_report(run_dir: Path) -> Path:
-    """Write run_dir/report/ for a finished run (imports matplotlib only when called)."""
-    from .report._build import build_report as build
-
-    return build(Path(run_dir))
-
 
 __all__ = [
     "SCENARIOS",
@@ -38,20 +45,25 @@ __all__ = [
     "Example",
     "InputError",
     "ProbeSettings",
+    "Roots",
     "RunConfig",
     "RunFailed",
+    "RunLayout",
+    "RunLog",
     "Scenario",
     "ScoresTable",
+    "StageOutcome",
     "build_report",
     "calibrate_scores",
-    "check_calibration_size",
     "dv_stage",
     "load_data",
     "load_run_config",
+    "pick_expert",
     "probe_stage",
+    "query_dataset",
+    "query_items",
     "read_scores",
     "read_table",
-    "resolve_scores",
     "run_eval",
     "scores_from_columns",
     "simulate",

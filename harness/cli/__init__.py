@@ -14,10 +14,7 @@ try:  # typer >= 0.2x ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
-from ._calibrate import register as _register_calibration
-from ._eval import register as _register_eval
-from ._experts import register as _register_experts
-from ._probe import register as _register_probe
+from . import _cache, _calibrate, _eval, _experts, _probe, _query
 
 __all__ = ["app", "main"]
 
@@ -30,11 +27,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts show defaults as [VALUE]: plain text, not markup tags
 )
-_register_eval(app)
-_register_probe(app)
-_register_calibration(app)
-_register_experts(app)
+for _group in (_eval, _probe, _calibrate, _query, _experts, _cache):  # the order of `ctd --help`
+    _group.register(app)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

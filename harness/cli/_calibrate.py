@@ -124,7 +124,10 @@ def calibrate_command(
     ] = ",".join(calibrate.DEFAULT_POLICIES),
     objectives: Annotated[
         str,
-        typer.Option("--objectives", help="Pareto objectives of the calibrated policies: auroc, accuracy."),
+        typer.Option(
+            "--objectives",
+            help=f"Pareto objectives of the calibrated policies: {', '.join(calibrate.OBJECTIVES)}.",
+        ),
     ] = ",".join(OBJECTIVES),
     delta: DeltaOption = 0.1,
     merge: Annotated[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -21,9 +22,22 @@ from ..data._tables import dumps
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# The default budget grid as START:STOP:COUNT, the form --budgets reads back.
-_GRID = calibrate.DEFAULT_BUDGETS
-BUDGETS_TEXT = f"{_GRID[0]:g}:{_GRID[-1]:g}:{len(_GRID)}"
+
+def shown(value: object) -> str:
+    """A default as its option reads it back: an evenly spaced grid as START:STOP:COUNT, another
+    tuple as a comma list, a float with %g."""
+    if isinstance(value, tuple):
+        if len(value) > 2 and all(isinstance(v, float) for v in value):
+            steps = {round(b - a, 9) for a, b in itertools.pairwise(value)}
+            if len(steps) == 1:
+                return f"{value[0]:g}:{value[-1]:g}:{len(value)}"
+        return ",".join(shown(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+BUDGETS_TEXT = shown(calibrate.DEFAULT_BUDGETS)
 
 stderr = Console(stderr=True)
 stdout = Console()

@@ -9,21 +9,34 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+import calibrate
+from probes import ARCHS
+
 from .._errors import InputError
-from ..run._config import load_run_config
-from ..run._runner import StageOutcome, run_eval
-from ..stages._calibrate import default_runs_root
+from .._eval import run_eval
+from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
+from ..run._layout import Roots
+from ..run._log import StageStatus
+from ..run._stage import StageOutcome
 from ._common import (
-    BUDGETS_TEXT,
     clean_errors,
     parse_floats,
     parse_ints,
     parse_names,
     parse_seeds,
     print_json,
+    shown,
     stderr,
     stdout,
 )
+
+_DEFAULTS = RunConfig()
+
+
+def _d(field: str) -> str:
+    """` [DEFAULT]` for a help text, from RunConfig (the one place each default is written)."""
+    return f" [{shown(getattr(_DEFAULTS, field))}]"
+
 
 EVAL_HELP = (
     "Run every stage (probe, query, dv, calibrate, validate, report) in runs/NAME, resumably.\n\n"
@@ -61,40 +74,58 @@ def eval_command(
         int | None, typer.Option("--layer", help="Layer (default: 11 for Llama-3.2-1B, else 2/3 depth).")
     ] = None,
     max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", help="Token limit per input [512].")
+        int | None, typer.Option("--max-tokens", help="Token limit per input" + _d("max_tokens") + ".")
     ] = None,
     batch_tokens: Annotated[
-        int | None, typer.Option("--batch-tokens", help="Padded tokens per extraction batch [8192].")
+        int | None,
+        typer.Option("--batch-tokens", help="Padded tokens per extraction batch" + _d("batch_tokens") + "."),
     ] = None,
     device_map: Annotated[str | None, typer.Option("--device-map", help="'auto' to spread --model.")] = None,
     arch: Annotated[
         str | None,
-        typer.Option("--arch", help="Probe configurations: attention,softmax,mean,mlp [attention]."),
+        typer.Option("--arch", help=f"Probe configurations: {','.join(ARCHS)}" + _d("archs") + "."),
     ] = None,
-    seeds: Annotated[str | None, typer.Option("--seeds", help="Probe training seeds [0,1,2].")] = None,
-    epochs: Annotated[int | None, typer.Option("--epochs", help="Maximum training epochs [60].")] = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="Probe training seeds" + _d("seeds") + ".")
+    ] = None,
+    epochs: Annotated[
+        int | None, typer.Option("--epochs", help="Maximum training epochs" + _d("epochs") + ".")
+    ] = None,
     expert: Annotated[
         str | None,
-        typer.Option("--expert", help="A registered expert (ctd experts list) or a base URL [smollm2]."),
+        typer.Option(
+            "--expert", help="A registered expert (ctd experts list) or a base URL" + _d("expert") + "."
+        ),
     ] = None,
     expert_model: Annotated[
         str | None, typer.Option("--expert-model", help="Served model name when --expert is a URL.")
     ] = None,
     serve: Annotated[
         str | None,
-        typer.Option("--serve", help="auto: start a local llama.cpp expert if none answers; never [auto]."),
+        typer.Option(
+            "--serve", help="auto: start a local llama.cpp expert if none answers; never" + _d("serve") + "."
+        ),
     ] = None,
     dv_target: Annotated[
-        str | None, typer.Option("--dv-target", help="continuous, binary, or both [continuous].")
+        str | None,
+        typer.Option("--dv-target", help=f"{', '.join(DV_TARGET_CHOICES)}" + _d("dv_target") + "."),
     ] = None,
     budgets: Annotated[
         str | None,
-        typer.Option("--budgets", help=f"Target budgets, list or START:STOP:COUNT [{BUDGETS_TEXT}]."),
+        typer.Option("--budgets", help="Target budgets, list or START:STOP:COUNT" + _d("budgets") + "."),
     ] = None,
-    batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Batch sizes [32,64,128].")] = None,
-    delta: Annotated[float | None, typer.Option("--delta", help="LTT error level delta [0.1].")] = None,
+    batch_sizes: Annotated[
+        str | None, typer.Option("--batch-sizes", help="Batch sizes" + _d("batch_sizes") + ".")
+    ] = None,
+    delta: Annotated[
+        float | None, typer.Option("--delta", help="LTT error level delta" + _d("delta") + ".")
+    ] = None,
     objectives: Annotated[
-        str | None, typer.Option("--objectives", help="Selection objectives: auroc,accuracy [both].")
+        str | None,
+        typer.Option(
+            "--objectives",
+            help=f"Selection objectives: {','.join(calibrate.OBJECTIVES)}" + _d("objectives") + ".",
+        ),
     ] = None,
     merge_controls: Annotated[
         bool | None,
@@ -103,40 +134,47 @@ def eval_command(
         ),
     ] = None,
     trials: Annotated[
-        int | None, typer.Option("--trials", help="Random splits for validation [500].")
+        int | None, typer.Option("--trials", help="Random splits for validation" + _d("trials") + ".")
     ] = None,
     performance_alphas: Annotated[
         str | None,
         typer.Option(
             "--performance-alphas",
-            help="Error levels at which performance control is validated [0.05:0.5:10].",
+            help="Error levels at which performance control is validated" + _d("performance_alphas") + ".",
         ),
     ] = None,
     budget_alpha: Annotated[
         float | None,
         typer.Option(
             "--budget-alpha",
-            help="Budget whose per-trial histogram the report draws (every budget is validated) [0.3].",
+            help="Budget whose per-trial histogram the report draws (every budget is validated)"
+            + _d("budget_alpha")
+            + ".",
         ),
     ] = None,
     performance_alpha: Annotated[
         float | None,
         typer.Option(
-            "--performance-alpha", help="Error level whose per-trial histogram the report draws [0.2]."
+            "--performance-alpha",
+            help="Error level whose per-trial histogram the report draws" + _d("performance_alpha") + ".",
         ),
     ] = None,
     pvalue: Annotated[
         str | None,
         typer.Option(
             "--pvalue",
-            help="LTT p-value: binomial (exact, the paper's text) or hb (Hoeffding-Bentkus) [binomial].",
+            help="LTT p-value: binomial (exact, the paper's text) or hb (Hoeffding-Bentkus)"
+            + _d("pvalue")
+            + ".",
         ),
     ] = None,
     max_failed: Annotated[
         float | None,
         typer.Option(
             "--max-failed",
-            help="Stop before calibration when over this fraction of a split failed at the expert [0.01].",
+            help="Stop before calibration when over this fraction of a split failed at the expert"
+            + _d("max_failed")
+            + ".",
         ),
     ] = None,
     runs_dir: Annotated[
@@ -157,7 +195,7 @@ def eval_command(
         "max_tokens": max_tokens,
         "batch_tokens": batch_tokens,
         "device_map": device_map,
-        "archs": parse_names(arch, "--arch", ("attention", "softmax", "mean", "mlp")) if arch else None,
+        "archs": parse_names(arch, "--arch", ARCHS) if arch else None,
         "seeds": parse_seeds(seeds, "--seeds") if seeds else None,
         "epochs": epochs,
         "expert": expert,
@@ -167,7 +205,7 @@ def eval_command(
         "budgets": parse_floats(budgets, "--budgets") if budgets else None,
         "batch_sizes": parse_ints(batch_sizes, "--batch-sizes") if batch_sizes else None,
         "delta": delta,
-        "objectives": parse_names(objectives, "--objectives", ("auroc", "accuracy")) if objectives else None,
+        "objectives": parse_names(objectives, "--objectives", calibrate.OBJECTIVES) if objectives else None,
         "merge_controls": merge_controls,
         "trials": trials,
         "performance_alphas": (
@@ -183,7 +221,9 @@ def eval_command(
     def announce(outcome: StageOutcome) -> None:
         if not json_out:
             verb = (
-                "skipped (up to date)" if outcome.status == "skipped" else f"done in {outcome.seconds:.1f} s"
+                "skipped (up to date)"
+                if outcome.status is StageStatus.SKIPPED
+                else f"done in {outcome.seconds:.1f} s"
             )
             stderr.print(
                 f"[bold]{outcome.stage}[/bold] {verb}" + (f": {outcome.detail}" if outcome.detail else "")
@@ -250,7 +290,7 @@ def report_command(
 
     folder = Path(name)
     if not (folder / "scores.parquet").is_file():
-        folder = (runs_dir or default_runs_root()) / name
+        folder = Roots.resolve(runs_dir).run(name).root
     if not folder.is_dir():
         raise InputError(f"run {name!r}: no such run folder ({folder})")
     path = build_report(folder)

@@ -11,9 +11,10 @@ from rich.table import Table
 from probes import ARCHS, ProbeConfig
 
 from ..data._dataspec import load_data
+from ..run._layout import Roots
 from ..run._progress import StageProgress
 from ..stages._dv import DVTarget, dv_stage, read_expert_scores
-from ..stages._probe import ProbeSettings, default_store_root, probe_stage
+from ..stages._probe import ProbeSettings, probe_stage
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
 DataOption = Annotated[
@@ -73,7 +74,7 @@ def probe_command(
     )
     with StageProgress(enabled=not json_out) as progress:
         result = probe_stage(
-            splits, settings, out, store_root=store or default_store_root(), progress=progress
+            splits, settings, out, store_root=store or Roots.resolve().store, progress=progress
         )
     if result is None:  # a non-main process of `accelerate launch`: it only extracted
         return

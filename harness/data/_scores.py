@@ -13,10 +13,26 @@ import calibrate
 from .._errors import InputError
 from ._tables import RawTable, read_table, write_table
 
-__all__ = ["SCORES_COLUMNS", "SPLITS", "ScoresTable", "read_scores", "scores_from_columns", "write_scores"]
+__all__ = [
+    "BINARY_SUFFIX",
+    "SCORES_COLUMNS",
+    "SPLITS",
+    "ScoresTable",
+    "binary_twin",
+    "read_scores",
+    "scores_from_columns",
+    "write_scores",
+]
 
 SCORES_COLUMNS: tuple[str, ...] = ("id", "group", "split", "label", "probe", "expert", "dv", "seed", "arch")
 SPLITS: tuple[str, ...] = ("dev", "test")
+BINARY_SUFFIX = "-binary"
+"""An arch "<arch>-binary" in a scores table holds a DV probe trained on v_bin; it pairs with "<arch>"."""
+
+
+def binary_twin(arch: str) -> str:
+    """The arch name of `arch`'s binary-target DV probe in a scores table."""
+    return arch + BINARY_SUFFIX
 
 
 @dataclass(frozen=True)

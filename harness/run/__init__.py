@@ -1,1 +1,26 @@
-"""harness.run."""
+"""A run: its configuration (`RunConfig`), where its files live (`Roots`, `RunLayout`), its
+records (`RunLog`, the manifests), the `Stage` interface and the runner that skips what is up to
+date. Which stages `ctd eval` runs is listed in `harness._eval`."""
+
+from ._config import RunConfig, load_run_config
+from ._context import RunContext
+from ._layout import Roots, RunLayout
+from ._log import Manifests, RunLog, StageRecord, StageStatus
+from ._runner import run_stages
+from ._stage import Stage, StageOutcome, StageResult
+
+__all__ = [
+    "Manifests",
+    "Roots",
+    "RunConfig",
+    "RunContext",
+    "RunLayout",
+    "RunLog",
+    "Stage",
+    "StageOutcome",
+    "StageRecord",
+    "StageResult",
+    "StageStatus",
+    "load_run_config",
+    "run_stages",
+]

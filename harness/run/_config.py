@@ -20,10 +20,10 @@ from probes import ARCHS, EMBEDDED_MODEL
 
 from .._errors import MAX_FAILED, InputError, check_max_failed
 
-__all__ = ["RunConfig", "load_run_config"]
+__all__ = ["DV_TARGET_CHOICES", "RunConfig", "load_run_config"]
 
 Serve = Literal["auto", "never"]
-DVTargetChoice = Literal["continuous", "binary", "both"]
+DV_TARGET_CHOICES: tuple[str, ...] = (*calibrate.DV_TARGETS, "both")  # "both" trains one DV probe of each
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,12 +47,12 @@ class RunConfig:
     expert_model: str | None = None
     serve: Serve = "auto"  # start a local llama.cpp expert when it is not already answering
     # the DV stage
-    dv_target: DVTargetChoice = "continuous"  # "both" also trains the binary variant (arch "<arch>-binary")
+    dv_target: str = calibrate.DV_TARGETS[0]  # "both" also trains the binary variant (arch "<arch>-binary")
     # calibration and validation
     budgets: tuple[float, ...] = calibrate.DEFAULT_BUDGETS
     batch_sizes: tuple[int, ...] = (32, 64, 128)
     delta: float = 0.1
-    objectives: tuple[str, ...] = ("auroc", "accuracy")
+    objectives: tuple[str, ...] = calibrate.OBJECTIVES
     merge_controls: bool = True  # also sweep with every policy overwriting, and every policy averaging
     pvalue: calibrate.PValueMethod = "binomial"  # or "hb" (Hoeffding-Bentkus, the authors' code)
     trials: int = 500
@@ -86,9 +86,9 @@ class RunConfig:
             raise InputError(f"--seeds: expected distinct non-negative integers, got {self.seeds}")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InputError(f"--batch-sizes: expected positive integers, got {self.batch_sizes}")
-        bad_objectives = [o for o in self.objectives if o not in ("auroc", "accuracy")]
+        bad_objectives = [o for o in self.objectives if o not in calibrate.OBJECTIVES]
         if bad_objectives or not self.objectives:
-            raise InputError("--objectives: choose from auroc, accuracy")
+            raise InputError(f"--objectives: choose from {', '.join(calibrate.OBJECTIVES)}")
         for name in ("max_tokens", "batch_tokens", "epochs", "trials"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')}: must be at least 1")
@@ -96,10 +96,8 @@ class RunConfig:
             raise InputError(f"--layer {self.layer}: must be at least 1")
         if self.serve not in get_args(Serve):
             raise InputError(f"--serve {self.serve}: choose from auto, never")
-        if self.dv_target not in get_args(DVTargetChoice):
-            raise InputError(
-                f"--dv-target {self.dv_target}: choose from {', '.join(get_args(DVTargetChoice))}"
-            )
+        if self.dv_target not in DV_TARGET_CHOICES:
+            raise InputError(f"--dv-target {self.dv_target}: choose from {', '.join(DV_TARGET_CHOICES)}")
         if self.expert.startswith(("http://", "https://")):
             # The URL is written to config.toml, run.json and the report: no secrets in it.
             try:

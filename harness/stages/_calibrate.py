@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 import calibrate
-from calibrate import SweepConfig, ValidationResult
+from calibrate import MergeChoice, SweepConfig, ValidationResult
 
 from .._errors import InputError
 from ..data._scores import read_scores, write_scores
 from ..data._simulate import Scenario, simulate_scores
 from ..data._tables import check_writable, write_json, write_jsonl, write_table
+from ..run._context import RunContext
+from ..run._layout import Roots
+from ..run._log import file_sha256, fingerprint
+from ..run._stage import StageResult
 
 __all__ = [
+    "CALIBRATE_SETTINGS",
+    "CalibrateStage",
     "calibrate_scores",
     "check_calibration_size",
-    "default_runs_root",
     "resolve_scores",
     "simulate",
     "validate_scores",
 ]
-
-
-def default_runs_root() -> Path:
-    """Where runs live: $CTD_RUNS_DIR, else ./runs."""
-    return Path(os.environ.get("CTD_RUNS_DIR", "runs"))
 
 
 def resolve_scores(scores: Path | None, run: str | None, runs_root: Path | None = None) -> Path:
@@ -37,10 +39,11 @@ def resolve_scores(scores: Path | None, run: str | None, runs_root: Path | None 
         raise InputError("give exactly one of --scores FILE and --run NAME")
     if scores is not None:
         return Path(scores)
-    folder = (runs_root or default_runs_root()) / str(run)
+    layout = Roots.resolve(runs_root).run(str(run))
+    folder = layout.root
     if not folder.is_dir():
         raise InputError(f"--run {run}: no run folder {folder}")
-    path = folder / "scores.parquet"
+    path = layout.scores
     if not path.exists():
         raise InputError(f"--run {run}: {path} does not exist (has the run reached the dv stage?)")
     return path
@@ -241,3 +244,64 @@ def validate_scores(
         trials_table = {k: np.concatenate([r.per_trial[k] for r in results]) for k in results[0].per_trial}
         write_table(Path(out), trials_table)
     return results
+
+
+CALIBRATE_SETTINGS: tuple[str, ...] = (
+    "budgets",
+    "batch_sizes",
+    "delta",
+    "objectives",
+    "merge_controls",
+    "pvalue",
+)
+"""The RunConfig fields the calibrate stage's outputs depend on (with the scores table)."""
+
+
+@dataclass(frozen=True)
+class CalibrateStage:
+    """`ctd eval`'s calibrate stage: one `calibrate_scores` sweep per probe configuration into
+    calibrate/ARCH/, and with merge controls one more per merge rule (calibrate/ARCH/merge-RULE/)."""
+
+    ctx: RunContext
+    name: ClassVar[str] = "calibrate"
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        inputs = {"scores": file_sha256(self.ctx.layout.scores)}
+        return fingerprint(
+            {"inputs": inputs, "settings": self.ctx.config.section(*CALIBRATE_SETTINGS)}
+        ), inputs
+
+    def reusable(self) -> bool:
+        return True
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.calibrate]
+
+    def run(self) -> StageResult:
+        ctx, config, layout = self.ctx, self.ctx.config, self.ctx.layout
+        shutil.rmtree(layout.calibrate, ignore_errors=True)  # no stale merge controls or archs
+        merges: list[MergeChoice] = (
+            ["default", "overwrite", "average"] if config.merge_controls else ["default"]
+        )
+        archs = read_scores(layout.scores).archs
+        total, done, parts = len(archs) * len(merges), 0, []
+        for arch in archs:
+            for merge in merges:
+                ctx.progress("calibrate sweeps", done, total)
+                sweep = SweepConfig(
+                    budgets=config.budgets,
+                    batch_sizes=config.batch_sizes,
+                    delta=config.delta,
+                    objectives=config.objectives,
+                    merge=merge,
+                    pvalue=config.pvalue,
+                )
+                summary = calibrate_scores(layout.scores, layout.sweep(arch, merge), sweep, arch=arch)
+                done += 1
+                if merge == "default":
+                    parts.append(f"{arch}: {summary['rows']} rows")
+        ctx.progress("calibrate sweeps", total, total)
+        return StageResult("; ".join(parts))
+
+    def check_outputs(self) -> None:
+        return None

@@ -13,22 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, ClassVar
 
 import numpy as np
 
 import calibrate
+from calibrate import DV_TARGETS, DVTarget
 from probes import ProbeConfig, predict, train_probe
 
 from .._errors import InputError
-from ..data._scores import scores_from_columns, write_scores
+from ..data._scores import binary_twin, read_scores, scores_from_columns, write_scores
 from ..data._tables import check_writable, read_table, write_json
+from ..run._context import RunContext
+from ..run._log import file_sha256, fingerprint
+from ..run._stage import StageResult
 from ._probe import open_stores
 
-__all__ = ["DV_TARGETS", "DVStageResult", "DVTarget", "dv_stage", "read_expert_scores"]
-
-DVTarget = Literal["continuous", "binary"]
-DV_TARGETS: tuple[DVTarget, ...] = get_args(DVTarget)
+__all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
 
 
 @dataclass(frozen=True)
@@ -163,3 +164,74 @@ def _means(runs: list[dict]) -> dict[str, dict[str, float]]:
         rows = [r for r in runs if r["arch"] == arch]
         out[arch] = {k: float(np.mean([r[k] for r in rows])) for k in ("test_mse", "test_spearman")}
     return out
+
+
+@dataclass(frozen=True)
+class DVStage:
+    """`ctd eval`'s DV stage: one `dv_stage` per DV target into dv/, merged into the run's scores
+    table (with `--dv-target both`, the binary variant's rows carry the arch `binary_twin(arch)`)."""
+
+    ctx: RunContext
+    name: ClassVar[str] = "dv"
+
+    @property
+    def targets(self) -> list[DVTarget]:
+        chosen = self.ctx.config.dv_target
+        return list(DV_TARGETS) if chosen == "both" else [chosen]  # type: ignore[list-item]
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        layout = self.ctx.layout
+        inputs = {
+            "probe_scores": file_sha256(layout.probe_scores),
+            "stores": file_sha256(layout.stores),
+            # What this stage reads from the query table (split, id, expert): a rerun answered from
+            # the cache (its `source` column says "cache") must not look like new input.
+            "expert_scores": fingerprint(sorted((s, i, repr(v)) for (s, i), v in self._expert().items())),
+        }
+        return fingerprint(
+            {"inputs": inputs, "settings": self.ctx.config.section("dv_target", "epochs")}
+        ), inputs
+
+    def _expert(self) -> dict[tuple[str, str], float]:
+        """(split, id) -> expert P(y=1) (NaN where it failed): ids are unique within a split only."""
+        table = read_table(self.ctx.layout.expert_scores).columns
+        keys = zip(table["split"], table["id"], strict=True)
+        return {(str(s), str(i)): float(e) for (s, i), e in zip(keys, table["expert"], strict=True)}
+
+    def reusable(self) -> bool:
+        return True
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.scores, self.ctx.layout.dv]
+
+    def run(self) -> StageResult:
+        ctx, layout = self.ctx, self.ctx.layout
+        expert = self._expert()
+        training = ProbeConfig(epochs=ctx.config.epochs)
+        parts, metrics = [], {}
+        for target in self.targets:
+            path = layout.dv_scores(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            result = dv_stage(
+                layout.probe, expert, path, target=target, training=training, progress=ctx.progress
+            )
+            metrics[target] = result.metrics
+            columns = read_table(path).columns
+            if target == "binary" and len(self.targets) == 2:
+                columns["arch"] = np.array([binary_twin(str(a)) for a in columns["arch"]])
+            parts.append(columns)
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        write_json(layout.dv_metrics, metrics)
+        write_scores(layout.scores, merged)
+        read_scores(layout.scores)  # the contract holds
+        first = metrics[self.targets[0]]
+        detail = "; ".join(
+            f"{arch} DV Spearman {m['test_spearman']:.3f}, MSE {m['test_mse']:.4f}"
+            for arch, m in first["mean"].items()
+        )
+        if first["missing_expert"]:
+            detail += f"; {first['missing_expert']} left out (expert failed)"
+        return StageResult(detail)
+
+    def check_outputs(self) -> None:
+        return None

@@ -9,10 +9,10 @@ Outputs in `out_dir`:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,15 +39,12 @@ from probes import (
 from .._errors import InputError
 from ..data._dataspec import SPLITS, DataSplits, SplitName
 from ..data._tables import read_json, write_json, write_table
+from ..run._context import RunContext
+from ..run._layout import Roots
+from ..run._log import fingerprint
+from ..run._stage import StageResult
 
-__all__ = ["ProbeSettings", "ProbeStageResult", "default_store_root", "open_stores", "probe_stage"]
-
-
-def default_store_root() -> Path:
-    """$CTD_STORE, else the runs folder's shared cache."""
-    if os.environ.get("CTD_STORE"):
-        return Path(os.environ["CTD_STORE"])
-    return Path(os.environ.get("CTD_RUNS_DIR", "runs")) / "cache" / "activations"
+__all__ = ["ProbeSettings", "ProbeStage", "ProbeStageResult", "open_stores", "probe_stage"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +137,7 @@ def probe_stage(
     """Extract, train the safety probes on train, score dev and test; write the stage's files.
     Under `accelerate launch` every process extracts its share; only the main process goes on
     (and returns the result; the others return None)."""
-    store_root = store_root or default_store_root()
+    store_root = store_root or Roots.resolve().store
     try:
         model = model or load_model(
             settings.model, revision=settings.revision, device_map=settings.device_map
@@ -226,3 +223,75 @@ def _means(runs: list[dict]) -> dict[str, dict[str, float | None]]:
             values = [r[key] for r in rows if r[key] is not None]
             out[arch][key] = float(np.mean(values)) if values else None
     return out
+
+
+@dataclass(frozen=True)
+class ProbeStage:
+    """`ctd eval`'s probe stage: `probe_stage` into probe/."""
+
+    ctx: RunContext
+    name: ClassVar[str] = "probe"
+
+    @staticmethod
+    def settings(ctx: RunContext) -> ProbeSettings:
+        config = ctx.config
+        return ProbeSettings(
+            model=config.model,
+            revision=config.revision,
+            layer=config.layer,
+            max_tokens=config.max_tokens,
+            batch_tokens=config.batch_tokens,
+            device_map=config.device_map,
+            archs=config.archs,  # type: ignore[arg-type]
+            seeds=config.seeds,
+            training=ProbeConfig(epochs=config.epochs),
+        )
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        ctx = self.ctx
+        inputs: dict[str, Any] = {f"data.{s}": ctx.data.content_hash(s) for s in SPLITS}
+        settings = ctx.config.section("layer", "max_tokens", "batch_tokens", "archs", "seeds", "epochs")
+        settings["model"] = ctx.model.identity  # the weights' identity (file hash, hub commit), not the name
+        return fingerprint({"inputs": inputs, "settings": settings}), inputs
+
+    def reusable(self) -> bool:
+        """The activation stores live outside the run folder (shared by runs): when one is gone,
+        the stage runs again and refills it."""
+        try:
+            record = read_json(self.ctx.layout.stores)
+        except InputError:
+            return False
+        return all((Path(s["folder"]) / "complete.json").is_file() for s in record["splits"].values())
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.probe]
+
+    def run(self) -> StageResult:
+        ctx = self.ctx
+        try:
+            result = probe_stage(
+                ctx.data,
+                self.settings(ctx),
+                ctx.layout.probe,
+                store_root=ctx.roots.store,
+                progress=ctx.progress,
+            )
+        except ProbeError as error:
+            raise InputError(str(error)) from None
+        assert result is not None  # the main process gets the result
+        ext = result.metrics["extraction"]
+        tokens = sum(e["tokens"] for e in ext.values())
+        truncated = sum(e["truncated"] for e in ext.values())
+        ctx.manifests.log(
+            f"probe: layer {result.layer} of {result.metrics['n_layers']}, {tokens} tokens, "
+            f"{truncated} conversations truncated to {ctx.config.max_tokens} tokens"
+        )
+        means = result.metrics["mean"]
+        return StageResult(
+            "; ".join(
+                f"{arch} test AUROC {m['test_auroc']:.3f}" for arch, m in means.items() if m["test_auroc"]
+            )
+        )
+
+    def check_outputs(self) -> None:
+        return None

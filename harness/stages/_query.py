@@ -1,12 +1,16 @@
-"""Library API behind `ctd query`, `ctd experts` and `ctd cache`."""
+"""The query stage, and the library API behind `ctd query`, `ctd experts` and `ctd cache`: which
+expert (`pick_expert`, the one resolver of every command), whether it can answer (`check_expert`,
+asked once per run), and scoring items through the shared cache into a table (`query_items`)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 from rich.console import Console
@@ -26,50 +30,57 @@ from experts import (
 
 from .._errors import InputError, check_failed_fraction
 from ..data._datasets import read_dataset
-from ..data._tables import check_writable, write_table
+from ..data._tables import check_writable, read_table, write_table
+from ..run._context import RunContext
+from ..run._layout import Roots
+from ..run._log import fingerprint
+from ..run._stage import StageResult
 
 __all__ = [
+    "QueryStage",
     "QuerySummary",
     "RichProgress",
     "check_expert",
     "check_request_sizes",
-    "default_cache_path",
     "pick_expert",
+    "preflight_expert",
     "query_dataset",
-    "score_items",
+    "query_items",
 ]
 
 
-def default_cache_path() -> Path:
-    """$CTD_CACHE, else runs/cache/experts.sqlite under the runs root."""
-    if os.environ.get("CTD_CACHE"):
-        return Path(os.environ["CTD_CACHE"])
-    return Path(os.environ.get("CTD_RUNS_DIR", "runs")) / "cache" / "experts.sqlite"
-
-
-_URL_OPTIONS = {"base_urls": "--expert-url", "model": "--expert-model"}
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
 
 
 def pick_expert(
-    name: str | None, url: str | None, model: str | None, method: experts.ScoringMethod | None = None
+    expert: str | None,
+    url: str | None = None,
+    model: str | None = None,
+    method: experts.ScoringMethod | None = None,
 ) -> ExpertSpec:
-    """--expert NAME, or --expert-url URL --expert-model NAME (registry errors become one line;
-    a URL that cannot work, credentials in it included, is named by its option, redacted)."""
-    if (name is None) == (url is None):
-        raise InputError("give --expert NAME, or --expert-url URL with --expert-model NAME")
+    """The expert of every command: `--expert NAME` (registered), or a base URL given as
+    `--expert URL` or `--expert-url URL`, with `--expert-model NAME`. Registry errors become one
+    line; a URL that cannot work (credentials in it included) is named by its option, redacted."""
+    if (expert is None) == (url is None):
+        raise InputError("give --expert NAME (or a base URL with --expert-model NAME), or --expert-url URL")
+    option, target = ("--expert-url", url) if url is not None else ("--expert", expert)
+    assert target is not None
     try:
-        if name is not None:
-            spec = experts.resolve_expert(name)
-        else:
+        if _is_url(target) or url is not None:
             if not model:
-                raise InputError("--expert-url needs --expert-model (the served model name)")
-            spec = experts.expert_from_url(str(url), model)
+                raise InputError(f"{option} {target}: a URL needs --expert-model (the served model name)")
+            spec = experts.expert_from_url(target, model)
+        else:
+            spec = experts.resolve_expert(target)
     except InvalidSetting as exc:
-        if url is None or exc.setting not in _URL_OPTIONS:
-            raise InputError(str(exc)) from None
-        raise InputError(f"{_URL_OPTIONS[exc.setting]} {exc.shown}: {exc.problem}") from None
-    except ConfigError as exc:
+        if exc.setting == "base_urls" and (url is not None or _is_url(target)):
+            raise InputError(f"{option} {exc.shown}: {exc.problem}") from None
+        if exc.setting == "model" and model is not None:
+            raise InputError(f"--expert-model {exc.shown}: {exc.problem}") from None
         raise InputError(str(exc)) from None
+    except ConfigError as exc:
+        raise InputError(f"{option} {target}: {exc}" if _is_url(target) else str(exc)) from None
     return replace(spec, method=method) if method else spec
 
 
@@ -91,7 +102,23 @@ def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
 
 
 def check_expert(spec: ExpertSpec) -> EndpointCheck:
+    """Can the endpoint score (reachable, model served, logprobs or echo)? Nothing is cached."""
     return asyncio.run(check_endpoint(spec))
+
+
+def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
+    """A run's one endpoint check, before any expensive work. True when the expert is a local
+    llama.cpp server that is not running and `serve` allows starting it for the query stage."""
+    report = check_expert(spec)
+    if report.ok:
+        return False
+    if serve and spec.server == "llama.cpp" and not report.reachable:
+        try:
+            experts.server_command(spec)  # the binary and the weights are there
+        except ConfigError as error:
+            raise InputError(f"--expert {shown}: {error}") from None
+        return True
+    raise InputError(f"--expert {shown}: {report.problem}")
 
 
 class RichProgress:
@@ -182,13 +209,13 @@ def query_dataset(
     The inputs, `out` and the endpoint are checked first (reachable, model served, logprobs): a
     problem is one InputError line and nothing is queried or cached."""
     dataset = read_dataset(data)
-    summary = score_items(
+    summary = query_items(
         dataset.items, dataset.labels, spec, out, cache_path=cache_path, check=check, progress=progress
     )
     return replace(summary, dropped=dataset.dropped)
 
 
-def score_items(
+def query_items(
     items: list[Item],
     labels: list[int | None],
     spec: ExpertSpec,
@@ -205,7 +232,7 @@ def score_items(
     check_writable(out, "--out")
     check_request_sizes(items, spec)
     # The cache opens before the endpoint is asked anything: a bad --cache costs no request.
-    cache_path = cache_path or default_cache_path()
+    cache_path = cache_path or Roots.resolve().cache
     cache = ScoreCache(cache_path)
     started = time.monotonic()
     try:
@@ -248,3 +275,115 @@ def score_items(
         dropped=0,
         seconds=round(time.monotonic() - started, 3),
     )
+
+
+@dataclass(frozen=True)
+class QueryStage:
+    """`ctd eval`'s query stage: every dev and test example through the expert and the shared
+    cache into query/expert_scores.parquet. The endpoint was checked once before the run
+    (`preflight_expert`); `start_server` says that check found a local server to start."""
+
+    ctx: RunContext
+    start_server: bool = False
+    name: ClassVar[str] = "query"
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        inputs = {f"data.{s}": self.ctx.data.content_hash(s) for s in ("dev", "test")}
+        return fingerprint({"inputs": inputs, "expert": expert_identity(self.ctx.spec)}), inputs
+
+    def reusable(self) -> bool:
+        return True
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.expert_scores]
+
+    def run(self) -> StageResult:
+        ctx = self.ctx
+        examples = [*ctx.data.dev, *ctx.data.test]
+        out = ctx.layout.expert_scores
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with self._server():
+            summary = query_items(
+                [e.item() for e in examples],
+                [e.label for e in examples],
+                ctx.spec,
+                out,
+                cache_path=ctx.roots.cache,
+                check=False,  # checked once, before the run
+                progress=ctx.show_progress,
+                extra={
+                    "split": np.array([e.split for e in examples]),
+                    "group": np.array([e.group for e in examples]),
+                },
+            )
+        ctx.manifests.log(
+            f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
+            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
+        )
+        detail = f"{summary.scored} scored, {summary.cached} cached, {summary.failed} failed"
+        if summary.failed:
+            detail += " (rerun with --retry-failed to ask again for those)"
+        return StageResult(detail, {"failed": summary.failed})
+
+    @contextmanager
+    def _server(self) -> Iterator[None]:
+        """The local llama.cpp server for the length of the stage, when the check found none."""
+        if not self.start_server:
+            yield
+            return
+        spec, manifests = self.ctx.spec, self.ctx.manifests
+        manifests.log(f"starting a local llama.cpp server for {spec.name} at {spec.resolved_urls()[0]}")
+        server = experts.LocalServer(spec, log=self.ctx.layout.server_log)
+        try:
+            server.start()
+        except ConfigError as error:
+            raise InputError(f"--expert {spec.name}: the local server did not start: {error}") from None
+        try:
+            yield
+        except experts.EndpointDown as error:
+            assert server.process is not None
+            code = server.process.poll()
+            if code is None:
+                raise
+            raise experts.EndpointDown(
+                f"the local server for {spec.name} exited with code {code} during the run "
+                f"(its log: {server.log}); {error}"
+            ) from None
+        finally:
+            server.stop()
+            manifests.log(f"stopped the local server for {spec.name}")
+
+    def check_outputs(self) -> None:
+        """List the examples the expert failed on in query/failed.csv (they are left out of the
+        scores table), and stop before the DV stage when more than --max-failed of a split
+        failed: leaving many examples out can bias the calibration set."""
+        layout = self.ctx.layout
+        table = read_table(layout.expert_scores).columns
+        failed = table["source"].astype(str) == "failed"
+        write_table(
+            layout.failed, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")}
+        )
+        for split in ("dev", "test"):
+            rows = table["split"].astype(str) == split
+            check_failed_fraction(
+                int((rows & failed).sum()),
+                int(rows.sum()),
+                self.ctx.config.max_failed,
+                what=f"the expert failed on {split} examples",
+                remedy=(
+                    f"rerun with --retry-failed to ask again for those (their ids: {layout.failed}), "
+                    "or raise --max-failed to go on without them"
+                ),
+            )
+
+
+def expert_identity(spec: ExpertSpec) -> dict[str, Any]:
+    """What decides the expert's answers (the cache key's fields), never the API key."""
+    return {
+        "name": spec.name,
+        "endpoint": spec.endpoint_id(),
+        "model": spec.model,
+        "method": spec.method,
+        "template": spec.template,
+        "top_logprobs": spec.top_logprobs,
+    }

@@ -15,10 +15,11 @@ histogram the report draws (the paper validated one level; every level is in the
 
 from __future__ import annotations
 
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,11 +27,25 @@ from numpy.typing import NDArray
 import calibrate
 
 from .._errors import InputError
-from ..data._scores import read_scores
+from ..data._scores import BINARY_SUFFIX, read_scores
 from ..data._tables import read_json, read_table, write_json
+from ..run._context import RunContext
+from ..run._log import file_sha256, fingerprint
+from ..run._stage import StageResult
 from ._calibrate import validate_scores
 
-__all__ = ["JOBS", "JobRecord", "ValidationJob", "read_job", "run_job"]
+__all__ = ["JOBS", "VALIDATE_SETTINGS", "JobRecord", "ValidateStage", "ValidationJob", "read_job", "run_job"]
+
+VALIDATE_SETTINGS: tuple[str, ...] = (
+    "trials",
+    "budgets",
+    "budget_alpha",
+    "performance_alphas",
+    "performance_alpha",
+    "delta",
+    "pvalue",
+)
+"""The RunConfig fields the validate stage's outputs depend on (with the scores table)."""
 
 
 @dataclass(frozen=True)
@@ -164,3 +179,63 @@ def read_job(folder: Path, job: ValidationJob) -> JobRecord:
         not_validated=list(record.get("not_validated", [])),
         per_trial=per_trial,
     )
+
+
+@dataclass(frozen=True)
+class ValidateStage:
+    """`ctd eval`'s validate stage: every job of `JOBS` per probe configuration into validate/ARCH/
+    (binary-target DV twins are left out: the guarantee does not depend on the DV target)."""
+
+    ctx: RunContext
+    name: ClassVar[str] = "validate"
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        inputs = {"scores": file_sha256(self.ctx.layout.scores)}
+        return fingerprint(
+            {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS)}
+        ), inputs
+
+    def reusable(self) -> bool:
+        return True
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.validate]
+
+    def run(self) -> StageResult:
+        ctx, config, layout = self.ctx, self.ctx.config, self.ctx.layout
+        levels = {"budget": config.budgets, "performance": config.performance_alphas}
+        headline = {"budget": config.budget_alpha, "performance": config.performance_alpha}
+        archs = [a for a in read_scores(layout.scores).archs if not a.endswith(BINARY_SUFFIX)]
+        shutil.rmtree(layout.validate, ignore_errors=True)
+        total, done, parts = len(archs) * len(JOBS), 0, []
+        for arch in archs:
+            folder = layout.validation(arch)
+            folder.mkdir(parents=True, exist_ok=True)
+            for job in JOBS:
+                ctx.progress("validate guarantees", done, total)
+                record = run_job(
+                    layout.scores,
+                    folder,
+                    job,
+                    arch=arch,
+                    alphas=levels[job.mode],
+                    headline_alpha=headline[job.mode],
+                    delta=config.delta,
+                    trials=config.trials,
+                    pvalue=config.pvalue,
+                )
+                if "error" in record:
+                    ctx.manifests.log(f"validate {arch} {job.name}: not run: {record['error']}")
+                    parts.append(f"{arch} {job.name}: not run")
+                else:
+                    worst = max(level["population"]["violation_rate"] for level in record["levels"])
+                    n_levels = len(record["levels"])
+                    parts.append(
+                        f"{arch} {job.name}: {n_levels} levels, population violations <= {worst:.1%}"
+                    )
+                done += 1
+        ctx.progress("validate guarantees", total, total)
+        return StageResult("; ".join(parts))
+
+    def check_outputs(self) -> None:
+        return None

@@ -1,0 +1,145 @@
+"""`ctd eval` as a library call: probe -> query -> dv -> calibrate -> validate -> report, resumable.
+
+The stages are listed here, in order, with no registry. The run folder's layout is in
+`harness.run.RunLayout`; what a rerun may skip is decided by `harness.run.Manifests`.
+Extraction resumes from the shared activation store and the expert stage from its SQLite cache,
+so an interrupted run pays for no expert answer twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import calibrate
+from experts import ExpertSpec
+from probes import ModelInfo, ProbeError, describe_model, process_state, resolve_layer
+
+from ._errors import InputError
+from .data._dataspec import DataSplits, load_data
+from .data._tables import atomic_path, read_table
+from .run._config import RunConfig
+from .run._context import RunContext
+from .run._layout import Roots, RunLayout
+from .run._log import Manifests, RunLog
+from .run._progress import StageProgress
+from .run._runner import run_stages
+from .run._stage import Stage, StageOutcome
+from .stages._calibrate import CalibrateStage
+from .stages._dv import DVStage
+from .stages._probe import ProbeStage, probe_stage
+from .stages._query import QueryStage, pick_expert, preflight_expert
+from .stages._report import ReportStage
+from .stages._validate import ValidateStage
+
+__all__ = ["EvalResult", "run_eval"]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    run_dir: Path
+    report: Path
+    stages: tuple[StageOutcome, ...]
+    summary: list[dict[str, str]] = field(default_factory=list)  # report/tables/summary.csv rows
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    data: DataSplits
+    spec: ExpertSpec
+    model: ModelInfo
+    roots: Roots
+    layout: RunLayout
+
+
+def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
+    """Every check that needs no weights and no expert call: data spec, expert, model and layer,
+    budgets against the test split's size."""
+    data = load_data(list(config.data) if config.data else None)
+    spec = pick_expert(config.expert, model=config.expert_model)
+    try:
+        model = describe_model(config.model, revision=config.revision)
+        resolve_layer(config.layer, model.n_layers, model.config)
+    except ProbeError as error:
+        raise InputError(str(error)) from None
+    n_cal = calibrate.split_sizes(len(data.test))[1]  # D_cal of a calibration half (SPEC section 4)
+    need = calibrate.min_calibration_size(min(config.budgets), config.delta)
+    if n_cal < need:
+        raise InputError(
+            f"--budgets {min(config.budgets):g}: the test split has {len(data.test)} examples, so D_cal "
+            f"holds {n_cal}; certifying this budget at delta {config.delta:g} needs at least {need}"
+        )
+    roots = Roots.resolve(runs_root)
+    roots = Roots(runs=roots.runs, store=roots.store.resolve(), cache=roots.cache.resolve())
+    return _Prepared(data, spec, model, roots, roots.run(config.run_name))
+
+
+def run_eval(
+    config: RunConfig,
+    *,
+    runs_root: Path | None = None,
+    show_progress: bool = True,
+    on_stage: Callable[[StageOutcome], None] | None = None,
+    retry_failed: bool = False,
+) -> EvalResult:
+    """Run (or resume) every stage of `config` in its run folder and return what happened.
+    `retry_failed` reruns the query stage when it recorded expert failures (answers already in
+    the cache are not asked again)."""
+    prepared = _prepare(config, runs_root)
+    spec, layout = prepared.spec, prepared.layout
+    progress = StageProgress(enabled=show_progress)
+    ctx = RunContext(
+        config=config,
+        roots=prepared.roots,
+        layout=layout,
+        manifests=Manifests(layout),
+        data=prepared.data,
+        spec=spec,
+        model=prepared.model,
+        progress=progress,
+        show_progress=show_progress,
+    )
+    if not process_state().is_main_process:
+        # Under `accelerate launch`, the other processes extract their share of the activations
+        # and stop; the main process runs every stage.
+        probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe, store_root=ctx.roots.store)
+        return EvalResult(layout.root, layout.report_md, ())
+    manifests = ctx.manifests
+    data = ctx.data
+    manifests.log(
+        f"ctd eval {config.run_name}: {len(data.train)} train, {len(data.dev)} dev, {len(data.test)} test"
+    )
+    # The endpoint is checked once per run, before the first expensive stage, and only if the
+    # query stage will run.
+    query = QueryStage(ctx)
+    if retry_failed and (manifests.read("query") or {}).get("failed", 0):
+        manifests.invalidate("query")
+    if not manifests.up_to_date("query", query.fingerprint()[0]):
+        start_server = preflight_expert(spec, shown=config.expert, serve=config.serve == "auto")
+        query = QueryStage(ctx, start_server=start_server)
+    stages: list[Stage] = [
+        ProbeStage(ctx),
+        query,
+        DVStage(ctx),
+        CalibrateStage(ctx),
+        ValidateStage(ctx),
+        ReportStage(ctx),
+    ]
+    # Written only now that the options passed every check, so a mistyped rerun leaves it alone.
+    with atomic_path(layout.config) as tmp:
+        tmp.write_text(config.to_toml(), encoding="utf-8")
+    run_log = RunLog.read(layout.run_log)
+    run_log.started(asdict(config))
+    with progress if show_progress else nullcontext():
+        outcomes = run_stages(stages, manifests, run_log, on_stage=on_stage)
+    return EvalResult(layout.root, layout.report_md, outcomes, _summary_rows(layout.summary_table))
+
+
+def _summary_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    table = read_table(path).columns
+    n = len(next(iter(table.values())))
+    return [{k: str(v[i]) for k, v in table.items()} for i in range(n)]

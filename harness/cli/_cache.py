@@ -1,0 +1,181 @@
+"""`ctd cache stats|explain|export`: the shared SQLite cache of expert answers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.table import Table
+
+import experts
+from experts import ScoreCache
+
+from .._errors import InputError
+from ..data._datasets import read_dataset
+from ..data._tables import atomic_path, check_writable, write_table
+from ..run._layout import Roots
+from ..stages._query import pick_expert
+from ._common import clean_errors, print_json, stdout
+from ._expert_options import (
+    CacheOption,
+    ExpertModelOption,
+    ExpertOption,
+    ExpertUrlOption,
+    JsonOption,
+    MethodOption,
+)
+
+__all__ = ["register"]
+
+
+cache_app = typer.Typer(
+    help="The SQLite cache of expert answers: stats, explain, export.", no_args_is_help=True
+)
+
+
+def _open_cache(path: Path | None) -> ScoreCache:
+    path = path or Roots.resolve().cache
+    if not path.exists():
+        raise InputError(f"--cache {path}: no cache there yet (it is created by `ctd query`)")
+    return ScoreCache(path)
+
+
+@cache_app.command("stats")
+@clean_errors
+def cache_stats(cache: CacheOption = None, json_output: JsonOption = False) -> None:
+    """Scores and recorded failures per expert, and the items runs are asking about right now
+    (claims; a stale claim is one whose run is gone: the next run takes it over)."""
+    store = _open_cache(cache)
+    counts = store.counts()
+    holders = experts.list_claims(store)
+    for c in counts.values():
+        c.update(claims=0, stale_claims=0)
+    for holder in holders:
+        c = counts.setdefault(holder.expert, {"scores": 0, "failures": 0, "claims": 0, "stale_claims": 0})
+        c["claims"] += holder.live
+        c["stale_claims"] += holder.stale
+    now = time.time()
+    if json_output:
+        claimed = [
+            {
+                "expert": h.expert,
+                "host": h.host,
+                "pid": h.pid,
+                "claims": h.live,
+                "stale_claims": h.stale,
+                "lease_left_s": round(max(0.0, h.expires - now), 1),
+            }
+            for h in holders
+        ]
+        print_json({"cache": str(store.path), "experts": counts, "holders": claimed})
+        return
+    table = Table(title=str(store.path))
+    for column in ("expert", "scores", "failures", "claimed now", "stale claims"):
+        table.add_column(column)
+    for name, c in sorted(counts.items()):
+        table.add_row(name, str(c["scores"]), str(c["failures"]), str(c["claims"]), str(c["stale_claims"]))
+    stdout.print(table)
+    for h in holders:
+        state = f"lease {max(0.0, h.expires - now):.0f} s left" if h.live else "stale: its run is gone"
+        stdout.print(f"  {h.expert}: {h.live + h.stale} items claimed by pid {h.pid} on {h.host} ({state})")
+
+
+@cache_app.command("explain")
+@clean_errors
+def cache_explain(
+    item_id: Annotated[str, typer.Argument(help="The example id.")],
+    data: Annotated[Path | None, typer.Option("--data", help="Dataset holding the example.")] = None,
+    expert: ExpertOption = None,
+    expert_url: ExpertUrlOption = None,
+    expert_model: ExpertModelOption = None,
+    method: MethodOption = None,
+    cache: CacheOption = None,
+) -> None:
+    """Why an example is (not) served from the cache: its stored answers and failures, and with
+    --data and an expert, which part of the cache key differs from what is stored."""
+    store = _open_cache(cache)
+    scores, failures = store.lookup_item(item_id)
+    stdout.print(f"{item_id}: {len(scores)} stored answer(s), {len(failures)} recorded failure(s)")
+    for row in scores:
+        stdout.print(
+            f"  stored: expert={row.expert} model={row.model} method={row.method} endpoint={row.endpoint} "
+            f"template={row.template_sha256[:12]} score={row.score:.4f} at {row.created}"
+        )
+    for row in failures:
+        stdout.print(
+            f"  failed: expert={row.expert} reason={row.reason} attempts={row.attempts} ({row.message[:120]})"
+        )
+    if data is None or (expert is None and expert_url is None):
+        return
+    spec = pick_expert(expert, expert_url, expert_model, method)
+    matches = [item for item in read_dataset(data).items if item.id == item_id]
+    if not matches:
+        raise InputError(f"{data}: no example with id {item_id!r}")
+    client = experts.ExpertClient(spec, cache=None)
+    _, key = client.request_for(matches[0])
+    if store.get_many([key]):
+        stdout.print(f"  hit: {spec.name} would be served from the cache (key {key[:16]})")
+        return
+    stdout.print(f"  miss: no stored answer has key {key[:16]} for {spec.name}")
+    current = {
+        "model": spec.model,
+        "method": spec.method,
+        "endpoint": spec.endpoint_id(),
+        "template_sha256": client.template.sha256,
+    }
+    for row in scores:
+        differs = [f"{k} ({getattr(row, k)} -> {v})" for k, v in current.items() if getattr(row, k) != v]
+        reason = ", ".join(differs) if differs else "the request body (prompt text or sampling settings)"
+        stdout.print(f"  stored answer from {row.expert} differs in: {reason}")
+
+
+@cache_app.command("export")
+@clean_errors
+def cache_export(
+    out: Annotated[Path, typer.Option("--out", help="Output file: .csv, .jsonl or .parquet.")],
+    expert: ExpertOption = None,
+    cache: CacheOption = None,
+    with_response: Annotated[bool, typer.Option("--with-response", help="Include the raw answers.")] = False,
+) -> None:
+    """Export stored scores (one row per answer)."""
+    check_writable(out, "--out", (".csv", ".jsonl", ".parquet"))
+    store = _open_cache(cache)
+    columns = [
+        "key",
+        "expert",
+        "item_id",
+        "endpoint",
+        "model",
+        "method",
+        "template_sha256",
+        "score",
+        "label_mass",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_ms",
+        "created",
+    ]
+    if with_response:
+        columns.append("response")
+    rows = [{c: getattr(row, c) for c in columns} for row in store.rows(expert)]
+    if out.suffix.lower() == ".jsonl":
+        with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(
+                    json.dumps({k: (str(v) if k == "created" else v) for k, v in row.items()}) + "\n"
+                )
+    else:
+        table = {
+            c: np.array([(str(r[c]) if c == "created" else (np.nan if r[c] is None else r[c])) for r in rows])
+            for c in columns
+        }
+        write_table(out, table)
+    stdout.print(f"wrote {len(rows)} rows to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")

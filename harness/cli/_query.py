@@ -1,0 +1,75 @@
+"""`ctd query`: score a data set with an expert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .._errors import MAX_FAILED, check_max_failed
+from ..stages._query import QuerySummary, pick_expert, query_dataset
+from ._common import clean_errors, print_json, stdout
+from ._expert_options import (
+    CacheOption,
+    ExpertModelOption,
+    ExpertOption,
+    ExpertUrlOption,
+    JsonOption,
+    MethodOption,
+)
+
+__all__ = ["register"]
+
+
+@clean_errors
+def query_command(
+    *,
+    data: Annotated[Path, typer.Option("--data", help="A dataset file (McKenzie et al. JSONL or CSV).")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Output table (.parquet, or .csv), aligned with --data.")
+    ],
+    expert: ExpertOption = None,
+    expert_url: ExpertUrlOption = None,
+    expert_model: ExpertModelOption = None,
+    method: MethodOption = None,
+    cache: CacheOption = None,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Probe the endpoint first.")] = True,
+    max_failed: Annotated[
+        float,
+        typer.Option(
+            "--max-failed",
+            help=f"Exit with code 1 when more than this fraction of the examples failed [{MAX_FAILED:g}].",
+        ),
+    ] = MAX_FAILED,
+    json_output: JsonOption = False,
+) -> None:
+    """Score every example of a dataset with an expert LLM (async, rate-limited, cached).
+
+    Rerunning resumes: examples whose score is in the cache send no request. Failures after the
+    retries are recorded with their reason and listed at the end; they are retried next time.
+    The table is written either way; the exit code is 1 when more than --max-failed of the
+    examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
+    """
+    check_max_failed(max_failed)
+    spec = pick_expert(expert, expert_url, expert_model, method)
+    summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=not json_output)
+    if json_output:
+        print_json(summary.to_dict())
+    else:
+        _print_summary(summary)
+    summary.check_failures(max_failed)
+
+
+def _print_summary(summary: QuerySummary) -> None:
+    stdout.print(
+        f"{summary.total} examples: {summary.cached} from the cache, {summary.scored} scored, "
+        f"{summary.failed} failed ({summary.retries} retries, {summary.rate_limited} answers 429) "
+        f"in {summary.seconds:.1f} s; wrote {summary.out}"
+    )
+    for reason, count in sorted(summary.failure_reasons.items()):
+        stdout.print(f"  failed: {count} x {reason} (they are retried on the next run)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("query")(query_command)

@@ -1,0 +1,29 @@
+"""What the stages of one `ctd eval` invocation share: resolved once, before the first stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experts import ExpertSpec
+from probes import ModelInfo
+
+from ..data._dataspec import DataSplits
+from ._config import RunConfig
+from ._layout import Roots, RunLayout
+from ._log import Manifests
+from ._stage import ProgressFn
+
+__all__ = ["RunContext"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    config: RunConfig
+    roots: Roots  # the runs root, the shared activation store and expert cache
+    layout: RunLayout  # this run's folder
+    manifests: Manifests
+    data: DataSplits
+    spec: ExpertSpec  # the expert, resolved from --expert
+    model: ModelInfo  # the monitored model's identity and shape (no weights loaded)
+    progress: ProgressFn
+    show_progress: bool

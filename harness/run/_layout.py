@@ -1,0 +1,154 @@
+"""Where things live: the roots (runs, the shared activation store, the shared expert cache) and
+every path inside one run folder. Each path is spelled here once; stages, the report and the CLI
+ask a `RunLayout` for it.
+
+A run folder `runs/NAME/` holds:
+    config.toml            the resolved configuration
+    run.json               the run log (`RunLog`): versions, and each stage's status, time and detail
+    log.txt                what ran, what was skipped and why, with times
+    manifests/STAGE.json   the stage's fingerprint (its settings and the hashes of its inputs) and
+                           the hashes of its outputs; written only when the stage has finished
+    probe/                 probe_scores.parquet, stores.json, metrics
+    query/                 expert_scores.parquet, failed.csv, server.log
+    dv/                    scores-TARGET.parquet, dv_metrics.json
+    scores.parquet         the scores table (SPEC section 2), the contract of every later stage
+    calibrate/ARCH/        sweep.csv, baselines.csv, summary.json (merge-RULE/ for merge controls)
+    validate/ARCH/         one record per validation job, with its per-trial table
+    report/                report.md, tables/, figures/
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Roots", "RunLayout"]
+
+RUNS_DIR_ENV = "CTD_RUNS_DIR"  # the runs root (default ./runs)
+STORE_ENV = "CTD_STORE"  # the activation store shared by runs (default RUNS/cache/activations)
+CACHE_ENV = "CTD_CACHE"  # the expert cache shared by runs (default RUNS/cache/experts.sqlite)
+
+
+@dataclass(frozen=True)
+class Roots:
+    """The three shared roots, with the `CTD_*` environment read once, here."""
+
+    runs: Path
+    store: Path
+    cache: Path
+
+    @classmethod
+    def resolve(cls, runs: Path | None = None) -> Roots:
+        """`runs` (a --runs-dir option) or $CTD_RUNS_DIR or ./runs; the activation store and the
+        expert cache live under it unless $CTD_STORE or $CTD_CACHE say otherwise."""
+        root = Path(runs) if runs is not None else Path(os.environ.get(RUNS_DIR_ENV) or "runs")
+        store = os.environ.get(STORE_ENV)
+        cache = os.environ.get(CACHE_ENV)
+        return cls(
+            runs=root,
+            store=Path(store) if store else root / "cache" / "activations",
+            cache=Path(cache) if cache else root / "cache" / "experts.sqlite",
+        )
+
+    def run(self, name: str) -> RunLayout:
+        return RunLayout(self.runs / name)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Every path of one run folder (see the module docstring for what each holds)."""
+
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    # the run's own records
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def run_log(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def text_log(self) -> Path:
+        return self.root / "log.txt"
+
+    def manifest(self, stage: str) -> Path:
+        return self.root / "manifests" / f"{stage}.json"
+
+    # stage outputs, in stage order
+    @property
+    def probe(self) -> Path:
+        return self.root / "probe"
+
+    @property
+    def probe_scores(self) -> Path:
+        return self.probe / "probe_scores.parquet"
+
+    @property
+    def stores(self) -> Path:
+        return self.probe / "stores.json"
+
+    @property
+    def query(self) -> Path:
+        return self.root / "query"
+
+    @property
+    def expert_scores(self) -> Path:
+        return self.query / "expert_scores.parquet"
+
+    @property
+    def failed(self) -> Path:
+        return self.query / "failed.csv"
+
+    @property
+    def server_log(self) -> Path:
+        return self.query / "server.log"
+
+    @property
+    def dv(self) -> Path:
+        return self.root / "dv"
+
+    def dv_scores(self, target: str) -> Path:
+        return self.dv / f"scores-{target}.parquet"
+
+    @property
+    def dv_metrics(self) -> Path:
+        return self.dv / "dv_metrics.json"
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "scores.parquet"
+
+    @property
+    def calibrate(self) -> Path:
+        return self.root / "calibrate"
+
+    def sweep(self, arch: str, merge: str = "default") -> Path:
+        """The folder of one sweep: calibrate/ARCH/, or calibrate/ARCH/merge-RULE/."""
+        folder = self.calibrate / arch
+        return folder if merge == "default" else folder / f"merge-{merge}"
+
+    @property
+    def validate(self) -> Path:
+        return self.root / "validate"
+
+    def validation(self, arch: str) -> Path:
+        return self.validate / arch
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def report_md(self) -> Path:
+        return self.report / "report.md"
+
+    @property
+    def summary_table(self) -> Path:
+        return self.report / "tables" / "summary.csv"

@@ -1,0 +1,45 @@
+"""`ctd eval`'s report stage: `harness.report.build_report` over the run folder's files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..run._context import RunContext
+from ..run._log import fingerprint
+from ..run._stage import StageResult
+from ._calibrate import CALIBRATE_SETTINGS
+from ._validate import VALIDATE_SETTINGS
+
+__all__ = ["ReportStage"]
+
+_READS = ("dv", "calibrate", "validate")  # the stages whose outputs the report reads
+
+
+@dataclass(frozen=True)
+class ReportStage:
+    ctx: RunContext
+    name: ClassVar[str] = "report"
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        manifests = self.ctx.manifests
+        content: dict[str, Any] = {
+            stage: (manifests.read(stage) or {}).get("outputs", {}) for stage in _READS
+        }
+        content["config"] = self.ctx.config.section(*CALIBRATE_SETTINGS, *VALIDATE_SETTINGS)
+        return fingerprint(content), {"stages": list(_READS)}
+
+    def reusable(self) -> bool:
+        return True
+
+    def outputs(self) -> list[Path]:
+        return [self.ctx.layout.report]
+
+    def run(self) -> StageResult:
+        from ..report._build import build_report  # matplotlib is imported only when a report is built
+
+        return StageResult(str(build_report(self.ctx.layout.root)))
+
+    def check_outputs(self) -> None:
+        return None
