@@ -82,6 +82,7 @@ from ._splits import (
 )
 from ._sweep import (
     DEFAULT_BUDGETS,
+    GROUP_COLUMNS,
     SWEEP_COLUMNS,
     MergeChoice,
     SweepConfig,
@@ -103,6 +104,7 @@ __all__ = [
     "DEFAULT_BUDGETS",
     "DEFAULT_POLICIES",
     "FWER_METHODS",
+    "GROUP_COLUMNS",
     "MEASUREMENTS",
     "MERGE_RULES",
     "OBJECTIVES",
