@@ -84,6 +84,7 @@ from ._splits import (
 )
 from ._sweep import (
     DEFAULT_BUDGETS,
+    GROUP_COLUMNS,
     SWEEP_COLUMNS,
     MergeChoice,
     SweepConfig,
@@ -106,6 +107,7 @@ __all__ = [
     "DEFAULT_POLICIES",
     "DV_TARGETS",
     "FWER_METHODS",
+    "GROUP_COLUMNS",
     "MEASUREMENTS",
     "MERGE_RULES",
     "OBJECTIVES",

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._fwer import FWER_METHODS, FWERMethod
+from ._groups import GROUP_COLUMNS, concat_groups, group_delegation, tidy_groups
 from ._ltt import budget_control
 from ._policies import (
     DEFAULT_POLICIES,
@@ -31,7 +32,15 @@ from ._splits import (
     threshold_candidates,
 )
 
-__all__ = ["DEFAULT_BUDGETS", "SWEEP_COLUMNS", "MergeChoice", "SweepConfig", "SweepResult", "sweep"]
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "GROUP_COLUMNS",
+    "SWEEP_COLUMNS",
+    "MergeChoice",
+    "SweepConfig",
+    "SweepResult",
+    "sweep",
+]
 
 MergeChoice = Literal["default", "overwrite", "average"]
 
@@ -105,12 +114,18 @@ class SweepResult:
     objective; calibrated policies do not depend on the batch size and top-k policies not on
     the objective, so their rows repeat across those axes. `ltt`: one audit record per
     calibrated (policy, objective, seed, budget). `baselines`: probe-only and expert-only
-    metrics on each seed's evaluation half."""
+    metrics on each seed's evaluation half. `groups`: the group-conditional table
+    (GROUP_COLUMNS), one row per policy x budget x batch size x seed x objective x group of the
+    evaluation half, made from the same delegation masks as `table` (repeating across the same
+    axes); for a group g and mask S: n = |g|, n_delegated = |g and S|, delegation_rate =
+    n_delegated / n, mean_v_selected = mean v over g and S (NaN when empty), mean_v_all = mean v
+    over g. No rows when the scores carry no groups."""
 
     config: SweepConfig
     table: dict[str, NDArray]
     ltt: list[dict[str, object]] = field(repr=False)
     baselines: dict[str, NDArray] = field(repr=False)
+    groups: dict[str, NDArray] = field(repr=False)
 
 
 def _rows_for(
@@ -142,10 +157,34 @@ def _rows_for(
                 rows["n_certified"].append(n_certified[a])
 
 
+def _groups_for(
+    parts: list[dict[str, NDArray]],
+    *,
+    scores: Scores,
+    evaluation: NDArray[np.int64],
+    seed: int,
+    policy: str,
+    budgets: tuple[float, ...],
+    delegated: NDArray[np.bool_],
+    objectives: tuple[str, ...],
+    batch_sizes: tuple[int, ...],
+) -> None:
+    """Append the group table of one policy's masks (shape (budgets, evaluation rows))."""
+    if scores.group is None:
+        return
+    found = group_delegation(scores.value[evaluation], scores.group[evaluation], delegated)
+    parts.append(
+        tidy_groups(
+            found, seed=seed, policy=policy, objectives=objectives, batch_sizes=batch_sizes, budgets=budgets
+        )
+    )
+
+
 def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = None) -> SweepResult:
     """Compare the policies on every seed's test split: one random calibration/evaluation split
     per seed (seeded by (split_seed, seed)), calibrated policies by budget control on the
-    calibration half, top-k policies per batch of the evaluation half in its random order."""
+    calibration half, top-k policies per batch of the evaluation half in its random order.
+    Every delegation mask (shape (budgets, evaluation rows)) also goes into the group table."""
     config = config or SweepConfig()
     budgets = np.asarray(config.budgets)
     rows: dict[str, list] = {c: [] for c in SWEEP_COLUMNS}
@@ -155,6 +194,7 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
     }
     no_threshold = np.full(budgets.size, np.nan)
     no_count = np.full(budgets.size, -1, dtype=np.int64)
+    group_parts: list[dict[str, NDArray]] = []
     for seed in sorted(scores_by_seed):
         scores = scores_by_seed[seed]
         splits = random_splits(
@@ -179,6 +219,14 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
             policy = POLICIES[name]
             merge = config.merge_for(policy)
             common = dict(rows=rows, seed=seed, policy=name, merge=merge, budgets=config.budgets)
+            on_groups = dict(
+                parts=group_parts,
+                scores=scores,
+                evaluation=evaluation,
+                seed=seed,
+                policy=name,
+                budgets=config.budgets,
+            )
             if policy.calibrated:
                 signal = policy_signal(scores, policy, splits)
                 signal_eval = signal[0][evaluation]  # one split: row 0
@@ -208,6 +256,12 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                         ltt.append({"seed": seed, "policy": name, "objective": objective, **r.to_dict()})
                     delegated = signal_eval[None, :] > thresholds[:, None]
                     metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _groups_for(
+                        **on_groups,
+                        delegated=delegated,
+                        objectives=(objective,),
+                        batch_sizes=config.batch_sizes,
+                    )
                     _rows_for(
                         **common,
                         objectives=(objective,),
@@ -221,6 +275,12 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 for batch_size in config.batch_sizes:
                     delegated = topk_mask(signal_eval, budgets, batch_size)
                     metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _groups_for(
+                        **on_groups,
+                        delegated=delegated,
+                        objectives=config.objectives,
+                        batch_sizes=(batch_size,),
+                    )
                     _rows_for(
                         **common,
                         objectives=config.objectives,
@@ -233,6 +293,12 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 signal_eval = median_rank_signal(scores.probe[evaluation])
                 delegated = topk_mask(signal_eval, budgets, evaluation.size)
                 metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                _groups_for(
+                    **on_groups,
+                    delegated=delegated,
+                    objectives=config.objectives,
+                    batch_sizes=config.batch_sizes,
+                )
                 _rows_for(
                     **common,
                     objectives=config.objectives,
@@ -247,4 +313,5 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
         table=table,
         ltt=ltt,
         baselines={k: np.asarray(v) for k, v in baselines.items()},
+        groups=concat_groups(group_parts),
     )

@@ -355,6 +355,7 @@ def test_calibrate_json_and_files(scores: Path, tmp_path: Path):
     expected_rows = len(policies) * len(budgets) * len(batch_sizes) * len(seeds) * len(objectives)
     assert sorted(p.name for p in out.iterdir()) == [
         "baselines.csv",
+        "groups.csv",
         "ltt.jsonl",
         "summary.json",
         "sweep.csv",
@@ -447,6 +448,7 @@ def test_calibrate_run_writes_into_the_run_folder(runs_root: Path):
     assert Path(summary["scores"]) == runs_root / "exp1" / "scores.parquet"
     assert sorted(p.name for p in folder.iterdir()) == [
         "baselines.csv",
+        "groups.csv",
         "ltt.jsonl",
         "summary.json",
         "sweep.csv",

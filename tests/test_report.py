@@ -1,12 +1,17 @@
 """`build_report`: a run folder built here with the library (simulate, calibrate_scores,
 validate_scores) in, report/ out: valid PNGs, captions, tables that agree with the sweep and
-with an independent recomputation, graceful gaps, clean errors and atomic, deterministic output."""
+with an independent recomputation, graceful gaps, clean errors and atomic, deterministic output;
+and a report that reads the stages' files without re-running a sweep or a validation."""
 
 from __future__ import annotations
 
+import ast
 import csv
+import dataclasses
 import json
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -15,10 +20,13 @@ import pytest
 
 import calibrate
 import harness
+import harness.report
 import harness.report._figures
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
 from harness.report._build import build_report
+from harness.report._data import MEAN_V_FRACTIONS, read_sweep
+from harness.report._sections import MEAN_V_TABLE_FRACTIONS
 from harness.stages._validate import JOBS, read_job, run_job
 
 ARCH = "simulated"
@@ -74,7 +82,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     run = tmp_path_factory.mktemp("runs") / "full"
     run.mkdir()
     harness.simulate("strong", 400, 2, run / "scores.parquet")
-    (run / "config.toml").write_text('name = "full"\n\n[calibrate]\nsplit_seed = 0\n', encoding="utf-8")
+    (run / "config.toml").write_text('name = "full"\n', encoding="utf-8")
     _calibrate(run, ARCH, ("default", "overwrite", "average"))
     _validate(run, ARCH)
     messages: list[str] = []
@@ -82,18 +90,23 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     return run, messages
 
 
-@pytest.fixture(scope="module")
-def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Only the required inputs, for two archs: a continuous DV probe and its binary-DV twin."""
-    run = tmp_path_factory.mktemp("runs") / "sparse"
-    run.mkdir()
-    columns = simulate_scores("weak", 300, 2)
+def _write_with_binary_twin(path: Path, *, seeds: int) -> None:
+    """A scores table with arch ARCH and its binary-DV twin ARCH-binary."""
+    columns = simulate_scores("weak", 300, seeds)
     rng = np.random.default_rng(0)
     v_bin = calibrate.binary_delegation_value(columns["label"], columns["probe"], columns["expert"])
     binary = dict(columns)
     binary["dv"] = np.where(np.isnan(columns["dv"]), np.nan, 0.6 * v_bin + 0.3 * rng.normal(size=v_bin.size))
     binary["arch"] = np.full(v_bin.size, f"{ARCH}-binary")
-    write_scores(run / "scores.parquet", {k: np.concatenate([columns[k], binary[k]]) for k in columns})
+    write_scores(path, {k: np.concatenate([columns[k], binary[k]]) for k in columns})
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Only the required inputs, for two archs: a continuous DV probe and its binary-DV twin."""
+    run = tmp_path_factory.mktemp("runs") / "sparse"
+    run.mkdir()
+    _write_with_binary_twin(run / "scores.parquet", seeds=2)
     for arch in (ARCH, f"{ARCH}-binary"):
         _calibrate(run, arch, ("default",))
     # A partial validation folder: one record without its per-trial table, one malformed record.
@@ -235,16 +248,37 @@ def test_group_table_matches_an_independent_recomputation(full_run: tuple[Path, 
         rates.append(delegated[table.group[rows_of_seed][evaluation] == group].mean())
     assert float(rows[0]["rate_ctd"]) == pytest.approx(np.mean(rates), abs=1e-12)
     groups = _numbers(run)["archs"][ARCH]["groups"]
-    assert groups["matches_sweep"] is True  # recomputed masks reproduce sweep.csv's realised rates
+    assert groups["budget"] == 0.2 and groups["batch_size"] == 64
     assert groups["rows"][0]["mean_v_all"] == pytest.approx(float(rows[0]["mean_v_all"]))
+    # The report's table is the mean over seeds of calibrate/<arch>/groups.csv at that budget.
+    written = _csv(run / "calibrate" / ARCH / "groups.csv")
+    cells = _cells(
+        written,
+        "delegation_rate",
+        policy="unc-topk",
+        objective="auroc",
+        budget="0.2",
+        batch_size="64",
+        group=group,
+    )
+    assert len(cells) == len(table.seeds)
+    assert float(rows[0]["rate_unc-topk"]) == pytest.approx(np.mean(cells), abs=1e-12)
 
 
 def test_dv_quality_and_mean_v_tables(full_run: tuple[Path, list[str]]) -> None:
     run, _ = full_run
     numbers = _numbers(run)["archs"][ARCH]
     summary = json.loads((run / "calibrate" / ARCH / "summary.json").read_text())
+    table = read_scores(run / "scores.parquet")
     for row in numbers["dv_quality"]["seeds"]:
         assert row["spearman"] == pytest.approx(summary["dv_quality"][str(row["seed"])]["spearman"])
+        # The numbers calibrate_scores wrote are dv_quality of the seed's test rows.
+        rows = (table.seed == row["seed"]) & (table.split == "test")
+        quality = calibrate.dv_quality(
+            table.dv[rows], (2 * table.label[rows] - 1) * (table.expert[rows] - table.probe[rows])
+        )
+        assert row["n"] == quality.n == int(rows.sum())
+        assert row["mse"] == pytest.approx(quality.mse, abs=1e-12)
     mean_v = numbers["mean_v_at_k"]
     assert (
         mean_v["oracle"]["0.1"]["mean"] >= mean_v["dv"]["0.1"]["mean"]
@@ -327,3 +361,132 @@ def test_an_interrupted_build_keeps_the_previous_report(
         build_report(run)
     assert (run / "report" / "report.md").read_bytes() == before
     assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
+
+
+# ---------------------------------------------------------------- files in, no stage re-run
+
+# What the report must never call: the sweep, the validation, and the inner steps of the sweep
+# that the report once copied to rebuild the group table's masks.
+RECOMPUTATION = (
+    "sweep",
+    "validate",
+    "validate_levels",
+    "budget_control",
+    "threshold_candidates",
+    "random_splits",
+    "policy_signal",
+    "topk_mask",
+)
+
+
+def test_the_report_is_rebuilt_from_the_files_alone(
+    full_run: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every binding of the recomputation functions in every loaded calibrate and harness module
+    (the public face and the private modules alike) raises; the report is still built, the same."""
+    run, _ = full_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "report")
+    originals = {id(getattr(calibrate, name)): name for name in RECOMPUTATION}
+
+    def refuse(name: str) -> object:
+        def call(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"the report called calibrate.{name}")
+
+        return call
+
+    patched = set()
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] not in ("calibrate", "harness"):
+            continue
+        for attribute, value in list(vars(module).items()):
+            if id(value) in originals:
+                monkeypatch.setattr(module, attribute, refuse(originals[id(value)]))
+                patched.add(originals[id(value)])
+    assert patched == set(RECOMPUTATION)
+    with pytest.raises(AssertionError, match=r"called calibrate\.sweep"):
+        calibrate.sweep({})  # the patch is live
+    build_report(copy)
+    assert _numbers(copy) | {"run": "full"} == _numbers(run)
+
+
+def test_the_report_code_names_no_recomputation() -> None:
+    """Grep-level: harness/report/ names none of the recomputation functions, nor what the
+    nearest-budget lookup and the drift check were called."""
+    banned = re.compile(
+        r"calibrate\.(sweep|validate)\b|\b(validate_levels|budget_control|threshold_candidates|random_splits"
+        r"|policy_signal|topk_mask|nearest_budget|matches_sweep|_group_masks)\b"
+    )
+    folder = Path(harness.report.__file__).parent
+    files = sorted(folder.glob("*.py"))
+    assert len(files) >= 5
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert not banned.search(text), (path.name, banned.search(text))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("calibrate"):
+                assert node.module == "calibrate", (path.name, node.module)  # the public face only
+                assert not {a.name for a in node.names} & set(RECOMPUTATION), path.name
+
+
+def test_the_sweep_config_round_trips_through_summary_json(full_run: tuple[Path, list[str]]) -> None:
+    run, _ = full_run
+    for merge in ("default", "overwrite", "average"):
+        folder = run / "calibrate" / ARCH / ("" if merge == "default" else f"merge-{merge}")
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        assert {f.name for f in dataclasses.fields(SweepConfig)} <= set(summary)
+        expected = SweepConfig(budgets=BUDGETS, batch_sizes=BATCH_SIZES, merge=merge)
+        assert read_sweep(folder).config == expected
+
+
+def test_mean_v_table_fractions_are_points_of_its_grid() -> None:
+    assert set(MEAN_V_TABLE_FRACTIONS) <= set(MEAN_V_FRACTIONS.tolist())
+
+
+def test_budgets_off_the_grid_are_said_not_replaced(tmp_path: Path) -> None:
+    """A grid without 0.1 and 0.2 (continuous) or 0.2 (binary twin): those cells are empty and
+    the report says why; 0.3, on both grids, is read as is."""
+    run = tmp_path / "offgrid"
+    run.mkdir()
+    _write_with_binary_twin(run / "scores.parquet", seeds=1)
+    grids = {ARCH: (0.15, 0.25, 0.3, 0.5), f"{ARCH}-binary": (0.1, 0.3, 0.5)}
+    for arch, budgets in grids.items():
+        config = SweepConfig(budgets=budgets, batch_sizes=(32,))
+        calibrate_scores(run / "scores.parquet", run / "calibrate" / arch, config, arch=arch)
+    build_report(run)
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    numbers = _numbers(run)["archs"][ARCH]
+    summary = numbers["summary"]
+    assert summary["ctd@0.1"] == {"budget": None, "auroc": None, "accuracy": None}  # NaN written as null
+    assert summary["ctd@0.2"]["budget"] is None
+    sweep = _csv(run / "calibrate" / ARCH / "sweep.csv")
+    (auroc,) = _cells(sweep, "auroc", policy="ctd", objective="auroc", budget="0.3", batch_size="32")
+    assert summary["ctd@0.3"] == pytest.approx(
+        {"budget": 0.3, "auroc": auroc, "accuracy": summary["ctd@0.3"]["accuracy"]}
+    )
+    assert f"{ARCH}: B = 32, budget grid lacks 0.1/0.2 (—)" in report
+    assert f"{ARCH}-binary: B = 32, budget grid lacks 0.2 (—)" in report
+    assert "groups" not in numbers
+    assert f"budget 0.2 is not on calibrate/{ARCH}'s budget grid; no group table." in report
+    rows = {r["budget"]: r for r in numbers["binary_vs_continuous"]["rows"]}
+    assert rows[0.1]["continuous_auroc"] is None and rows[0.1]["binary_auroc"] is not None
+    assert rows[0.2]["binary_auroc"] is None and rows[0.3]["binary_auroc"] is not None
+    assert f"not on the sweep's grid: 0.1 (calibrate/{ARCH}), 0.2 (calibrate/{ARCH}-binary)" in report
+
+
+def test_an_older_calibrate_folder(sparse_run: Path, tmp_path: Path) -> None:
+    """No groups.csv (written before the sweep had a group table): said, not fatal. A
+    summary.json without a SweepConfig field: one InputError naming the file and the field."""
+    run = tmp_path / "older"
+    shutil.copytree(sparse_run, run)
+    (run / "calibrate" / ARCH / "groups.csv").unlink()
+    build_report(run)
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert f"no calibrate/{ARCH}/groups.csv (an older `ctd calibrate` wrote this folder" in report
+    path = run / "calibrate" / ARCH / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    del summary["split_seed"]
+    path.write_text(json.dumps(summary), encoding="utf-8")
+    with pytest.raises(InputError, match=r"summary\.json: no 'split_seed' setting"):
+        build_report(run)

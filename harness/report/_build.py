@@ -4,11 +4,16 @@ Reads (run folder layout):
 
     scores.parquet                          the SPEC section 2 scores table        (required)
     calibrate/<arch>/                       calibrate_scores output per arch        (required)
-        sweep.csv, baselines.csv, summary.json, ltt.jsonl
+        sweep.csv, baselines.csv, summary.json (SweepConfig, DV quality), groups.csv (optional)
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
         one record per level (harness.stages._validate), the per-trial table <name>.parquet beside it
     config.toml                             the resolved run config                 (optional)
+
+The report reads the numbers the stages wrote and re-runs none of them (no sweep, no
+validation); from the scores table it only ranks rows for the mean-v-at-top-k curves. Fixed
+budgets (the summary's 0.1/0.2/0.3, the group table's, the binary comparison's) are read at
+exact points of a sweep's grid; a grid that lacks one shows — and says so.
 
 Writes report/: report.md, numbers.json, figures/<arch>/*.png, tables/**/*.csv. The report is
 built in a hidden staging folder and renamed into place, so an interrupted build never
@@ -27,8 +32,9 @@ from typing import Any
 from .._errors import InputError
 from ..data._scores import read_scores
 from ..data._tables import atomic_path, read_table, write_json
+from ..run._layout import RunLayout
 from ._context import ReportContext, fmt, markdown_table, pct, slug
-from ._data import Sweep, nearest_budget, read_run_config, read_sweep, value_at
+from ._data import Sweep, read_config_text, read_sweep, value_at
 from ._sections import (
     binary_section,
     cascade_section,
@@ -80,11 +86,11 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         with atomic_path(ctx.out / "report.md") as tmp:
             tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
         ctx.progress("publishing report/")
-        _publish(ctx.out, run_dir / "report")
+        _publish(ctx.out, RunLayout(run_dir).report)
     except BaseException:
         shutil.rmtree(ctx.out, ignore_errors=True)
         raise
-    return run_dir / "report" / "report.md"
+    return RunLayout(run_dir).report_md
 
 
 def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
@@ -92,16 +98,15 @@ def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
     the staging folder."""
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
-    scores_path = run_dir / "scores.parquet"
+    scores_path = RunLayout(run_dir).scores
     if not scores_path.is_file():
         raise InputError(f"{scores_path}: no such file (the report needs the run's scores table)")
     progress(f"reading {scores_path}")
     table = read_scores(scores_path)
-    _, run_config = read_run_config(run_dir / "config.toml")
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
-    sweeps = {arch: read_sweep(run_dir / "calibrate" / arch, run_config) for arch in table.archs}
+    sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch)) for arch in table.archs}
     staging = Path(tempfile.mkdtemp(prefix=".report.", dir=run_dir))
-    return ReportContext(run_dir, staging, by_arch, sweeps, run_config, progress)
+    return ReportContext(run_dir, staging, by_arch, sweeps, progress)
 
 
 def _publish(staging: Path, final: Path) -> None:
@@ -119,7 +124,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 def _header(ctx: ReportContext) -> None:
-    text, _ = read_run_config(ctx.run_dir / "config.toml")
+    text = read_config_text(RunLayout(ctx.run_dir).config)
     seeds = sorted({s for by_seed in ctx.by_arch.values() for s in by_seed})
     ctx.numbers |= {"run": ctx.run_dir.name, "seeds": seeds, "archs": {arch: {} for arch in ctx.by_arch}}
     ctx.lines += [
@@ -140,7 +145,7 @@ def _header(ctx: ReportContext) -> None:
 def _left_out(ctx: ReportContext) -> None:
     """How many examples the expert failed on, per split and group: they are not in the scores
     table, so calibration and every number below went without them."""
-    path = ctx.run_dir / "query" / "failed.csv"
+    path = RunLayout(ctx.run_dir).failed
     if not path.is_file():
         return
     table = read_table(path).columns
@@ -166,9 +171,11 @@ def _summary_numbers(ctx: ReportContext, arch: str, sweep: Sweep) -> dict[str, A
     batch = max(sweep.batch_sizes)
     out: dict[str, Any] = {"batch_size": batch} | {name: sweep.baseline(name)[0] for name in _BASELINES}
     for target in SUMMARY_BUDGETS:
-        budget = nearest_budget(sweep, target)
+        budget = sweep.grid_point(target)  # None: not on the grid, shown as —
         out[f"ctd@{target:g}"] = {"budget": budget} | {
-            metric: value_at(
+            metric: float("nan")
+            if budget is None
+            else value_at(
                 sweep,
                 metric,
                 policy="ctd",
@@ -212,16 +219,19 @@ def _summary(ctx: ReportContext) -> list[str]:
         violations = [numbers["validation"][k] for k in _VALIDATION_COLUMNS]
         rows.append([arch, *map(fmt, values), *map(pct, violations)])
         csv_rows.append(dict(zip(header, [arch, *values, *violations], strict=True)))
-        budgets = "/".join(f"{c['budget']:.3g}" for c in ctd)
-        notes.append(f"{arch}: {budgets} at B = {numbers['batch_size']}")
+        off_grid = [f"{b:g}" for b, c in zip(SUMMARY_BUDGETS, ctd, strict=True) if c["budget"] is None]
+        notes.append(
+            f"{arch}: B = {numbers['batch_size']}"
+            + (f", budget grid lacks {'/'.join(off_grid)} (—)" if off_grid else "")
+        )
     relative = ctx.table("tables/summary.csv", csv_rows)
     return [
         "## Summary",
         "",
         *markdown_table(header, rows),
         "CTD AUROC rows are selected for AUROC, CTD accuracy rows for accuracy (means over seeds); "
-        "probe and expert numbers are the means over seeds on each seed's evaluation half. Swept "
-        f"budgets used for 0.1/0.2/0.3 (the nearest on the grid): {'; '.join(notes)}. Violation (viol.) "
+        "probe and expert numbers are the means over seeds on each seed's evaluation half. CTD is read "
+        f"at exactly these budgets of the sweep's grid: {'; '.join(notes)}. Violation (viol.) "
         "and selection (sel.) rates are on the population (the test split minus D_est), at the headline "
         f"levels of the validation section (— when absent). CSV: `{relative}`.",
         "",

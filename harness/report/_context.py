@@ -32,7 +32,6 @@ class ReportContext:
     out: Path
     by_arch: dict[str, dict[int, calibrate.Scores]]
     sweeps: dict[str, Sweep]
-    run_config: dict[str, Any]
     progress: Callable[[str], None]
     lines: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)

@@ -1,14 +1,14 @@
 """What `ctd report` reads from a finished run folder, and the cheap numbers it derives from it.
 
-Everything here is file -> numbers: the sweep tables written by `calibrate_scores`, the
-validation records, and a few millisecond-scale library calls on the scores table (group
-table, DV quality, mean v at top-k). Nothing is re-run that takes longer than that.
+Everything here is file -> numbers: the sweep tables written by `calibrate_scores` (sweep.csv,
+groups.csv, baselines.csv, summary.json with the SweepConfig and the DV quality), the validation
+records, and one millisecond-scale library call on the scores table (mean v at top-k, which no
+stage writes). No stage is re-run: the report reads the numbers the stages computed.
 """
 
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import calibrate
 from calibrate import POLICIES, SweepConfig
 
 from .._errors import InputError
+from ..data._scores import BINARY_SUFFIX
 from ..data._tables import RawTable, read_table
 
 __all__ = [
@@ -33,17 +34,22 @@ __all__ = [
     "group_result",
     "mean_std",
     "mean_value_curves",
-    "nearest_budget",
-    "read_run_config",
+    "read_config_text",
     "read_sweep",
     "seed_mean",
 ]
 
 SWEEP_FILES: tuple[str, ...] = ("sweep.csv", "baselines.csv", "summary.json")
-# A scores-table arch "<arch>-binary" holds a DV probe trained on v_bin; it pairs with "<arch>".
-BINARY_SUFFIX = "-binary"
-MEAN_V_FRACTIONS: NDArray[np.float64] = np.round(np.linspace(0.01, 1.0, 100), 6)  # k/N = 0.01, ..., 1
-_INTEGER_COLUMNS = ("seed", "batch_size", "n_certified", "n_eval", "trials")
+# Written by `calibrate_scores` beside the sweep; optional, so that a run calibrated before it
+# existed still gets a report (its group section says what is missing).
+GROUPS_FILE = "groups.csv"
+# The policies of the report's group table.
+GROUP_POLICIES: tuple[str, ...] = ("ctd", "unc-topk")
+# k/N = 0.01, ..., 1: k / 100 is correctly rounded, so 0.05 here == the literal 0.05.
+MEAN_V_FRACTIONS: NDArray[np.float64] = np.arange(1, 101) / 100
+_INTEGER_COLUMNS = ("seed", "batch_size", "n_certified", "n_eval", "trials", "n", "n_delegated")
+# A swept budget read back from a file matches a fixed budget up to float noise, never more.
+_ON_GRID = 1e-9
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
 
 
@@ -109,15 +115,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def read_run_config(path: Path) -> tuple[str | None, dict[str, Any]]:
-    """The run's config.toml as text and parsed (empty when absent or unparsable)."""
+def read_config_text(path: Path) -> str | None:
+    """The run's config.toml as text (None when absent), shown in the report's header."""
     if not path.exists():
-        return None, {}
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        return text, tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return text, {}
+        return None
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------- the sweep
@@ -125,15 +127,16 @@ def read_run_config(path: Path) -> tuple[str | None, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Sweep:
-    """One `calibrate_scores` output folder: the tidy sweep, the baselines and the summary,
-    plus the SweepConfig it ran with (settings absent from summary.json are read from the run
-    config's [calibrate] table, else SweepConfig's defaults)."""
+    """One `calibrate_scores` output folder: the tidy sweep, the baselines, the summary and the
+    SweepConfig it ran with (from summary.json), and the group table (None when the folder has
+    no groups.csv)."""
 
     folder: Path
     table: dict[str, NDArray]
     baselines: dict[str, NDArray]
     summary: dict[str, Any]
     config: SweepConfig
+    groups: dict[str, NDArray] | None
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -157,6 +160,12 @@ class Sweep:
         """The Pareto objective shown with a metric: the metric itself when it was swept."""
         return metric if metric in self.objectives else self.objectives[0]
 
+    def grid_point(self, budget: float) -> float | None:
+        """The swept budget that is `budget` (equal up to float noise), None when the grid lacks
+        it: the report never reads another budget in its place."""
+        found = self.budgets[np.abs(self.budgets - budget) <= _ON_GRID]
+        return float(found[0]) if found.size else None
+
     def rows(self, **equal: object) -> NDArray[np.bool_]:
         mask = np.ones(self.table["seed"].size, bool)
         for name, value in equal.items():
@@ -167,22 +176,29 @@ class Sweep:
         return mean_std(self.baselines[name])
 
 
-def _sweep_config(summary: dict[str, Any], run_config: dict[str, Any], source: Path) -> SweepConfig:
-    section = run_config.get("calibrate", {})
-    section = section if isinstance(section, dict) else {}
-    values: dict[str, Any] = {}
-    for f in fields(SweepConfig):
-        value = summary.get(f.name, section.get(f.name))
-        if value is not None:
-            values[f.name] = tuple(value) if isinstance(value, list) else value
+def _sweep_config(summary: dict[str, Any], source: Path) -> SweepConfig:
+    """The SweepConfig from summary.json, which `calibrate_scores` writes with every field."""
+    missing = [f.name for f in fields(SweepConfig) if f.name not in summary]
+    if missing:
+        raise InputError(f"{source}: no {missing[0]!r} setting (run `ctd calibrate` for this run again)")
+    values = {f.name: summary[f.name] for f in fields(SweepConfig)}
     try:
-        return SweepConfig(**values)
+        return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     except (TypeError, ValueError) as exc:
         raise InputError(f"{source}: settings do not form a sweep configuration ({exc})") from None
 
 
-def read_sweep(folder: Path, run_config: dict[str, Any]) -> Sweep:
-    """Read a `calibrate_scores` output folder; a missing or malformed file is an InputError."""
+def _read_groups(path: Path) -> dict[str, NDArray] | None:
+    if not path.is_file():
+        return None
+    raw = read_table(path)
+    _require(raw, calibrate.GROUP_COLUMNS)
+    return _columns(raw, ("policy", "objective", "group"))
+
+
+def read_sweep(folder: Path) -> Sweep:
+    """Read a `calibrate_scores` output folder; a missing or malformed file is an InputError
+    (groups.csv may be absent, not malformed)."""
     for name in SWEEP_FILES:
         if not (folder / name).is_file():
             raise InputError(f"{folder / name}: no such file (run `ctd calibrate` for this run first)")
@@ -199,14 +215,9 @@ def read_sweep(folder: Path, run_config: dict[str, Any]) -> Sweep:
         table=table,
         baselines=_columns(raw_baselines, ()),
         summary=summary,
-        config=_sweep_config(summary, run_config, folder / "summary.json"),
+        config=_sweep_config(summary, folder / "summary.json"),
+        groups=_read_groups(folder / GROUPS_FILE),
     )
-
-
-def nearest_budget(sweep: Sweep, target: float) -> float:
-    """The swept budget closest to `target` (the default grid has no 0.1, 0.2 or 0.3)."""
-    budgets = sweep.budgets
-    return float(budgets[np.argmin(np.abs(budgets - target))])
 
 
 @dataclass(frozen=True)
@@ -249,115 +260,70 @@ def value_at(
 
 @dataclass(frozen=True)
 class GroupResult:
-    """The group-conditional table at one budget, averaged over seeds, with how it was made."""
+    """The group-conditional table at one swept budget, averaged over seeds: per group, n (summed
+    over the seeds' evaluation halves), the seeds it appears in, mean v of all its rows, and per
+    policy of GROUP_POLICIES the delegation rate and the mean v of the delegated rows (NaN for a
+    policy the sweep did not run)."""
 
     budget: float
     objective: str
     batch_size: int
     rows: list[dict[str, Any]]
-    # Whether the recomputed CTD and unc-topk delegation rates equal sweep.csv's realised rates
-    # (None when the budget is not on the sweep's grid).
-    matches_sweep: bool | None
-
-
-def _group_masks(
-    scores: calibrate.Scores,
-    config: SweepConfig,
-    seed: int,
-    *,
-    budget: float,
-    objective: str,
-    batch_size: int,
-) -> tuple[NDArray[np.int64], dict[str, NDArray[np.bool_]]]:
-    """The sweep's evaluation half of one seed and the CTD and unc-topk masks on it at `budget`,
-    recomputed exactly as `calibrate.sweep` does (same split seed, grid and tests)."""
-    splits = calibrate.random_splits(
-        scores.n,
-        1,
-        [config.split_seed, seed],
-        cal_fraction=config.cal_fraction,
-        est_fraction=config.est_fraction,
-    )
-    evaluation = splits.evaluation[0]
-    ctd = POLICIES["ctd"]
-    signal = calibrate.policy_signal(scores, ctd, splits)
-    (candidates,) = calibrate.threshold_candidates(
-        scores,
-        signal,
-        splits,
-        merge=config.merge_for(ctd),
-        objective=objective if config.pareto else None,
-        n_grid=config.n_grid,
-    )
-    result = calibrate.budget_control(
-        candidates, alpha=budget, delta=config.delta, fwer=config.fwer, pareto=config.pareto
-    )
-    unc = calibrate.policy_signal(scores, POLICIES["unc-topk"], splits)[0][evaluation]
-    return evaluation, {
-        "ctd": signal[0][evaluation] > result.threshold,
-        "unc-topk": calibrate.topk_mask(unc, [budget], batch_size)[0],
-    }
 
 
 def group_result(
-    by_seed: dict[int, calibrate.Scores], sweep: Sweep, *, budget: float, batch_size: int
+    groups: dict[str, NDArray], *, budget: float, objective: str, batch_size: int
 ) -> GroupResult:
-    """`calibrate.group_table` per seed on the sweep's evaluation half, averaged over seeds."""
-    objective = sweep.objective_for("auroc")
-    on_grid = sweep.budgets[np.isclose(sweep.budgets, budget, rtol=0, atol=1e-9)]
-    per_seed: list[list[calibrate.GroupRow]] = []
-    matches: list[bool] = []
-    for seed, scores in sorted(by_seed.items()):
-        if scores.group is None:
-            continue
-        evaluation, masks = _group_masks(
-            scores, sweep.config, seed, budget=budget, objective=objective, batch_size=batch_size
-        )
-        per_seed.append(calibrate.group_table(scores.value[evaluation], scores.group[evaluation], masks))
-        compared = [p for p in masks if p in sweep.policies] if on_grid.size else []
-        for policy in compared:
-            mask = masks[policy]
-            rows = sweep.rows(
-                policy=policy, seed=seed, objective=objective, batch_size=batch_size, budget=on_grid[0]
-            )
-            matches.append(bool(rows.any()) and bool(np.allclose(sweep.table["realised"][rows], mask.mean())))
-    return GroupResult(
-        budget=budget,
-        objective=objective,
-        batch_size=batch_size,
-        rows=_average_groups(per_seed),
-        matches_sweep=all(matches) if matches else None,
+    """Read one budget (a grid point of the sweep) of a groups.csv table, averaged over seeds."""
+    at = (
+        (groups["budget"] == budget)
+        & (groups["objective"] == objective)
+        & (groups["batch_size"] == batch_size)
     )
-
-
-def _average_groups(per_seed: list[list[calibrate.GroupRow]]) -> list[dict[str, Any]]:
-    groups = sorted({row.group for rows in per_seed for row in rows})
-    out = []
-    for group in groups:
-        rows = [row for seed_rows in per_seed for row in seed_rows if row.group == group]
+    rows = []
+    for name in sorted(set(groups["group"][at].tolist())):
+        in_group = at & (groups["group"] == name)
+        first = in_group & (groups["policy"] == groups["policy"][in_group][0])  # n, mean v all: any policy
         entry: dict[str, Any] = {
-            "group": group,
-            "n": int(sum(r.n for r in rows)),
-            "seeds": len(rows),
-            "mean_v_all": seed_mean(np.array([r.mean_v_all for r in rows])),
+            "group": name,
+            "n": int(groups["n"][first].sum()),
+            "seeds": int(first.sum()),
+            "mean_v_all": seed_mean(groups["mean_v_all"][first]),
         }
-        for policy in ("ctd", "unc-topk"):
-            entry[f"rate_{policy}"] = seed_mean(np.array([r.delegation_rate[policy] for r in rows]))
-            entry[f"mean_v_{policy}"] = seed_mean(np.array([r.mean_v_selected[policy] for r in rows]))
-        out.append(entry)
-    return out
+        for policy in GROUP_POLICIES:
+            chosen = in_group & (groups["policy"] == policy)
+            entry[f"rate_{policy}"] = seed_mean(groups["delegation_rate"][chosen])
+            entry[f"mean_v_{policy}"] = seed_mean(groups["mean_v_selected"][chosen])
+        rows.append(entry)
+    return GroupResult(budget=budget, objective=objective, batch_size=batch_size, rows=rows)
 
 
 # ---------------------------------------------------------------- DV-probe diagnostics
 
 
-def dv_quality_rows(by_seed: dict[int, calibrate.Scores]) -> list[dict[str, Any]]:
-    """`calibrate.dv_quality` of each seed's test rows."""
+def dv_quality_rows(sweep: Sweep, by_seed: dict[int, calibrate.Scores]) -> list[dict[str, Any]]:
+    """The DV quality per seed that `calibrate_scores` wrote into summary.json: MSE and Spearman
+    of the DV score against the true v on each seed's test rows, and n, their number (counted in
+    the scores table when an older summary.json lacks it)."""
+    found = sweep.summary.get("dv_quality")
+    if not isinstance(found, dict):
+        raise InputError(f"{sweep.folder / 'summary.json'}: no 'dv_quality' (run `ctd calibrate` again)")
     rows = []
-    for seed, scores in sorted(by_seed.items()):
-        q = calibrate.dv_quality(scores.dv, scores.value)
-        rows.append({"seed": seed, "n": q.n, "mse": q.mse, "spearman": q.spearman})
+    for seed, q in sorted(found.items(), key=lambda item: int(item[0])):
+        n = q.get("n", by_seed[int(seed)].n if int(seed) in by_seed else -1)
+        rows.append(
+            {
+                "seed": int(seed),
+                "n": int(n),
+                "mse": _number(q.get("mse")),
+                "spearman": _number(q.get("spearman")),
+            }
+        )
     return rows
+
+
+def _number(value: object) -> float:
+    return float("nan") if value is None else float(value)  # JSON writes NaN as null
 
 
 MEAN_V_SIGNALS: tuple[str, ...] = ("dv", "uncertainty", "oracle")

@@ -86,6 +86,8 @@ def _band(ax: Axes, x: NDArray, mean: NDArray, std: NDArray, **style: object) ->
 def _legend(fig: Figure, ax: Axes) -> None:
     """One legend below the panels, at most two entries per panel width in a row."""
     handles, labels = ax.get_legend_handles_labels()
+    if not labels:
+        return
     per_row = max(2, 2 * len(fig.axes))
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), per_row), fontsize="small")
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .._errors import InputError
+from ..run._layout import RunLayout
 from . import _figures as fig
 from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm, slug
 from ._data import (
     BINARY_SUFFIX,
+    GROUP_POLICIES,
+    GROUPS_FILE,
     MEAN_V_FRACTIONS,
     Curve,
     Sweep,
@@ -22,7 +26,6 @@ from ._data import (
     group_result,
     mean_std,
     mean_value_curves,
-    nearest_budget,
     read_sweep,
     value_at,
 )
@@ -118,14 +121,24 @@ def realised_section(ctx: ReportContext) -> None:
 def group_section(ctx: ReportContext) -> None:
     ctx.lines += [f"## Group-conditional results at budget {GROUP_BUDGET:g}", ""]
     for arch, sweep in ctx.sweeps.items():
-        ctx.progress(f"{arch}: group table")
+        where = f"calibrate/{arch}/{GROUPS_FILE}"
+        budget = sweep.grid_point(GROUP_BUDGET)
+        if sweep.groups is None:
+            ctx.note(f"{arch}: no {where} (an older `ctd calibrate` wrote this folder; run it again).")
+            continue
+        if budget is None:
+            ctx.note(
+                f"{arch}: budget {GROUP_BUDGET:g} is not on calibrate/{arch}'s budget grid; no group table."
+            )
+            continue
         batch = max(sweep.batch_sizes)
-        result = group_result(ctx.by_arch[arch], sweep, budget=GROUP_BUDGET, batch_size=batch)
+        result = group_result(
+            sweep.groups, budget=budget, objective=sweep.objective_for("auroc"), batch_size=batch
+        )
         ctx.arch_numbers(arch)["groups"] = {
             "budget": result.budget,
             "objective": result.objective,
             "batch_size": result.batch_size,
-            "matches_sweep": result.matches_sweep,
             "rows": result.rows,
         }
         if not result.rows:
@@ -145,27 +158,22 @@ def group_section(ctx: ReportContext) -> None:
             ]
             for r in result.rows
         ]
-        check = {
-            True: "their delegation rates equal sweep.csv's realised rates at this budget.",
-            False: "WARNING: their delegation rates differ from sweep.csv's realised rates at this budget "
-            "(were the sweep's split settings changed?).",
-            None: f"{GROUP_BUDGET:g} is not on the sweep's budget grid, so no sweep.csv row checks them.",
-        }
+        absent = [p for p in GROUP_POLICIES if p not in sweep.policies]
         ctx.lines += [f"**{arch}** (`{relative}`)", "", *markdown_table(header, body)]
         ctx.lines += [
-            f"Means over seeds of `calibrate.group_table` on each seed's evaluation half (n sums the "
-            f"halves). The masks are recomputed per seed on the sweep's own split (calibrate.random_splits "
-            f"with the sweep's split seed): CTD by budget control at alpha = {GROUP_BUDGET:g} selected for "
-            f"{METRIC_NAMES.get(result.objective, result.objective)}, Unc. top-k per batch of B = {batch}; "
-            + check[result.matches_sweep],
+            f"Means over seeds of `{where}`, the group table `ctd calibrate` wrote from the sweep's own "
+            f"delegation masks on each seed's evaluation half (n sums the halves): CTD by budget control at "
+            f"alpha = {GROUP_BUDGET:g} selected for {METRIC_NAMES.get(result.objective, result.objective)}, "
+            f"Unc. top-k per batch of B = {batch}."
+            + (f" Not swept, so shown as —: {', '.join(absent)}." if absent else ""),
             "",
         ]
 
 
 def dv_quality_section(ctx: ReportContext) -> None:
     ctx.lines += ["## DV-probe quality", ""]
-    for arch, by_seed in ctx.by_arch.items():
-        rows = dv_quality_rows(by_seed)
+    for arch, sweep in ctx.sweeps.items():
+        rows = dv_quality_rows(sweep, ctx.by_arch[arch])
         mse, spearman = (np.array([r[k] for r in rows]) for k in ("mse", "spearman"))
         ctx.arch_numbers(arch)["dv_quality"] = {
             "seeds": rows,
@@ -177,7 +185,11 @@ def dv_quality_section(ctx: ReportContext) -> None:
         body.append(["mean ± std", "", pm(mse), pm(spearman)])
         ctx.lines += [f"**{arch}** (`{relative}`)", ""]
         ctx.lines += markdown_table(["seed", "test rows", "MSE", "Spearman"], body)
-    ctx.lines += ["`calibrate.dv_quality` of the DV score against the true v on each seed's test rows.", ""]
+    ctx.lines += [
+        "MSE and Spearman's rho of the DV score against the true v on each seed's test rows, as "
+        "`ctd calibrate` wrote them (`calibrate/<arch>/summary.json`, `dv_quality`).",
+        "",
+    ]
 
 
 def mean_value_section(ctx: ReportContext) -> None:
@@ -187,7 +199,8 @@ def mean_value_section(ctx: ReportContext) -> None:
         found = mean_value_curves(by_seed)
         signals = {k: found[k] for k in ("dv", "uncertainty", "oracle")}
         overall = float(found["all"].mean())
-        at = {f: int(np.flatnonzero(np.isclose(MEAN_V_FRACTIONS, f))[0]) for f in MEAN_V_TABLE_FRACTIONS}
+        grid = MEAN_V_FRACTIONS.tolist()
+        at = {f: grid.index(f) for f in MEAN_V_TABLE_FRACTIONS}  # exact points of the grid
         ctx.arch_numbers(arch)["mean_v_at_k"] = {
             "all": overall,
             **{
@@ -235,21 +248,36 @@ def _dv_topk(sweep: Sweep, metric: str) -> dict[int, Curve]:
     return out
 
 
+def _difference(continuous: Curve, binary: Curve) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Continuous minus binary mean at the budgets both grids hold (exact points)."""
+    shared, i, j = np.intersect1d(continuous.budgets, binary.budgets, return_indices=True)
+    return shared, continuous.mean[i] - binary.mean[j]
+
+
 def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep) -> None:
     batch = max(continuous.batch_sizes)
-    rows = []
-    for target in BINARY_BUDGETS:
-        budget = nearest_budget(continuous, target)
-        row: dict[str, Any] = {"target": target, "budget": budget}
-        for name, sweep in (("binary", binary), ("continuous", continuous)):
+    rows, off_grid = [], []
+    for budget in BINARY_BUDGETS:
+        row: dict[str, Any] = {"budget": budget}
+        for name, sweep, folder in (
+            ("binary", binary, f"{arch}{BINARY_SUFFIX}"),
+            ("continuous", continuous, arch),
+        ):
+            point = sweep.grid_point(budget)
+            if point is None:
+                off_grid.append(f"{budget:g} (calibrate/{folder})")
             for metric in METRICS:
-                row[f"{name}_{metric}"] = value_at(
-                    sweep,
-                    metric,
-                    policy="dv-topk",
-                    objective=sweep.objective_for(metric),
-                    budget=budget,
-                    batch_size=batch,
+                row[f"{name}_{metric}"] = (
+                    float("nan")
+                    if point is None
+                    else value_at(
+                        sweep,
+                        metric,
+                        policy="dv-topk",
+                        objective=sweep.objective_for(metric),
+                        budget=point,
+                        batch_size=batch,
+                    )
                 )
         rows.append(row)
     ctx.arch_numbers(arch)["binary_vs_continuous"] = {"batch_size": batch, "rows": rows}
@@ -261,19 +289,18 @@ def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep
     ]
     ctx.lines += [f"**{arch}** vs **{arch}{BINARY_SUFFIX}**, DV top-k at B = {batch} (`{relative}`)", ""]
     ctx.lines += markdown_table(header, body)
+    if off_grid:
+        ctx.lines += [f"— : budget not on the sweep's grid: {', '.join(off_grid)}.", ""]
     panels = {}
     for metric in METRICS:
         cont, bina = _dv_topk(continuous, metric), _dv_topk(binary, metric)
-        panels[metric] = {
-            b: (cont[b].budgets, cont[b].mean - bina[b].mean)
-            for b in cont.keys() & bina.keys()
-            if np.array_equal(cont[b].budgets, bina[b].budgets)
-        }
+        panels[metric] = {b: _difference(cont[b], bina[b]) for b in sorted(cont.keys() & bina.keys())}
     path, fig_relative = ctx.figure_path(arch, "dv-binary-vs-continuous")
     fig.dv_delta_figure(panels, title=f"{arch}: continuous - binary DV (DV top-k)", path=path)
     ctx.image(
         fig_relative,
-        f"{arch}: DV top-k AUROC and accuracy, continuous minus binary DV target, per batch size.",
+        f"{arch}: DV top-k AUROC and accuracy, continuous minus binary DV target, per batch size, at "
+        "the budgets both sweeps' grids hold.",
     )
 
 
@@ -304,13 +331,13 @@ def merge_section(ctx: ReportContext) -> None:
     ctx.lines += ["## Score-merging controls", ""]
     for arch in ctx.sweeps:
         for rule in MERGE_CONTROLS:
-            folder = ctx.run_dir / "calibrate" / arch / f"merge-{rule}"
+            folder = RunLayout(ctx.run_dir).sweep(arch, rule)
             if not folder.is_dir():
                 ctx.note(f"{arch}: no calibrate/{arch}/merge-{rule}/ (calibrate with --merge {rule} there).")
                 continue
             ctx.progress(f"{arch}: merge control {rule}")
             try:
-                sweep = read_sweep(folder, ctx.run_config)
+                sweep = read_sweep(folder)
             except InputError as exc:
                 ctx.note(f"{arch}: {exc}")
                 continue

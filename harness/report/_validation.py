@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._errors import InputError
+from ..run._layout import RunLayout
 from ..stages._validate import JOBS, JobRecord, read_job
 from . import _figures as fig
 from ._context import ReportContext, markdown_table, pct, slug
@@ -70,7 +71,7 @@ def _selectors(record: JobRecord) -> dict[str, list[dict[str, Any]]]:
 
 
 def _read_jobs(ctx: ReportContext, arch: str) -> dict[str, JobRecord]:
-    folder = ctx.run_dir / "validate" / arch
+    folder = RunLayout(ctx.run_dir).validation(arch)
     if not folder.is_dir():
         ctx.note(f"{arch}: no validate/{arch}/ folder; `ctd eval` writes it in its validate stage.")
         return {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -114,12 +114,18 @@ def _mean_by(table: dict[str, np.ndarray], keys: tuple[str, ...], values: tuple[
     return out
 
 
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def calibrate_scores(
     scores_path: Path, out_dir: Path, config: SweepConfig | None = None, *, arch: str | None = None
 ) -> dict:
     """Run the policy sweep on a scores table and write it to `out_dir`:
-    sweep.csv (tidy), ltt.jsonl (one audit record per calibrated row), baselines.csv and
-    summary.json. Returns the summary. Checks everything before writing anything."""
+    sweep.csv (tidy), groups.csv (the group-conditional table of the same masks,
+    calibrate.GROUP_COLUMNS), ltt.jsonl (one audit record per calibrated row), baselines.csv and
+    summary.json (with every SweepConfig field, so that a reader can rebuild the config).
+    Returns the summary. Checks everything before writing anything."""
     config = config or SweepConfig()
     started = time.perf_counter()
     out_dir = Path(out_dir)
@@ -146,26 +152,17 @@ def calibrate_scores(
         "out": str(out_dir),
         "table": str(out_dir / "sweep.csv"),
         "rows": int(result.table["seed"].size),
+        "groups_table": str(out_dir / "groups.csv"),
+        "group_rows": int(result.groups["seed"].size),
         "seeds": table.seeds,
-        "policies": list(config.policies),
-        "objectives": list(config.objectives),
-        "budgets": list(config.budgets),
-        "batch_sizes": list(config.batch_sizes),
-        "delta": config.delta,
-        "merge": config.merge,
-        "fwer": config.fwer,
-        "pvalue": config.pvalue,
-        "pareto": config.pareto,
-        "n_grid": config.n_grid,
-        "cal_fraction": config.cal_fraction,
-        "est_fraction": config.est_fraction,
-        "split_seed": config.split_seed,
+        # Every SweepConfig field (tuples as lists): the report rebuilds the config from these.
+        **{f.name: _plain(getattr(config, f.name)) for f in fields(SweepConfig)},
         "baselines": {
             k: float(np.mean(v)) for k, v in result.baselines.items() if k not in ("seed", "n_eval")
         },
         # How well the DV score ranks the true delegation value, on each seed's test split.
         "dv_quality": {
-            str(seed): {"mse": q.mse, "spearman": q.spearman}
+            str(seed): {"n": q.n, "mse": q.mse, "spearman": q.spearman}
             for seed, scores in by_seed.items()
             for q in [calibrate.dv_quality(scores.dv, scores.value)]
         },
@@ -174,6 +171,7 @@ def calibrate_scores(
         "elapsed_s": round(elapsed, 3),
     }
     write_table(out_dir / "sweep.csv", result.table)
+    write_table(out_dir / "groups.csv", result.groups)
     write_table(out_dir / "baselines.csv", result.baselines)
     write_jsonl(out_dir / "ltt.jsonl", result.ltt)
     write_json(out_dir / "summary.json", summary)
