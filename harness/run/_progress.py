@@ -169,6 +169,7 @@ class StageProgress:
             for bar in self._bars.values():
                 self._progress.remove_task(bar)
             self._bars.clear()
+            self._progress.refresh()  # else the line is printed above the last frame, bars and all
         with self._lock:
             self._tasks.clear()
             self._stage, self._last_line = "", time.monotonic()
