@@ -79,9 +79,10 @@ def _short_data(data: str) -> str:
 
 
 def _when(record: dict[str, Any]) -> str:
-    """'2026-11-25 01:02 (12.3 s)' for a stage that ran; its status too when it did not finish."""
-    at = str(record["at"]).replace("T", " ")[:16]
-    seconds = f" ({record['seconds']:.1f} s)" if record["seconds"] is not None else ""
+    """'11-25 01:02 12.3s' (UTC; the year is in --json) for a stage that ran; its status first
+    when it did not finish."""
+    at = str(record["at"]).replace("T", " ")[5:16]
+    seconds = f" {record['seconds']:.1f}s" if record["seconds"] is not None else ""
     status = "" if record["status"] == StageStatus.RAN else f"{record['status']} "
     return f"{status}{at}{seconds}"
 
@@ -111,7 +112,7 @@ def runs_command(
     stage_names = list(dict.fromkeys(name for run in runs for name in run.stages))
     table = Table(title=f"runs under {escape(str(roots.runs))} (stage times: when each last ran, UTC)")
     for column in ("run", "status", "data", "model", "expert", *stage_names):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long URL or path is folded, never cut
     for run in runs:
         cells = [run.name, run.status, _short_data(run.data), run.model, run.expert]
         cells += [_when(run.stages[name]) if name in run.stages else "-" for name in stage_names]
