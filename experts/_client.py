@@ -165,8 +165,7 @@ class ExpertClient:
         stats = RunStats(total=len(items))
         results: list[ItemResult | None] = [None] * len(items)
         limiter = Limiter(self.spec.rate, clock=self._clock, sleep=self._sleep)
-        concurrency = self.spec.rate.concurrency
-        outage = Outage(self.spec.retry.down_after or max(8, 2 * concurrency))
+        outage = Outage(self.spec.effective_down_after)
         ledger = ClaimLedger(self.cache, lease=self._lease) if self.cache is not None else None
         writer = CacheWriter(ledger.cache, release_owner=ledger.owner) if ledger is not None else None
         if ledger is not None:

@@ -70,6 +70,12 @@ class ExpertSpec:
     hf_model: str | None = None
     source: str = "built-in"
 
+    @property
+    def effective_down_after(self) -> int:
+        """Items failing at the endpoint in a row that end a run: `retry.down_after`, or when it
+        is 0 (the default) twice the concurrency, at least 8."""
+        return self.retry.down_after or max(8, 2 * self.rate.concurrency)
+
     def __post_init__(self) -> None:
         if not isinstance(self.base_urls, tuple) or not self.base_urls:
             raise InvalidSetting("base_urls", _shown(self.base_urls), "must be a tuple of one or more URLs")

@@ -9,7 +9,6 @@ so an interrupted run pays for no expert answer twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from .stages._query import QueryStage, pick_expert, preflight_expert
 from .stages._report import ReportStage
 from .stages._validate import ValidateStage
 
-__all__ = ["EvalResult", "run_eval"]
+__all__ = ["EvalResult", "read_summary", "run_eval"]
 
 
 @dataclass(frozen=True)
@@ -80,16 +79,18 @@ def run_eval(
     config: RunConfig,
     *,
     runs_root: Path | None = None,
-    show_progress: bool = True,
+    display: StageProgress | None = None,
     on_stage: Callable[[StageOutcome], None] | None = None,
     retry_failed: bool = False,
 ) -> EvalResult:
     """Run (or resume) every stage of `config` in its run folder and return what happened.
-    `retry_failed` reruns the query stage when it recorded expert failures (answers already in
-    the cache are not asked again)."""
+    `display` draws the stages' progress (None: nothing is shown); `on_stage` is called after
+    each stage, while the display is still up, so a line it prints through `display.print` stays
+    above the bars. `retry_failed` reruns the query stage when it recorded expert failures
+    (answers already in the cache are not asked again)."""
     prepared = _prepare(config, runs_root)
     spec, layout = prepared.spec, prepared.layout
-    progress = StageProgress(enabled=show_progress)
+    progress = display or StageProgress(enabled=False)
     ctx = RunContext(
         config=config,
         roots=prepared.roots,
@@ -99,13 +100,13 @@ def run_eval(
         spec=spec,
         model=prepared.model,
         progress=progress,
-        show_progress=show_progress,
     )
     if not process_state().is_main_process:
         # Under `accelerate launch`, the other processes extract their share of the activations
         # and stop; the main process runs every stage.
         probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe, store_root=ctx.roots.store)
         return EvalResult(layout.root, layout.report_md, ())
+    run_log = RunLog.read(layout.run_log)  # before anything is written: it may refuse the file
     manifests = ctx.manifests
     data = ctx.data
     manifests.log(
@@ -130,14 +131,14 @@ def run_eval(
     # Written only now that the options passed every check, so a mistyped rerun leaves it alone.
     with atomic_path(layout.config) as tmp:
         tmp.write_text(config.to_toml(), encoding="utf-8")
-    run_log = RunLog.read(layout.run_log)
     run_log.started(asdict(config))
-    with progress if show_progress else nullcontext():
-        outcomes = run_stages(stages, manifests, run_log, on_stage=on_stage)
-    return EvalResult(layout.root, layout.report_md, outcomes, _summary_rows(layout.summary_table))
+    with progress:
+        outcomes = run_stages(stages, manifests, run_log, on_start=progress.stage_started, on_stage=on_stage)
+    return EvalResult(layout.root, layout.report_md, outcomes, read_summary(layout.summary_table))
 
 
-def _summary_rows(path: Path) -> list[dict[str, str]]:
+def read_summary(path: Path) -> list[dict[str, str]]:
+    """The rows of a report's summary table (report/tables/summary.csv); none when it is absent."""
     if not path.is_file():
         return []
     table = read_table(path).columns

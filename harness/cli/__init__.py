@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from types import FrameType
+from typing import Annotated
 
 import typer
 
@@ -14,7 +15,7 @@ try:  # typer >= 0.2x ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
-from . import _cache, _calibrate, _eval, _experts, _probe, _query
+from . import _cache, _calibrate, _eval, _experts, _probe, _query, _runs
 
 __all__ = ["app", "main"]
 
@@ -29,7 +30,32 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts show defaults as [VALUE]: plain text, not markup tags
 )
-for _group in (_eval, _probe, _calibrate, _query, _experts, _cache):  # the order of `ctd --help`
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        from ..run._log import git_revision
+
+        revision = git_revision()
+        print(
+            f"ctd-harness {metadata.version('ctd-harness')}" + (f" (git {revision[:12]})" if revision else "")
+        )
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    pass
+
+
+for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache):  # the order of `ctd --help`
     _group.register(app)
 
 

@@ -10,7 +10,6 @@ from typing import ParamSpec, TypeVar
 
 import numpy as np
 import typer
-from rich.console import Console
 
 import calibrate
 from experts import ConfigError, EndpointDown, StorageError
@@ -18,6 +17,7 @@ from probes import ProbeError
 
 from .._errors import InputError, RunFailed
 from ..data._tables import dumps
+from ..run._progress import make_console
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,8 +39,8 @@ def shown(value: object) -> str:
 
 BUDGETS_TEXT = shown(calibrate.DEFAULT_BUDGETS)
 
-stderr = Console(stderr=True)
-stdout = Console()
+stderr = make_console(stderr=True)
+stdout = make_console(stderr=False)
 
 
 def clean_errors(command: Callable[P, R]) -> Callable[P, R]:

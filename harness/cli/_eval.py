@@ -7,16 +7,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 import calibrate
 from probes import ARCHS
 
 from .._errors import InputError
-from .._eval import run_eval
+from .._eval import read_summary, run_eval
 from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
-from ..run._layout import Roots
+from ..run._layout import Roots, RunLayout
 from ..run._log import StageStatus
+from ..run._progress import StageProgress
 from ..run._stage import StageOutcome
 from ._common import (
     clean_errors,
@@ -67,7 +69,10 @@ def eval_command(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option("--model", help="Monitored model: 'smollm2', a .gguf file, a folder or a hub id."),
+        typer.Option(
+            "--model",
+            help="Monitored model: 'smollm2', a .gguf file, a folder or a hub id" + _d("model") + ".",
+        ),
     ] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of --model.")] = None,
     layer: Annotated[
@@ -130,7 +135,9 @@ def eval_command(
     merge_controls: Annotated[
         bool | None,
         typer.Option(
-            "--merge-controls/--no-merge-controls", help="Also sweep all-overwrite and all-average."
+            "--merge-controls/--no-merge-controls",
+            help="Also sweep all-overwrite and all-average"
+            + (" [--merge-controls]." if _DEFAULTS.merge_controls else " [--no-merge-controls]."),
         ),
     ] = None,
     trials: Annotated[
@@ -217,6 +224,9 @@ def eval_command(
         "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
+    # One console for the stage lines and the bars: a line printed while the bars are up goes
+    # above them and stays on the screen.
+    display = StageProgress(stderr, enabled=not json_out)
 
     def announce(outcome: StageOutcome) -> None:
         if not json_out:
@@ -225,15 +235,14 @@ def eval_command(
                 if outcome.status is StageStatus.SKIPPED
                 else f"done in {outcome.seconds:.1f} s"
             )
-            stderr.print(
-                f"[bold]{outcome.stage}[/bold] {verb}" + (f": {outcome.detail}" if outcome.detail else "")
-            )
+            detail = f": {escape(outcome.detail)}" if outcome.detail else ""
+            display.print(f"[bold]{outcome.stage}[/bold] {verb}{detail}")
 
     try:
         result = run_eval(
             run_config,
             runs_root=runs_dir,
-            show_progress=not json_out,
+            display=display,
             on_stage=announce,
             retry_failed=retry_failed,
         )
@@ -294,6 +303,7 @@ def report_command(
     if not folder.is_dir():
         raise InputError(f"run {name!r}: no such run folder ({folder})")
     path = build_report(folder)
+    _print_summary(read_summary(RunLayout(folder).summary_table))
     print(f"report: {path}")
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 import experts
@@ -66,13 +67,40 @@ def experts_show(
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
-    record = asdict(registry[name])
-    record["resolved_urls"] = list(registry[name].resolved_urls())
+    spec = registry[name]
+    record = asdict(spec)
+    record["resolved_urls"] = list(spec.resolved_urls())
+    record["retry"]["down_after"] = spec.effective_down_after  # the number the run uses
     if json_output:
         print_json(record)
         return
+    defaults = (
+        {"down_after": " (default: twice the concurrency, at least 8)"} if not spec.retry.down_after else {}
+    )
     for key, value in record.items():
-        stdout.print(f"[bold]{key}[/bold]: {value}")
+        if isinstance(value, dict):  # rate, timeout, retry: one indented line per setting
+            stdout.print(f"[bold]{key}[/bold]:")
+            for setting, inner in value.items():
+                seconds = inner is not None and (key == "timeout" or setting in _SECONDS)
+                shown = _readable(inner, unlimited=key == "rate") + (" s" if seconds else "")
+                stdout.print(f"  {setting}: {escape(shown)}{defaults.get(setting, '')}")
+        else:
+            stdout.print(f"[bold]{key}[/bold]: {escape(_readable(value))}")
+
+
+_SECONDS = frozenset({"initial", "maximum", "deadline"})  # RetryPolicy settings in seconds
+
+
+def _readable(value: object, *, unlimited: bool = False) -> str:
+    """A setting as a person reads it: lists comma-separated, floats with %g, None as "unset"
+    (for a rate limit, "unlimited")."""
+    if value is None:
+        return "unlimited" if unlimited else "unset"
+    if isinstance(value, list | tuple):
+        return ", ".join(_readable(v) for v in value) or "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 @experts_app.command("add")

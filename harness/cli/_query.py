@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from .._errors import MAX_FAILED, check_max_failed
+from ..run._progress import StageProgress
 from ..stages._query import QuerySummary, pick_expert, query_dataset
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
@@ -53,7 +54,8 @@ def query_command(
     """
     check_max_failed(max_failed)
     spec = pick_expert(expert, expert_url, expert_model, method)
-    summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=not json_output)
+    with StageProgress(enabled=not json_output) as progress:
+        summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)
     if json_output:
         print_json(summary.to_dict())
     else:

@@ -5,17 +5,19 @@ date. Which stages `ctd eval` runs is listed in `harness._eval`."""
 from ._config import RunConfig, load_run_config
 from ._context import RunContext
 from ._layout import Roots, RunLayout
-from ._log import Manifests, RunLog, StageRecord, StageStatus
+from ._log import Invocation, Manifests, RunLog, RunLogError, StageRecord, StageStatus
 from ._runner import run_stages
 from ._stage import Stage, StageOutcome, StageResult
 
 __all__ = [
+    "Invocation",
     "Manifests",
     "Roots",
     "RunConfig",
     "RunContext",
     "RunLayout",
     "RunLog",
+    "RunLogError",
     "Stage",
     "StageOutcome",
     "StageRecord",

@@ -25,5 +25,4 @@ class RunContext:
     data: DataSplits
     spec: ExpertSpec  # the expert, resolved from --expert
     model: ModelInfo  # the monitored model's identity and shape (no weights loaded)
-    progress: ProgressFn
-    show_progress: bool
+    progress: ProgressFn  # the run's display (shows nothing under --json)

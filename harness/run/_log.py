@@ -20,20 +20,24 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .._errors import InputError
 from ..data._tables import read_json, write_json
 from ._layout import RunLayout
 
 __all__ = [
     "RUN_LOG_VERSION",
+    "Invocation",
     "Manifests",
     "RunLog",
+    "RunLogError",
     "StageRecord",
     "StageStatus",
     "file_sha256",
     "fingerprint",
+    "git_revision",
 ]
 
-RUN_LOG_VERSION = 1
+RUN_LOG_VERSION = 2  # 2: a list of invocations; 1: one record per stage, overwritten
 _PACKAGES = ("ctd-harness", "numpy", "scipy", "torch", "transformers", "accelerate", "httpx")
 
 
@@ -71,52 +75,106 @@ class StageRecord:
     detail: str  # one line: what the stage produced, or the error that stopped it
     at: str  # UTC time of this record
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> StageRecord:
+        return cls(StageStatus(raw["status"]), raw["seconds"], raw["detail"], raw["at"])
+
 
 @dataclass
-class RunLog:
-    """run.json: the run's configuration, the software that ran it and each stage's last record.
-    Rewritten after every stage, so an interrupted run says where it stopped."""
+class Invocation:
+    """One `ctd eval` of the run: its configuration, the software that ran it and the record of
+    each stage it ran or skipped."""
 
-    created: str = field(default_factory=_now)
-    version: int = RUN_LOG_VERSION
+    started: str = field(default_factory=_now)  # UTC
     config: dict[str, Any] = field(default_factory=dict)  # RunConfig as a dict
     versions: dict[str, str] = field(default_factory=dict)  # python and package versions
     git_revision: str | None = None  # the checkout's commit, when run from a git checkout
     stages: dict[str, StageRecord] = field(default_factory=dict)
 
     @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Invocation:
+        return cls(
+            started=str(raw["started"]),
+            config=dict(raw.get("config", {})),
+            versions=dict(raw.get("versions", {})),
+            git_revision=raw.get("git_revision"),
+            stages={name: StageRecord.from_json(r) for name, r in raw.get("stages", {}).items()},
+        )
+
+
+class RunLogError(InputError):
+    """run.json cannot be read as a run log of a version this code knows."""
+
+
+@dataclass
+class RunLog:
+    """run.json: every invocation of the run, each with its configuration, software and stage
+    records. Rewritten after every stage, so an interrupted run says where it stopped.
+
+    The file also holds `stages`, for reading at a glance: each stage's latest record that did
+    work (ran, failed, interrupted or running). A rerun that skips a stage records the skip in
+    its invocation and leaves that record alone, so the timing of the run that did the work
+    stays. Version 1 files (one record per stage, rewritten by every invocation) are read as a
+    single invocation; a newer version is refused with a `RunLogError`."""
+
+    created: str = field(default_factory=_now)
+    version: int = RUN_LOG_VERSION
+    invocations: list[Invocation] = field(default_factory=list)
+
+    @classmethod
     def read(cls, path: Path) -> RunLog:
-        """The log at `path`, or a new one when there is none (or it cannot be read): the log is a
-        record for people, never an input of a stage."""
+        """The log at `path`; a new one when there is no file. RunLogError when the file is not
+        a run log this version of the code can read (nothing is overwritten then)."""
+        if not path.is_file():
+            return cls()
         try:
             raw = read_json(path)
-            stages = {
-                name: StageRecord(StageStatus(r["status"]), r["seconds"], r["detail"], r["at"])
-                for name, r in raw.get("stages", {}).items()
-            }
+            version = int(raw.get("version", 1))
+            if version > RUN_LOG_VERSION:
+                raise RunLogError(
+                    f"{path}: run log version {version} was written by a newer ctd-harness "
+                    f"(this one reads up to {RUN_LOG_VERSION}); upgrade, or use another --name"
+                )
+            if version == 1:
+                first = Invocation.from_json({**raw, "started": raw["created"]})
+                return cls(created=str(raw["created"]), invocations=[first])
             return cls(
                 created=str(raw["created"]),
-                config=dict(raw.get("config", {})),
-                versions=dict(raw.get("versions", {})),
-                git_revision=raw.get("git_revision"),
-                stages=stages,
+                invocations=[Invocation.from_json(i) for i in raw["invocations"]],
             )
-        except Exception:
-            return cls()
+        except RunLogError:
+            raise
+        except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise RunLogError(
+                f"{path}: not a readable run log ({error}); move it away to start a new record"
+            ) from None
+
+    @property
+    def stages(self) -> dict[str, StageRecord]:
+        """Each stage's latest record that did work; a stage only ever skipped (the invocation
+        that ran it was recorded elsewhere) keeps its latest skip."""
+        latest: dict[str, StageRecord] = {}
+        for invocation in self.invocations:
+            for name, record in invocation.stages.items():
+                if record.status is not StageStatus.SKIPPED or name not in latest:
+                    latest[name] = record
+        return latest
 
     def started(self, config: dict[str, Any]) -> None:
         """A new invocation: its configuration and the software running it."""
-        self.config = config
-        self.versions = _versions()
-        self.git_revision = _git_revision()
+        self.invocations.append(Invocation(config=config, versions=_versions(), git_revision=git_revision()))
 
     def record(self, stage: str, status: StageStatus, seconds: float | None, detail: str) -> None:
-        self.stages[stage] = StageRecord(
+        if not self.invocations:
+            raise RuntimeError("RunLog.record before RunLog.started")
+        self.invocations[-1].stages[stage] = StageRecord(
             status, None if seconds is None else round(seconds, 2), detail, _now()
         )
 
     def write(self, path: Path) -> None:
-        write_json(path, asdict(self))
+        record = asdict(self)
+        record["stages"] = {name: asdict(r) for name, r in self.stages.items()}
+        write_json(path, record)
 
 
 class Manifests:
@@ -184,12 +242,27 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _git_revision() -> str | None:
-    head = Path(__file__).resolve().parents[2] / ".git" / "HEAD"
+def git_revision() -> str | None:
+    """The commit of the checkout this code runs from, when it is a git checkout: read from the
+    files under .git (no subprocess), in a plain checkout or a `git worktree` (where .git is a
+    file naming the worktree's folder and the branches live in the main repository's folder)."""
+    dot_git = Path(__file__).resolve().parents[2] / ".git"
     try:
-        ref = head.read_text().strip()
-        if ref.startswith("ref: "):
-            return (head.parent / ref[5:]).read_text().strip()
-        return ref
+        if dot_git.is_file():  # a worktree: "gitdir: PATH"
+            dot_git = Path(dot_git.read_text().strip().removeprefix("gitdir: "))
+        common = dot_git
+        if (dot_git / "commondir").is_file():
+            common = (dot_git / (dot_git / "commondir").read_text().strip()).resolve()
+        head = (dot_git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head  # a detached HEAD holds the commit itself
+        ref = head.removeprefix("ref: ")
+        for folder in (dot_git, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip()
+        for line in (common / "packed-refs").read_text().splitlines():
+            if line.endswith(f" {ref}"):
+                return line.split()[0]
     except OSError:
-        return None
+        pass
+    return None

@@ -17,10 +17,12 @@ def run_stages(
     manifests: Manifests,
     run_log: RunLog,
     *,
+    on_start: Callable[[str], None] | None = None,
     on_stage: Callable[[StageOutcome], None] | None = None,
 ) -> tuple[StageOutcome, ...]:
-    """Run (or skip) `stages` in order. A stage that raises is recorded as failed (interrupted on
-    Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates."""
+    """Run (or skip) `stages` in order, calling `on_start(name)` before a stage's work and
+    `on_stage(outcome)` after it (or its skip). A stage that raises is recorded as failed
+    (interrupted on Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates."""
     layout = manifests.layout
     outcomes: list[StageOutcome] = []
     for stage in stages:
@@ -34,6 +36,8 @@ def run_stages(
             manifests.log(f"{stage.name}: started")
             run_log.record(stage.name, StageStatus.RUNNING, None, "")
             run_log.write(layout.run_log)
+            if on_start is not None:
+                on_start(stage.name)
             try:
                 result = stage.run()
             except BaseException as error:

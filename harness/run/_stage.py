@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -11,8 +10,12 @@ from ._log import StageStatus
 
 __all__ = ["ProgressFn", "Stage", "StageOutcome", "StageResult"]
 
-ProgressFn = Callable[[str, int, int], None]
-"""progress(what, done, total): a stage's long work, drawn as a bar by the runner's display."""
+
+class ProgressFn(Protocol):
+    """progress(what, done, total, detail): a stage's long work, drawn as a bar (or a plain line
+    when the output is not a terminal) by the run's display."""
+
+    def __call__(self, what: str, done: int, total: int, detail: str = "") -> None: ...
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 import experts
 from experts import (
@@ -34,12 +32,12 @@ from ..data._tables import check_writable, read_table, write_table
 from ..run._context import RunContext
 from ..run._layout import Roots
 from ..run._log import fingerprint
-from ..run._stage import StageResult
+from ..run._stage import ProgressFn, StageResult
 
 __all__ = [
+    "ExpertProgress",
     "QueryStage",
     "QuerySummary",
-    "RichProgress",
     "check_expert",
     "check_request_sizes",
     "pick_expert",
@@ -121,37 +119,15 @@ def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
     raise InputError(f"--expert {shown}: {report.problem}")
 
 
-class RichProgress:
-    """Progress of an expert run: done/total with cache hits, in flight, retries, 429s, tokens/s
-    and ETA; redrawn at most ten times a second."""
+class ExpertProgress:
+    """An experts.ProgressSink drawn on the run's display as the "expert" task: done/total with
+    cache hits, in flight, retries, 429s, failures and tokens/s."""
 
-    def __init__(self, console: Console | None = None) -> None:
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[detail]}"),
-            TimeRemainingColumn(),
-            console=console or Console(stderr=True),
-            transient=False,
-        )
-        self._task = self._progress.add_task("expert", total=None, detail="")
-        self._last = 0.0
-
-    def __enter__(self) -> RichProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+    def __init__(self, progress: ProgressFn) -> None:
+        self._progress = progress
 
     def update(self, stats: RunStats) -> None:
-        now = time.monotonic()
-        if now - self._last < 0.1 and stats.done < stats.total:
-            return
-        self._last = now
-        elapsed = max(now - stats.started, 1e-9)
+        elapsed = max(time.monotonic() - stats.started, 1e-9)
         tokens = (stats.prompt_tokens + stats.completion_tokens) / elapsed
         detail = (
             f"cached {stats.cached}  in flight {stats.in_flight}  retries {stats.retries}  "
@@ -159,7 +135,7 @@ class RichProgress:
         )
         if stats.waiting:  # items another run on this cache is asking about
             detail += f"  waiting on another run {stats.waiting}"
-        self._progress.update(self._task, total=stats.total, completed=stats.done, detail=detail)
+        self._progress("expert", stats.done, stats.total, detail)
 
 
 @dataclass(frozen=True)
@@ -202,7 +178,7 @@ def query_dataset(
     *,
     cache_path: Path | None = None,
     check: bool = True,
-    progress: bool = True,
+    progress: ProgressFn | None = None,
 ) -> QuerySummary:
     """Score every example of a dataset file with an expert, through the cache, and write a table
     aligned with the file: id, label, expert, label_mass, source, reason, attempts.
@@ -223,7 +199,7 @@ def query_items(
     *,
     cache_path: Path | None = None,
     check: bool = True,
-    progress: bool = True,
+    progress: ProgressFn | None = None,
     extra: dict[str, np.ndarray] | None = None,
 ) -> QuerySummary:
     """Score `items` with an expert through the cache and write the table `out` (one row per item,
@@ -240,12 +216,8 @@ def query_items(
             report = check_expert(spec)
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
-        if progress:
-            with RichProgress() as sink:
-                client = experts.ExpertClient(spec, cache=cache, progress=sink)
-                results, stats = asyncio.run(client.score(items))
-        else:
-            results, stats = asyncio.run(experts.ExpertClient(spec, cache=cache).score(items))
+        sink = ExpertProgress(progress) if progress is not None else None
+        results, stats = asyncio.run(experts.ExpertClient(spec, cache=cache, progress=sink).score(items))
     finally:
         cache.close()
     write_table(
@@ -310,7 +282,7 @@ class QueryStage:
                 out,
                 cache_path=ctx.roots.cache,
                 check=False,  # checked once, before the run
-                progress=ctx.show_progress,
+                progress=ctx.progress,
                 extra={
                     "split": np.array([e.split for e in examples]),
                     "group": np.array([e.group for e in examples]),

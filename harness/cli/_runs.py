@@ -1,0 +1,127 @@
+"""`ctd runs`: the runs under the runs root, from their run.json."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..run._layout import Roots, RunLayout
+from ..run._log import RunLog, RunLogError, StageRecord, StageStatus
+from ._common import clean_errors, print_json, stdout
+
+__all__ = ["register"]
+
+_STOPPED = (StageStatus.RUNNING, StageStatus.FAILED, StageStatus.INTERRUPTED)
+_PATH = re.compile(r"[^=,:\s]*/[^,\s]+")  # a path inside a data spec token
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run folder as `ctd runs` lists it."""
+
+    name: str
+    path: str
+    status: str  # done, incomplete, "failed at STAGE", "interrupted at STAGE", "running STAGE", unreadable
+    data: str  # the data spec tokens, or "built-in"
+    model: str
+    expert: str
+    invocations: int
+    last_invocation: str | None  # UTC time the latest `ctd eval` started
+    stages: dict[str, dict[str, Any]]  # each stage's latest record that did work (see RunLog)
+    problem: str = ""  # why run.json could not be read
+
+
+def summarise(layout: RunLayout) -> RunSummary:
+    """What run.json says about a run: the latest invocation's configuration and status, and the
+    record of each stage's latest work."""
+    try:
+        log = RunLog.read(layout.run_log)
+    except RunLogError as error:
+        return RunSummary(layout.name, str(layout.root), "unreadable", "", "", "", 0, None, {}, str(error))
+    latest = log.invocations[-1] if log.invocations else None
+    config = latest.config if latest else {}
+    return RunSummary(
+        name=layout.name,
+        path=str(layout.root),
+        status=_status(latest.stages if latest else {}),
+        data=" ".join(config.get("data") or ()) or "built-in",
+        model=str(config.get("model", "")),
+        expert=str(config.get("expert", "")),
+        invocations=len(log.invocations),
+        last_invocation=latest.started if latest else None,
+        stages={name: asdict(record) for name, record in log.stages.items()},
+    )
+
+
+def _status(stages: dict[str, StageRecord]) -> str:
+    """The latest invocation's outcome: the stage it stopped at, done when the report stage
+    ran or was up to date, else incomplete."""
+    for name, record in stages.items():
+        if record.status in _STOPPED:
+            return f"running {name}" if record.status is StageStatus.RUNNING else f"{record.status} at {name}"
+    report = stages.get("report")
+    return (
+        "done"
+        if report is not None and report.status in (StageStatus.RAN, StageStatus.SKIPPED)
+        else "incomplete"
+    )
+
+
+def _short_data(data: str) -> str:
+    """Data spec tokens with each path cut to its file name, for the table."""
+    return _PATH.sub(lambda match: Path(match.group()).name, data)
+
+
+def _when(record: dict[str, Any]) -> str:
+    """'11-25 01:02 12.3s' (UTC; the year is in --json) for a stage that ran; its status first
+    when it did not finish."""
+    at = str(record["at"]).replace("T", " ")[5:16]
+    seconds = f" {record['seconds']:.1f}s" if record["seconds"] is not None else ""
+    status = "" if record["status"] == StageStatus.RAN else f"{record['status']} "
+    return f"{status}{at}{seconds}"
+
+
+def runs_command(
+    *,
+    runs_dir: Annotated[
+        Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the runs as one JSON object.")] = False,
+) -> None:
+    """List the runs under the runs root: status, data, model, expert, and when each stage last
+    ran (UTC), from each run's run.json."""
+    roots = Roots.resolve(runs_dir)
+    layouts = (
+        [RunLayout(p) for p in sorted(roots.runs.iterdir()) if RunLayout(p).run_log.is_file()]
+        if roots.runs.is_dir()
+        else []
+    )
+    runs = [summarise(layout) for layout in layouts]
+    if json_out:
+        print_json({"runs_root": str(roots.runs), "runs": [asdict(run) for run in runs]})
+        return
+    if not runs:
+        stdout.print(f"no runs under {escape(str(roots.runs))}")
+        return
+    stage_names = list(dict.fromkeys(name for run in runs for name in run.stages))
+    table = Table(title=f"runs under {escape(str(roots.runs))} (stage times: when each last ran, UTC)")
+    for column in ("run", "status", "data", "model", "expert", *stage_names):
+        table.add_column(column, overflow="fold")  # a long URL or path is folded, never cut
+    for run in runs:
+        cells = [run.name, run.status, _short_data(run.data), run.model, run.expert]
+        cells += [_when(run.stages[name]) if name in run.stages else "-" for name in stage_names]
+        table.add_row(*(escape(cell) for cell in cells))
+    stdout.print(table)
+    for run in runs:
+        if run.problem:
+            stdout.print(f"{escape(run.name)}: {escape(run.problem)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(clean_errors(runs_command))

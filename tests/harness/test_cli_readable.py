@@ -1,0 +1,199 @@
+"""What the light commands show, through the real `ctd`: every `ctd eval` default in --help,
+`ctd experts show` in plain words, a refused connection named at once, `--version`, `ctd runs`
+over run logs of every shape, and the plain progress display when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from dataclasses import fields
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from ctd_cli import assert_one_line_error, free_port, run_ctd
+from rich.console import Console
+
+from harness.cli._common import shown
+from harness.run._config import RunConfig
+from harness.run._log import RUN_LOG_VERSION, RunLog, RunLogError, StageStatus
+from harness.run._progress import StageProgress
+from harness.stages._query import check_expert, pick_expert
+
+# RunConfig fields whose default is not a value of the option: derived, or empty meaning "built-in".
+NOT_SHOWN = {"name", "data", "revision", "layer", "device_map", "expert_model", "merge_controls"}
+
+
+def test_eval_help_shows_every_default() -> None:
+    """Each RunConfig default appears as [VALUE] in its own option's entry of `ctd eval --help`
+    (none eaten as markup)."""
+    result = run_ctd("eval", "--help", cwd=Path.cwd())
+    assert result.returncode == 0, result.stderr
+    entries: dict[str, str] = {}  # option -> its help, wrapping undone
+    option = ""
+    for line in result.stdout.splitlines():
+        if match := re.match(r"^\s+(--[a-z-]+)", line):
+            option = match.group(1)
+        if option:
+            entries[option] = entries.get(option, "") + " " + line.strip()
+    defaults = RunConfig()
+    options = {f.name: "--" + f.name.replace("_", "-") for f in fields(RunConfig)} | {"archs": "--arch"}
+    missing = [
+        f"{options[f.name]} [{shown(getattr(defaults, f.name))}]"
+        for f in fields(RunConfig)
+        if f.name not in NOT_SHOWN
+        and f"[{shown(getattr(defaults, f.name))}]" not in " ".join(entries.get(options[f.name], "").split())
+    ]
+    assert not missing, (missing, sorted(entries))
+    assert "[--merge-controls]" in entries["--merge-controls"]
+
+
+def test_experts_show_prints_plain_values_and_the_effective_down_after(tmp_path: Path) -> None:
+    env = {"CTD_EXPERTS_FILE": str(tmp_path / "experts.toml")}
+    result = run_ctd("experts", "show", "gemma-27b", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not re.search(r"[(\[{]'", result.stdout), result.stdout  # no tuple, list or dict repr
+    assert "base_urls: http://127.0.0.1:8000/v1\n" in result.stdout
+    assert "  rpm: unlimited\n" in result.stdout and "  read: 120 s\n" in result.stdout
+    assert "  down_after: 128 (default: twice the concurrency, at least 8)\n" in result.stdout
+    small = run_ctd("experts", "show", "smollm2", "--json", cwd=tmp_path, env=env)
+    assert json.loads(small.stdout)["retry"]["down_after"] == 8  # concurrency 2: at least 8
+
+
+def test_experts_check_names_a_refused_connection_at_once(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    started = time.monotonic()  # timed in this process: the CLI's imports are not the check
+    report = check_expert(pick_expert(None, url, "m"))
+    assert time.monotonic() - started < 2 and not report.reachable
+    result = run_ctd("experts", "check", "--expert-url", url, "--expert-model", "m", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "connection refused" in result.stderr and "timeout" not in result.stderr.lower()
+
+
+def test_version() -> None:
+    result = run_ctd("--version", cwd=Path.cwd())
+    assert result.returncode == 0, result.stderr
+    version = re.escape(metadata.version("ctd-harness"))
+    assert re.fullmatch(rf"ctd-harness {version}( \(git [0-9a-f]{{12}}\))?\n", result.stdout), result.stdout
+
+
+def _write_runs(root: Path) -> None:
+    """Run folders holding a version-1 log, a version-2 log after a rerun, a newer version and
+    a file that is not JSON."""
+    record = {"status": "ran", "seconds": 12.5, "detail": "x", "at": "2026-01-02T03:04:05+00:00"}
+    config = {"data": [], "model": "smollm2", "expert": "smollm2"}
+    old = root / "old"
+    old.mkdir(parents=True)
+    (old / "run.json").write_text(
+        json.dumps(
+            {
+                "created": "2026-01-01T00:00:00+00:00",
+                "version": 1,
+                "config": config,
+                "stages": {"probe": record, "report": record},
+            }
+        )
+    )
+    log = RunLog()
+    log.started(config)
+    log.record("probe", StageStatus.RAN, 30.0, "probe ran")
+    log.record("query", StageStatus.INTERRUPTED, 4.0, "")
+    log.started(config)
+    log.record("probe", StageStatus.SKIPPED, 0.0, "up to date")
+    (root / "new").mkdir()
+    log.write(root / "new" / "run.json")
+    (root / "future").mkdir()
+    (root / "future" / "run.json").write_text(json.dumps({"created": "x", "version": RUN_LOG_VERSION + 1}))
+    (root / "broken").mkdir()
+    (root / "broken" / "run.json").write_text("{not json")
+    (root / "cache").mkdir()  # the shared caches live beside the runs: not a run
+
+
+def test_runs_lists_every_shape_of_run_log(tmp_path: Path) -> None:
+    _write_runs(tmp_path / "runs")
+    result = run_ctd("runs", "--json", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = {r["name"]: r for r in json.loads(result.stdout)["runs"]}
+    assert set(runs) == {"old", "new", "future", "broken"}
+    assert runs["old"]["status"] == "done" and runs["old"]["invocations"] == 1
+    assert runs["old"]["data"] == "built-in" and runs["old"]["stages"]["probe"]["seconds"] == 12.5
+    # The rerun skipped the probe stage: its record is still the one that ran, in 30 s.
+    assert runs["new"]["invocations"] == 2 and runs["new"]["stages"]["probe"]["seconds"] == 30.0
+    assert runs["new"]["status"] == "incomplete"  # the latest invocation stopped after the probe
+    assert runs["future"]["status"] == runs["broken"]["status"] == "unreadable"
+    assert "newer ctd-harness" in runs["future"]["problem"]
+    table = run_ctd("runs", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env={"COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    # The query stage's latest work was interrupted, in the first invocation.
+    assert re.search(r"interrupted \d\d-\d\d \d\d:\d\d 4\.0s", table.stdout), table.stdout
+    assert "01-02 03:04 12.5s" in table.stdout and "not a readable run log" in table.stdout
+
+
+def test_run_log_keeps_the_record_of_the_invocation_that_did_the_work(tmp_path: Path) -> None:
+    log = RunLog()
+    log.started({})
+    log.record("query", StageStatus.RAN, 100.0, "104 scored")
+    log.started({})
+    log.record("query", StageStatus.SKIPPED, 0.0, "up to date")
+    log.write(tmp_path / "run.json")
+    again = RunLog.read(tmp_path / "run.json")
+    assert [i.stages["query"].status for i in again.invocations] == [StageStatus.RAN, StageStatus.SKIPPED]
+    assert again.stages["query"].seconds == 100.0
+    assert json.loads((tmp_path / "run.json").read_text())["stages"]["query"]["detail"] == "104 scored"
+    (tmp_path / "run.json").write_text(json.dumps({"created": "x", "version": RUN_LOG_VERSION + 1}))
+    with pytest.raises(RunLogError, match="newer"):
+        RunLog.read(tmp_path / "run.json")
+
+
+def test_eval_refuses_a_run_log_it_cannot_read_before_writing_anything(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "t"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{not json")
+    env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "HF_HUB_OFFLINE": "1"}
+    result = run_ctd(
+        "eval", "--name", "t", "--expert", "http://127.0.0.1:9/v1", "--expert-model", "m",
+        "--budgets", "0.3,0.5", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert_one_line_error(result, "run.json: not a readable run log")
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
+
+
+def test_a_bad_progress_interval_is_one_line(tmp_path: Path) -> None:
+    result = run_ctd("eval", cwd=tmp_path, env={"CTD_PROGRESS_INTERVAL": "soon"})
+    assert_one_line_error(result, "$CTD_PROGRESS_INTERVAL='soon'", "seconds")
+
+
+def test_plain_progress_prints_at_a_steady_interval_and_never_cuts_lines() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=80, soft_wrap=True)  # a file: not a terminal
+    assert not console.is_terminal
+    detail = "cached 0  in flight 16  retries 0  429s 0  failed 0  " * 3
+    with StageProgress(console, interval=0.2) as progress:
+        progress.stage_started("query")
+        time.sleep(0.5)  # no progress reported yet: the stage is named
+        for done in range(0, 11):
+            progress("expert", done, 10, detail)
+            time.sleep(0.1)
+        progress.print("[bold]query[/bold] done in 1.5 s: 10 scored")
+    lines = out.getvalue().splitlines()
+    assert re.match(r"\d\d:\d\d:\d\d query: working, 0s so far$", lines[0]), lines
+    expert = [line for line in lines if " expert: " in line]
+    assert len(expert) >= 4 and all(len(line) > 150 for line in expert), lines  # one line each, whole
+    assert expert[-1].endswith("done in 1s") and " 10/10 (100%) " in expert[-1]
+    assert lines[-1] == "query done in 1.5 s: 10 scored"
+
+
+def test_live_bars_share_the_console_of_the_stage_lines() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=130, force_terminal=True, color_system=None)
+    with StageProgress(console) as progress:
+        progress("extract train", 5, 10)
+        progress.print("[bold]probe[/bold] done in 2.0 s: trained")
+        progress("expert", 3, 10, "cached 0")
+    text = out.getvalue()
+    assert "probe done in 2.0 s: trained" in text
+    # The probe's bar was removed with its stage line: the last frame holds the expert bar only.
+    last_frame = text.rsplit("probe done in 2.0 s: trained", 1)[1]
+    assert "expert" in last_frame and "extract train" not in last_frame
