@@ -27,7 +27,7 @@ from test_experts_engine import db_rows, make_spec, predict, server_stats
 from experts import ExpertClient, Item, Lease, RateLimit, ScoreCache, list_claims
 from experts._claims import ClaimLedger, process_gone, this_host
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # The fault rates of issue 12: half of all requests meet a fault.
 ISSUE_12_FAULTS = {"429": 0.20, "500": 0.15, "drop": 0.05, "malformed": 0.05, "no-logprobs": 0.05}

@@ -22,7 +22,7 @@ from harness.data._scores import read_scores
 from harness.data._tables import read_table
 from harness.data.builtin import builtin_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"train": 48, "dev": 40, "test": 64}
 FAST = [
     "--seeds", "0",

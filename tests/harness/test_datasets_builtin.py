@@ -34,7 +34,7 @@ from harness.data.builtin._generate import (
     write_builtin,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _words(inputs: str) -> int:
