@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -121,6 +122,18 @@ def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
         outage.failed(HTTPStatusError(502, "bad gateway"))
 
 
+@pytest.fixture
+def python_interrupt_handler() -> Iterator[None]:
+    """SIGINT handled as Python does by default, whatever this process was started with: under
+    `nohup ... &` the shell starts it with SIGINT ignored, and an ignored signal stays ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_interrupt_handler")
 def test_an_interrupt_while_a_server_starts_is_held_then_delivered() -> None:
     """Ctrl-C inside the block (where LocalServer forks the server) is not raised there, where
     it would lose the child's handle, but right after the block, in the caller's hands."""
