@@ -8,12 +8,15 @@ import pytest
 
 import calibrate
 
+# Private: the batched fixed-sequence procedure, unit-tested.
+from calibrate._fwer import FixedSequence
+
 
 def test_fixed_sequence_rejects_nan_inside_a_family() -> None:
     with pytest.raises(ValueError, match="NaN"):
         calibrate.control_fwer([0.01, np.nan, 0.01], 0.1)
     with pytest.raises(ValueError, match="prefix"):
-        calibrate.FixedSequence().run_batch([[0.01, np.nan, 0.01]], 0.1)
+        FixedSequence().run_batch([[0.01, np.nan, 0.01]], 0.1)
 
 
 def random_candidates(rng: np.random.Generator, size: int = 30) -> calibrate.Candidates:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 import calibrate
+
+# Private: the quota rounding, unit-tested.
 from calibrate._quota import count_at_most, count_nearest
 
 

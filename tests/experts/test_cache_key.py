@@ -9,17 +9,10 @@ from typing import Any
 
 import pytest
 
+# Private: the cache key, unit-tested.
 import experts._cache as cache_module
-from experts import (
-    SCHEMA_VERSION,
-    CacheKey,
-    ExpertClient,
-    ExpertSpec,
-    Item,
-    RateLimit,
-    RetryPolicy,
-    Timeout,
-)
+from experts import ExpertClient, ExpertSpec, Item, RateLimit, RetryPolicy, Timeout
+from experts._cache import SCHEMA_VERSION, CacheKey
 
 STAKES_V1 = Path(__file__).resolve().parents[2] / "experts" / "prompts" / "stakes-v1.toml"
 

@@ -12,13 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from experts import (
-    ConfigError,
-    Endpoint,
-    HTTPStatusError,
-    ResponseError,
-    TransportError,
-)
+from experts import ConfigError
+
+# Private: the endpoint and the errors it translates, unit-tested.
+from experts._endpoint import Endpoint
+from experts._errors import HTTPStatusError, ResponseError, TransportError
 
 
 def run(coro: Any) -> Any:

@@ -15,19 +15,12 @@ from typing import Any
 import pytest
 from expert_fakes import FakeTime
 
-from experts import (
-    ConfigError,
-    EndpointDown,
-    HTTPStatusError,
-    InvalidSetting,
-    Limiter,
-    Outage,
-    RateLimit,
-    ResponseError,
-    RetryPolicy,
-    Timeout,
-    TransportError,
-)
+from experts import ConfigError, EndpointDown, InvalidSetting, RateLimit, RetryPolicy, Timeout
+
+# Private: the limiter, outage counter, errors and interrupt holding, unit-tested.
+from experts._client import Outage
+from experts._errors import HTTPStatusError, ResponseError, TransportError
+from experts._limiter import Limiter
 from experts._serve import _interrupts_held
 
 

@@ -8,11 +8,10 @@ import asyncio
 import pytest
 from expert_fakes import FakeTime
 
-from experts import (
-    Limiter,
-    Pacer,
-    RateLimit,
-)
+from experts import RateLimit
+
+# Private: the pacer and limiter, unit-tested.
+from experts._limiter import Limiter, Pacer
 
 
 def test_pacer_spaces_calls_by_their_weight() -> None:

@@ -8,13 +8,11 @@ from typing import Any
 import pytest
 from expert_fakes import likelihood_answer
 
-from experts import (
-    Request,
-    ResponseError,
-    build_request,
-    load_template,
-    parse_response,
-)
+from experts import Request, build_request, load_template
+
+# Private: answer parsing and its errors, unit-tested.
+from experts._errors import ResponseError
+from experts._scoring import parse_response
 
 
 def chat_answer(top: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from experts import (
-    ConfigError,
-    load_template,
-    render_conversation,
-)
+from experts import ConfigError, load_template
+
+# Private: conversation rendering, unit-tested.
+from experts._prompts import render_conversation
 
 STAKES_V1 = Path(__file__).resolve().parents[2] / "experts" / "prompts" / "stakes-v1.toml"
 

@@ -13,7 +13,6 @@ import pytest
 from experts import (
     BUILTIN_EXPERTS,
     ConfigError,
-    Endpoint,
     InvalidSetting,
     RateLimit,
     add_expert,
@@ -25,6 +24,9 @@ from experts import (
     redact_url,
     resolve_expert,
 )
+
+# Private: an expert's endpoint, built from the registry's spec.
+from experts._endpoint import Endpoint
 
 STAKES_V1 = Path(__file__).resolve().parents[2] / "experts" / "prompts" / "stakes-v1.toml"
 

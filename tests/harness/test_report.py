@@ -21,6 +21,9 @@ import pytest
 import calibrate
 import harness
 import harness.report
+
+# Private: the report's pieces (figures, tables, fractions, a progress hook) and the validation
+# jobs it reads, checked one by one.
 import harness.report._figures
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores

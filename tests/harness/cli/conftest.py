@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_checks import assert_ok, ctd
 
-from harness.data._simulate import simulate_scores
+from harness import simulate_scores
 
 
 @pytest.fixture(scope="module")

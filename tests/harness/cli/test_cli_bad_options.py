@@ -13,7 +13,7 @@ from cli_checks import (
     ctd,
 )
 
-from harness.data._scores import SCORES_COLUMNS
+from harness import SCORES_COLUMNS
 
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.1"])

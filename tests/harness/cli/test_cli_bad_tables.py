@@ -22,8 +22,7 @@ from cli_checks import (
     where,
 )
 
-from harness.data._scores import SCORES_COLUMNS
-from harness.data._tables import write_table
+from harness import SCORES_COLUMNS, write_table
 
 
 def _drop(name: str) -> Callable[[dict], tuple[dict, int | None, tuple[str, ...]]]:

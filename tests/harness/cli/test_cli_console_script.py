@@ -13,7 +13,7 @@ from cli_checks import (
     ctd_process,
 )
 
-from harness.data._tables import write_table
+from harness import write_table
 
 
 def test_process_bad_csv_row(tmp_path: Path, base):

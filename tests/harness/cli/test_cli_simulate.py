@@ -10,7 +10,7 @@ from cli_checks import (
     ctd,
 )
 
-from harness.data._scores import read_scores
+from harness import read_scores
 
 
 @pytest.mark.parametrize("suffix", ["parquet", "csv"])

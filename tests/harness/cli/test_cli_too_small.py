@@ -11,8 +11,7 @@ from cli_checks import (
     ctd,
 )
 
-from harness.data._simulate import simulate_scores
-from harness.data._tables import write_table
+from harness import simulate_scores, write_table
 
 
 def test_too_few_test_rows_per_seed(tmp_path: Path):

@@ -19,7 +19,7 @@ from cli_checks import (
     one_json_object,
 )
 
-from harness.data._tables import read_table
+from harness import read_table
 
 
 def test_validate_budget_json(scores: Path):
