@@ -4,29 +4,9 @@ delegation policies, metrics, sweeps and guarantee validation.
 Pure numpy functions over arrays; no I/O. Every decision is made from integer counts.
 """
 
-from ._candidates import CandidateBatch, Candidates
-from ._fwer import (
-    FWER_METHODS,
-    Bonferroni,
-    FixedSequence,
-    FWERBatch,
-    FWERMethod,
-    FWERProcedure,
-    FWERResult,
-    Holm,
-    control_fwer,
-    fwer_procedure,
-)
-from ._ltt import (
-    ControlBatch,
-    ControlResult,
-    budget_control,
-    budget_control_batch,
-    empirical_control,
-    empirical_control_batch,
-    performance_control,
-    performance_control_batch,
-)
+from ._candidates import Candidates
+from ._fwer import FWER_METHODS, FWERMethod, FWERResult, control_fwer
+from ._ltt import ControlResult, budget_control, empirical_control, performance_control
 from ._metrics import (
     DECISION_THRESHOLD,
     DV_TARGETS,
@@ -42,7 +22,6 @@ from ._metrics import (
     mean_value_at_k,
     predict,
 )
-from ._pareto import pareto_front, pareto_rows
 from ._policies import (
     DEFAULT_POLICIES,
     MERGE_RULES,
@@ -55,7 +34,6 @@ from ._policies import (
     cascade_scores,
     median_rank_signal,
     merge_scores,
-    threshold_grid,
     topk_mask,
     uncertainty_signal,
 )
@@ -63,25 +41,12 @@ from ._pvalues import (
     PVALUE_METHODS,
     ProportionCI,
     PValueMethod,
-    binomial_kstar,
     binomial_pvalue,
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
-    pvalue_table,
 )
-from ._splits import (
-    OBJECTIVES,
-    Objective,
-    Scores,
-    SplitMetrics,
-    Splits,
-    evaluate_delegation,
-    policy_signal,
-    random_splits,
-    split_sizes,
-    threshold_candidates,
-)
+from ._splits import OBJECTIVES, Objective, Scores, Splits, random_splits, split_sizes
 from ._sweep import (
     DEFAULT_BUDGETS,
     GROUP_COLUMNS,
@@ -115,21 +80,14 @@ __all__ = [
     "POLICY_NAMES",
     "PVALUE_METHODS",
     "SWEEP_COLUMNS",
-    "Bonferroni",
     "CalibratedPolicyName",
-    "CandidateBatch",
     "Candidates",
-    "ControlBatch",
     "ControlResult",
     "DVQuality",
     "DVTarget",
-    "FWERBatch",
     "FWERMethod",
-    "FWERProcedure",
     "FWERResult",
-    "FixedSequence",
     "GroupRow",
-    "Holm",
     "Measurement",
     "MergeChoice",
     "MergeRule",
@@ -141,7 +99,6 @@ __all__ = [
     "Scores",
     "SelectorResult",
     "SelectorSummary",
-    "SplitMetrics",
     "Splits",
     "SweepConfig",
     "SweepResult",
@@ -150,37 +107,25 @@ __all__ = [
     "accuracy",
     "auroc",
     "binary_delegation_value",
-    "binomial_kstar",
     "binomial_pvalue",
     "budget_control",
-    "budget_control_batch",
     "cascade_scores",
     "clopper_pearson",
     "control_fwer",
     "delegation_value",
     "dv_quality",
     "empirical_control",
-    "empirical_control_batch",
-    "evaluate_delegation",
-    "fwer_procedure",
     "group_table",
     "hoeffding_bentkus_pvalue",
     "mean_value_at_k",
     "median_rank_signal",
     "merge_scores",
     "min_calibration_size",
-    "pareto_front",
-    "pareto_rows",
     "performance_control",
-    "performance_control_batch",
-    "policy_signal",
     "predict",
-    "pvalue_table",
     "random_splits",
     "split_sizes",
     "sweep",
-    "threshold_candidates",
-    "threshold_grid",
     "topk_mask",
     "uncertainty_signal",
     "validate",

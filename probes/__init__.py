@@ -5,23 +5,14 @@ safety and delegation-value probes (attention, softmax, mean, mlp) on them.
 Knows nothing of experts or of the harness; the hand-off is files (the store) and arrays.
 """
 
-from ._build import Probe, build_probe
+from ._build import Probe
 from ._config import ARCHS, TASKS, Arch, ProbeConfig, Task
 from ._dist import process_state
 from ._errors import ProbeError
-from ._extract import Conversation, ExtractStats, bucket_batches, extract, layer_activations, render, tokenize
-from ._model import (
-    EMBEDDED_MODEL,
-    LoadedModel,
-    ModelInfo,
-    default_layer,
-    describe_model,
-    embedded_gguf,
-    load_model,
-    resolve_layer,
-)
+from ._extract import Conversation, ExtractStats, extract, layer_activations
+from ._model import EMBEDDED_MODEL, LoadedModel, ModelInfo, describe_model, load_model, resolve_layer
 from ._ragged import Ragged
-from ._store import ActivationStore, Plan, StoreKey
+from ._store import ActivationStore, StoreKey
 from ._train import EpochLog, TrainResult, predict, train_probe
 
 __all__ = [
@@ -35,7 +26,6 @@ __all__ = [
     "ExtractStats",
     "LoadedModel",
     "ModelInfo",
-    "Plan",
     "Probe",
     "ProbeConfig",
     "ProbeError",
@@ -43,18 +33,12 @@ __all__ = [
     "StoreKey",
     "Task",
     "TrainResult",
-    "bucket_batches",
-    "build_probe",
-    "default_layer",
     "describe_model",
-    "embedded_gguf",
     "extract",
     "layer_activations",
     "load_model",
     "predict",
     "process_state",
-    "render",
     "resolve_layer",
-    "tokenize",
     "train_probe",
 ]

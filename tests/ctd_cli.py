@@ -4,6 +4,7 @@ finding the llama.cpp servers it starts (and a free port for them)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +14,8 @@ CTD = "import sys; from harness.cli import main; sys.argv = ['ctd', *sys.argv[1:
 
 
 def start_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`ctd ARGS` in the background, stdout and stderr captured as text (tests that signal it)."""
+    """`ctd ARGS` in the background, stdout and stderr captured as text, SIGINT at its default
+    (tests that signal it)."""
     return subprocess.Popen(
         [sys.executable, "-c", CTD, *args],
         cwd=cwd,
@@ -21,7 +23,14 @@ def start_ctd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interrupts_by_default,
     )
+
+
+def _interrupts_by_default() -> None:
+    """In the child before exec: SIGINT back to its default, so that the test's Ctrl-C reaches
+    `ctd` even when pytest was started as a background job (`nohup ... &`), which ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_ctd(

@@ -31,6 +31,8 @@ from pathlib import Path
 import httpx
 
 from experts import ExpertClient, ExpertSpec, Item, RateLimit, RetryPolicy, ScoreCache
+
+# Private: the bare transport, the baseline the client is compared with.
 from experts._endpoint import default_transport
 
 ITEMS = 10_000

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Private: the extraction's inner steps, timed one by one.
 from probes._extract import _pad, bucket_batches, extract, tokenize
 from probes._model import decoder_layers, load_model
 

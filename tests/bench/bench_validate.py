@@ -26,6 +26,8 @@ from timing import timings
 
 import harness
 from harness import RunConfig
+
+# Private: the validation jobs, timed one by one.
 from harness.stages._validate import JOBS, run_job
 
 DEFAULT = RunConfig()  # the levels and headline levels of the default run

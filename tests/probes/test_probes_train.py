@@ -10,15 +10,14 @@ import pytest
 import torch
 from scipy.stats import rankdata, spearmanr
 
+# Private: each architecture's module and the probe builder, unit-tested; training is patched.
 import probes._train as train_module
+from probes import ARCHS, EpochLog, Probe, ProbeConfig, Ragged, predict, train_probe
 from probes._attention import AttentionProbe
-from probes._build import Probe, build_probe
-from probes._config import ARCHS, ProbeConfig
+from probes._build import build_probe
 from probes._mean import MeanProbe
 from probes._mlp import MLPProbe
-from probes._ragged import Ragged
 from probes._softmax import SoftmaxProbe
-from probes._train import EpochLog, predict, train_probe
 
 D = 16  # activation width in these tests
 N_TRAIN, N_TEST = 400, 200

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 import calibrate
-from calibrate import FixedSequence
+
+# Private: an anti-conservative variant and an independent re-measurement.
+from calibrate._fwer import FixedSequence, FWERBatch
+from calibrate._splits import evaluate_delegation, policy_signal
 from harness import scores_from_columns, simulate_scores
 
 DELTA = 0.1
@@ -42,7 +45,7 @@ class DoubledDelta:
 
     name = "fixed-sequence at 2 delta"
 
-    def run_batch(self, p_values: np.ndarray, delta: float) -> calibrate.FWERBatch:
+    def run_batch(self, p_values: np.ndarray, delta: float) -> FWERBatch:
         return FixedSequence().run_batch(p_values, 2 * delta)
 
     def run(self, p_values: np.ndarray, delta: float) -> calibrate.FWERResult:
@@ -162,9 +165,9 @@ def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str
         for probe_seed, scores in table.items():
             mine = np.flatnonzero(rows["seed"] == probe_seed)
             splits = calibrate.random_splits(scores.n, mine.size, [seed, probe_seed], cal_size=150)
-            signal = np.broadcast_to(calibrate.policy_signal(scores, spec, splits), (mine.size, scores.n))
+            signal = np.broadcast_to(policy_signal(scores, spec, splits), (mine.size, scores.n))
             fresh_signal = np.broadcast_to(
-                calibrate.policy_signal(scores, spec, splits, on=fresh[probe_seed]),
+                policy_signal(scores, spec, splits, on=fresh[probe_seed]),
                 (mine.size, fresh[probe_seed].n),
             )
             rest = np.concatenate([splits.cal, splits.evaluation], axis=1)  # the split minus D_est
@@ -181,9 +184,7 @@ def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str
                 }
                 for name, (target, index, values) in populations.items():
                     delegated = values > cut[:, None]
-                    metrics = calibrate.evaluate_delegation(
-                        target, index, delegated, result.merge, with_auroc=False
-                    )
+                    metrics = evaluate_delegation(target, index, delegated, result.merge, with_auroc=False)
                     np.testing.assert_array_equal(rows[f"{prefix}{name}realised"][mine], metrics.realised)
                     np.testing.assert_array_equal(rows[f"{prefix}{name}accuracy"][mine], metrics.accuracy)
                     losses = metrics.delegated if mode == "budget" else metrics.errors
@@ -231,7 +232,7 @@ def test_paper_qualitative_findings() -> None:
 def test_chunked_trials_give_the_chunks_of_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trials drawn and calibrated a few at a time, and the fresh table's per-trial uncertainty
     signal in small chunks, give exactly what one pass over all trials gives."""
-    import calibrate._validate as engine
+    import calibrate._validate as engine  # private: its chunk size is patched
 
     table = simulated("weak", 500, 2)
     fresh = simulated("weak", 2000, 2, random_state=5)

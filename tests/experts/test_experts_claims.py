@@ -24,10 +24,12 @@ from ctd_cli import CTD, run_ctd
 from fault_server import FaultPlan, RunningServer, item_score, server_process
 from test_experts_engine import db_rows, make_spec, predict, server_stats
 
-from experts import ExpertClient, Item, Lease, RateLimit, ScoreCache, list_claims
-from experts._claims import ClaimLedger, process_gone, this_host
+from experts import ExpertClient, Item, RateLimit, ScoreCache, list_claims
 
-TESTS = Path(__file__).resolve().parent
+# Private: claims under a lease, unit-tested.
+from experts._claims import ClaimLedger, Lease, process_gone, this_host
+
+TESTS = Path(__file__).resolve().parents[1]
 
 # The fault rates of issue 12: half of all requests meet a fault.
 ISSUE_12_FAULTS = {"429": 0.20, "500": 0.15, "drop": 0.05, "malformed": 0.05, "no-logprobs": 0.05}
@@ -243,7 +245,7 @@ def hold(
 
 
 def score_row(spec: Any, item: Item, score: float) -> dict[str, Any]:
-    from experts._cache import now
+    from experts._cache import now  # private: the cache's own clock
 
     return {
         "key": key_of(spec, item), "expert": spec.name, "item_id": item.id, "endpoint": "x", "model": "x",

@@ -9,15 +9,11 @@ from hypothesis import strategies as st
 from mapie.risk_control.fwer_control import control_fwer as mapie_control_fwer
 from numpy.typing import NDArray
 
-from calibrate import (
-    Bonferroni,
-    FixedSequence,
-    FWERResult,
-    Holm,
-    binomial_pvalue,
-    control_fwer,
-    pareto_front,
-)
+from calibrate import FWERResult, binomial_pvalue, control_fwer
+
+# Private: the procedures and the Pareto filter, unit-tested one by one.
+from calibrate._fwer import Bonferroni, FixedSequence, Holm
+from calibrate._pareto import pareto_front
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 
 import calibrate
+import calibrate._splits as calibrate_splits  # private: the recomputation steps
 import harness
 import harness.report
-import harness.report._figures
+import harness.report._figures  # private: figures checked one by one
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
-from harness.report._build import build_report
-from harness.report._data import MEAN_V_FRACTIONS, read_sweep
-from harness.report._sections import MEAN_V_TABLE_FRACTIONS
-from harness.stages._validate import JOBS, read_job, run_job
+from harness.report._build import build_report  # private: with a progress hook
+from harness.report._data import MEAN_V_FRACTIONS, read_sweep  # private: the report's tables
+from harness.report._sections import MEAN_V_TABLE_FRACTIONS  # private: the report's tables
+from harness.stages._validate import JOBS, read_job, run_job  # private: the jobs the report reads
 
 ARCH = "simulated"
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.8)
@@ -388,7 +389,10 @@ def test_the_report_is_rebuilt_from_the_files_alone(
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "report")
-    originals = {id(getattr(calibrate, name)): name for name in RECOMPUTATION}
+    # policy_signal and threshold_candidates left calibrate's public face: found in their module.
+    originals = {
+        id(getattr(calibrate, name, None) or getattr(calibrate_splits, name)): name for name in RECOMPUTATION
+    }
 
     def refuse(name: str) -> object:
         def call(*args: object, **kwargs: object) -> None:

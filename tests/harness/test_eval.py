@@ -18,11 +18,10 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, llama_servers_on, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
-from harness.data._scores import read_scores
-from harness.data._tables import read_table
+from harness import read_scores, read_table
 from harness.data.builtin import builtin_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"train": 48, "dev": 40, "test": 64}
 FAST = [
     "--seeds", "0",

@@ -36,7 +36,7 @@ from experts import (
     Timeout,
 )
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 STAKES_V1 = TESTS.parent / "experts" / "prompts" / "stakes-v1.toml"
 SECRET = "sk-test-SECRET-123"
 KEY_ENV = "CTD_ENGINE_TEST_API_KEY"

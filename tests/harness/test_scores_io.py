@@ -14,12 +14,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# Private: the table writer's atomic writes and JSON encoding, unit-tested.
 import harness.data._tables as tables
-from harness._errors import InputError
-from harness.data._scores import SCORES_COLUMNS, read_scores, write_scores
-from harness.data._simulate import simulate_scores
-from harness.data._tables import read_table, write_json, write_jsonl, write_table
-from harness.stages._calibrate import simulate
+from harness import (
+    SCORES_COLUMNS,
+    InputError,
+    read_scores,
+    read_table,
+    simulate,
+    simulate_scores,
+    write_scores,
+    write_table,
+)
+from harness.data._tables import write_json, write_jsonl
 
 GROUPS = {"anthropic", "mt", "mts", "toolace"}
 N, N_DEV, SEEDS = 300, 200, 2

@@ -22,12 +22,14 @@ from scipy import stats
 
 from calibrate import (
     ProportionCI,
-    binomial_kstar,
     binomial_pvalue,
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
 )
+
+# Private: k*, unit-tested against the p-values.
+from calibrate._pvalues import binomial_kstar
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

@@ -11,18 +11,23 @@ import numpy as np
 import pytest
 import torch
 
-from probes._errors import ProbeError
-from probes._extract import ExtractStats, _pad, bucket_batches, extract, layer_activations, tokenize
-from probes._model import (
+from probes import (
+    ActivationStore,
+    ExtractStats,
     LoadedModel,
+    ProbeError,
+    StoreKey,
     describe_model,
-    embedded_gguf,
-    file_sha256,
+    extract,
+    layer_activations,
     load_model,
-    model_cache_root,
     resolve_layer,
 )
-from probes._store import ActivationStore, Plan, StoreKey
+
+# Private: tokenising, padding, bucketing, the store's plan and the model files, unit-tested.
+from probes._extract import _pad, bucket_batches, tokenize
+from probes._model import embedded_gguf, file_sha256, model_cache_root
+from probes._store import Plan
 
 CONVERSATIONS = [
     "hello there",

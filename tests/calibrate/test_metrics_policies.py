@@ -26,10 +26,12 @@ from calibrate import (
     median_rank_signal,
     merge_scores,
     predict,
-    threshold_grid,
     topk_mask,
     uncertainty_signal,
 )
+
+# Private: the candidate grid, unit-tested against its definition.
+from calibrate._policies import threshold_grid
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

@@ -1,0 +1,119 @@
+"""`ctd calibrate`: its JSON summary and files, the budget range syntax, and its table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_checks import (
+    FAST_CALIBRATE,
+    LTT_KEYS,
+    SWEEP_KEYS,
+    assert_ok,
+    ctd,
+    one_json_object,
+    read_csv,
+)
+
+
+def test_calibrate_json_and_files(scores: Path, tmp_path: Path):
+    out = tmp_path / "cal"
+    budgets, batch_sizes = (0.2, 0.35, 0.5), (32, 64)
+    policies, objectives = (
+        ("ctd", "unc-calibrated", "dv-topk", "oracle-topk", "unc-central"),
+        ("auroc", "accuracy"),
+    )
+    summary = one_json_object(
+        ctd(
+            "calibrate",
+            "--scores",
+            scores,
+            "--out",
+            out,
+            "--budgets",
+            ",".join(map(str, budgets)),
+            "--batch-sizes",
+            ",".join(map(str, batch_sizes)),
+            "--policies",
+            ",".join(policies),
+            "--objectives",
+            ",".join(objectives),
+            "--json",
+        )
+    )
+    seeds = (0, 1)
+    expected_rows = len(policies) * len(budgets) * len(batch_sizes) * len(seeds) * len(objectives)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "baselines.csv",
+        "groups.csv",
+        "ltt.jsonl",
+        "summary.json",
+        "sweep.csv",
+    ]
+
+    sweep = read_csv(out / "sweep.csv")
+    assert len(sweep) == expected_rows == summary["rows"]
+    assert set(SWEEP_KEYS) <= set(sweep[0])
+    combos = {
+        (r["seed"], r["policy"], r["objective"], float(r["budget"]), int(r["batch_size"])) for r in sweep
+    }
+    assert len(combos) == expected_rows  # each combination exactly once
+    assert {r["policy"] for r in sweep} == set(policies)
+    assert {r["objective"] for r in sweep} == set(objectives)
+    assert {float(r["budget"]) for r in sweep} == set(budgets)
+    assert {int(r["batch_size"]) for r in sweep} == set(batch_sizes)
+    assert {int(r["seed"]) for r in sweep} == set(seeds)
+    assert {r["merge"] for r in sweep} <= {"overwrite", "average"}
+    for r in sweep:
+        assert 0 <= float(r["auroc"]) <= 1 and 0 <= float(r["accuracy"]) <= 1
+        assert 0 <= float(r["realised"]) <= 1
+
+    calibrated = [p for p in policies if p in ("ctd", "unc-calibrated")]
+    lines = (out / "ltt.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(calibrated) * len(objectives) * len(seeds) * len(budgets)
+    records = [json.loads(line) for line in lines]
+    for record in records:
+        assert set(record) >= LTT_KEYS
+        assert len(record["pvalues"]) == len(record["k"]) == len(record["order"])
+        assert set(record["certified"]) <= set(record["order"])
+    keys = {(r["policy"], r["objective"], r["seed"], r["alpha"]) for r in records}
+    assert len(keys) == len(records)
+
+    on_disk = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert on_disk == summary
+    assert summary["policies"] == list(policies) and summary["budgets"] == list(budgets)
+    assert summary["seeds"] == list(seeds)
+
+    baselines = read_csv(out / "baselines.csv")
+    assert [int(r["seed"]) for r in baselines] == list(seeds)
+    assert {"probe_auroc", "probe_accuracy", "expert_auroc", "expert_accuracy"} <= set(baselines[0])
+
+
+def test_calibrate_budget_range_syntax(scores: Path, tmp_path: Path):
+    out = tmp_path / "cal"
+    summary = one_json_object(
+        ctd(
+            "calibrate",
+            "--scores",
+            scores,
+            "--out",
+            out,
+            "--budgets",
+            "0.2:0.6:3",
+            "--batch-sizes",
+            "64",
+            "--json",
+        )
+    )
+    assert summary["budgets"] == [0.2, 0.4, 0.6]
+    assert len(read_csv(out / "sweep.csv")) == summary["rows"] == 5 * 3 * 1 * 2 * 2
+
+
+def test_calibrate_prints_a_table_without_json(scores: Path, tmp_path: Path):
+    out = tmp_path / "cal"
+    result = ctd("calibrate", "--scores", scores, "--out", out, *FAST_CALIBRATE)
+    assert_ok(result)
+    for word in ("objective", "policy", "AUROC", "ctd", "dv-topk", "probe only", "expert only"):
+        assert word in result.stdout, word
+    assert "wrote 16 rows" in result.stdout  # 2 policies x 2 budgets x 1 batch size x 2 seeds x 2 objectives
+    assert (out / "sweep.csv").is_file()

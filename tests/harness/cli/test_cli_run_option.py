@@ -1,0 +1,73 @@
+"""`--run NAME`: calibrate and validate read the run's scores and write into its folder; an
+unknown run or one without scores is a clean error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_checks import (
+    FAST_CALIBRATE,
+    FAST_VALIDATE,
+    assert_clean_error,
+    check_summary,
+    ctd,
+    one_json_object,
+    read_csv,
+)
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, scores: Path, monkeypatch) -> Path:
+    root = tmp_path / "runs"
+    (root / "exp1").mkdir(parents=True)
+    shutil.copy(scores, root / "exp1" / "scores.parquet")
+    monkeypatch.setenv("CTD_RUNS_DIR", str(root))
+    return root
+
+
+def test_calibrate_run_writes_into_the_run_folder(runs_root: Path):
+    summary = one_json_object(ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE, "--json"))
+    folder = runs_root / "exp1" / "calibrate"
+    assert Path(summary["out"]) == folder
+    assert Path(summary["scores"]) == runs_root / "exp1" / "scores.parquet"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "baselines.csv",
+        "groups.csv",
+        "ltt.jsonl",
+        "summary.json",
+        "sweep.csv",
+    ]
+    assert len(read_csv(folder / "sweep.csv")) == summary["rows"] == 16
+
+
+def test_calibrate_run_with_explicit_out(runs_root: Path, tmp_path: Path):
+    out = tmp_path / "elsewhere"
+    one_json_object(ctd("calibrate", "--run", "exp1", "--out", out, *FAST_CALIBRATE, "--json"))
+    assert (out / "sweep.csv").is_file()
+    assert not (runs_root / "exp1" / "calibrate").exists()
+
+
+def test_validate_run(runs_root: Path):
+    record = one_json_object(ctd("validate", "--run", "exp1", *FAST_VALIDATE, "--json"))
+    assert Path(record["scores"]) == runs_root / "exp1" / "scores.parquet"
+    check_summary(record, 20)
+
+
+def test_unknown_run_is_a_clean_error(runs_root: Path, tmp_path: Path):
+    message = assert_clean_error(
+        ctd("calibrate", "--run", "nope", *FAST_CALIBRATE), "nope", unwritten=(runs_root / "nope",)
+    )
+    assert str(runs_root / "nope") in message
+    out = tmp_path / "trials.csv"
+    assert_clean_error(ctd("validate", "--run", "nope", "--out", out), "--run nope", unwritten=(out,))
+
+
+def test_run_without_scores_is_a_clean_error(runs_root: Path):
+    (runs_root / "empty").mkdir()
+    message = assert_clean_error(
+        ctd("calibrate", "--run", "empty", *FAST_CALIBRATE),
+        unwritten=(runs_root / "empty" / "calibrate",),
+    )
+    assert str(runs_root / "empty" / "scores.parquet") in message
