@@ -251,7 +251,13 @@ def eval_command(
         )
         return
     _print_summary(result.summary)
+    _print_warnings(result.warnings)
     print(f"report: {result.report}")
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _print_summary(rows: list[dict[str, str]]) -> None:
@@ -286,6 +292,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Rebuild the report of a finished run from its files, recomputing nothing."""
+    from ..report import read_warnings
     from ..report._build import build_report
 
     folder = Path(name)
@@ -294,6 +301,7 @@ def report_command(
     if not folder.is_dir():
         raise InputError(f"run {name!r}: no such run folder ({folder})")
     path = build_report(folder)
+    _print_warnings(read_warnings(folder))
     print(f"report: {path}")
 
 

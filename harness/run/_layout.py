@@ -14,7 +14,7 @@ A run folder `runs/NAME/` holds:
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
     calibrate/ARCH/        sweep.csv, baselines.csv, summary.json (merge-RULE/ for merge controls)
     validate/ARCH/         one record per validation job, with its per-trial table
-    report/                report.md, tables/, figures/
+    report/                report.md, numbers.json, examples.parquet, tables/, figures/
 """
 
 from __future__ import annotations
@@ -152,3 +152,13 @@ class RunLayout:
     @property
     def summary_table(self) -> Path:
         return self.report / "tables" / "summary.csv"
+
+    @property
+    def report_numbers(self) -> Path:
+        """Every number of the report, its warnings and what it found missing (JSON)."""
+        return self.report / "numbers.json"
+
+    @property
+    def examples(self) -> Path:
+        """One row per (example, arch, seed): scores, v and each policy's decision (Parquet)."""
+        return self.report / "examples.parquet"
