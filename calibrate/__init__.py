@@ -52,6 +52,7 @@ from ._policies import (
     MergeRule,
     Policy,
     PolicyName,
+    batch_ranks,
     cascade_scores,
     median_rank_signal,
     merge_scores,
@@ -83,6 +84,9 @@ from ._splits import (
     threshold_candidates,
 )
 from ._sweep import (
+    ANY_BATCH_SIZE,
+    ANY_OBJECTIVE,
+    DECISION_COLUMNS,
     DEFAULT_BUDGETS,
     GROUP_COLUMNS,
     SWEEP_COLUMNS,
@@ -102,6 +106,9 @@ from ._validation_results import (
 )
 
 __all__ = [
+    "ANY_BATCH_SIZE",
+    "ANY_OBJECTIVE",
+    "DECISION_COLUMNS",
     "DECISION_THRESHOLD",
     "DEFAULT_BUDGETS",
     "DEFAULT_POLICIES",
@@ -149,6 +156,7 @@ __all__ = [
     "ValidationResult",
     "accuracy",
     "auroc",
+    "batch_ranks",
     "binary_delegation_value",
     "binomial_kstar",
     "binomial_pvalue",
