@@ -36,6 +36,7 @@ from ..run._layout import RunLayout
 from ._checks import checks_section
 from ._context import ReportContext, fmt, markdown_table, pct, slug
 from ._data import Sweep, read_config_text, read_sweep, value_at
+from ._examples import case_study_section, examples_table
 from ._sections import (
     binary_section,
     cascade_section,
@@ -58,6 +59,8 @@ SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
     group_section,
     dv_quality_section,
     mean_value_section,
+    case_study_section,
+    examples_table,
     binary_section,
     merge_section,
 )

@@ -314,6 +314,7 @@ class QueryStage:
                 extra={
                     "split": np.array([e.split for e in examples]),
                     "group": np.array([e.group for e in examples]),
+                    "text": np.array([e.preview() for e in examples]),
                 },
             )
         ctx.manifests.log(
