@@ -12,8 +12,9 @@ import pytest
 import calibrate
 from calibrate import SweepConfig
 from harness import calibrate_scores, simulate_scores, write_scores
-from harness.data._tables import read_table
+from harness.data._tables import read_table, write_table
 from harness.report._build import build_report
+from harness.report._examples import TEXT_SHOWN
 from harness.run._layout import RunLayout
 
 ARCH = "simulated"
@@ -23,9 +24,31 @@ CONFIG = SweepConfig(budgets=(0.1, 0.2, 0.3, 0.5), batch_sizes=(32, 64))
 def _run(folder: Path, columns: dict[str, np.ndarray]) -> Path:
     folder.mkdir(parents=True)
     write_scores(folder / "scores.parquet", columns)
+    _write_expert_table(RunLayout(folder), columns)
     calibrate_scores(folder / "scores.parquet", RunLayout(folder).sweep(ARCH), CONFIG, arch=ARCH)
     build_report(folder)
     return folder
+
+
+def _text(example: str) -> str:
+    return f"[User] the input of {example}, " + "and more words " * 40
+
+
+def _write_expert_table(layout: RunLayout, columns: dict[str, np.ndarray]) -> None:
+    """query/expert_scores.parquet as the query stage writes it (one row per example)."""
+    first = columns["seed"] == columns["seed"].min()
+    ids, splits = columns["id"][first], columns["split"][first]
+    layout.query.mkdir(parents=True)
+    write_table(
+        layout.expert_scores,
+        {
+            "id": ids,
+            "split": splits,
+            "expert": columns["expert"][first],
+            "label_mass": np.full(ids.size, 0.9),
+            "text": np.array([_text(i) for i in ids]),
+        },
+    )
 
 
 def _columns(seeds: int = 2) -> dict[str, np.ndarray]:
@@ -107,6 +130,10 @@ def test_case_studies_are_the_examples_that_fit_their_definition(run: Path) -> N
     first = np.argmin(cases["v"][mine].astype(float))
     assert numbers["misrouted"]["shown"][0] == cases["id"][mine][first]
     assert f"rank {int(cases['rank'][mine][first])}/64" in report
+    # Its text, cut to TEXT_SHOWN characters with an ellipsis; the whole preview is in examples.parquet.
+    text = _text(numbers["misrouted"]["shown"][0])
+    assert f"> {text[: TEXT_SHOWN - 1]}…\n" in report
+    assert set(examples["expert_label_mass"]) == {0.9}
 
 
 def test_no_case_studies_is_said(tmp_path: Path) -> None:
