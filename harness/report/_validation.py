@@ -283,7 +283,8 @@ def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord
         headline = record.headline or {}
         population, paper = _measured(headline, "population"), _measured(headline, "paper")
         rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
-        panels[f"{record.job.label}: {rates}"] = _population(record, "realised")
+        spent = f"spent {pct(population['mean_realised_budget'])}"
+        panels[f"{record.job.label}: {rates}, {spent}"] = _population(record, "realised")
     path, relative = ctx.figure_path(arch, "validation-budget")
     population = _population_size(budget[0])
     fig.budget_validation_figure(
@@ -298,7 +299,7 @@ def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord
         f"{arch}: realised delegation rate on the population (the test split minus D_est) over random "
         f"calibration halves under budget control (alpha = {alpha:g}), one bar per multiple of "
         f"1/{population} (or a few); the red line at alpha separates the rates that meet it from those "
-        "that violate it; violation rates in each title.",
+        "that violate it; violation rates and the mean delegation spent in each title.",
     )
 
 
