@@ -33,7 +33,15 @@ from ._registry import (
     load_experts,
     resolve_expert,
 )
-from ._scoring import SCORING_METHODS, Request, Score, ScoringMethod, build_request, parse_response
+from ._scoring import (
+    SCORING_METHODS,
+    Request,
+    Score,
+    ScoringMethod,
+    build_request,
+    parse_response,
+    top_logprobs,
+)
 from ._serve import LocalServer, server_command, smollm2_gguf
 
 __all__ = [
@@ -92,4 +100,5 @@ __all__ = [
     "score_items",
     "server_command",
     "smollm2_gguf",
+    "top_logprobs",
 ]

@@ -6,6 +6,7 @@ case studies, both read from files the stages wrote: the scores table, the exper
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ EXAMPLE_BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3)
 CASE_BUDGET = 0.2  # the paper's case studies are at budget 0.2, B = 128
 CASES_SHOWN = 3  # examples per case kind and arch
 TEXT_SHOWN = 300  # characters of an input shown in a case study
+TOP_SHOWN = 5  # the expert's most likely next tokens shown in a case study
 _UNC, _DV = "unc-topk", "ctd"
+_LONG = ("text", "top_tokens")  # in examples.parquet, not in the case-study CSV
 _NO_TEXT = "(the input is not in this run's query/expert_scores.parquet)"
 
 
@@ -56,9 +59,18 @@ def read_decisions(sweep: Sweep) -> Decisions | None:
     return Decisions(read_table(path).columns)
 
 
-def _expert_extras(run_dir: Path) -> dict[tuple[str, str], tuple[str, float]]:
-    """(split, id) -> (the input's start, the label-token mass) from the expert's table; empty
-    when the run has none (a scores table made elsewhere)."""
+@dataclass(frozen=True)
+class ExpertExtra:
+    """What the query stage kept of one example beside its score."""
+
+    text: str = ""  # the input's start
+    label_mass: float = float("nan")  # the probability mass on the label tokens
+    top_tokens: str = ""  # JSON: [[token, logprob], ...], most likely first
+
+
+def _expert_extras(run_dir: Path) -> dict[tuple[str, str], ExpertExtra]:
+    """(split, id) -> what the expert's table holds besides the score; empty when the run has
+    none (a scores table made elsewhere), blank fields for columns an older query stage lacked."""
     path = RunLayout(run_dir).expert_scores
     if not path.is_file():
         return {}
@@ -66,10 +78,11 @@ def _expert_extras(run_dir: Path) -> dict[tuple[str, str], tuple[str, float]]:
     n = len(c["id"])
     texts = c["text"].astype(str) if "text" in c else np.full(n, "")
     masses = c["label_mass"].astype(np.float64) if "label_mass" in c else np.full(n, np.nan)
+    tops = c["top_tokens"].astype(str) if "top_tokens" in c else np.full(n, "")
     splits = c["split"].astype(str) if "split" in c else np.full(n, "")
     return {
-        (str(s), str(i)): (str(t), float(m))
-        for s, i, t, m in zip(splits, c["id"].astype(str), texts, masses, strict=True)
+        (str(s), str(i)): ExpertExtra(str(t), float(m), str(top))
+        for s, i, t, m, top in zip(splits, c["id"].astype(str), texts, masses, tops, strict=True)
     }
 
 
@@ -98,9 +111,10 @@ def examples_table(ctx: ReportContext) -> None:
         "expert": table.expert,
         "v": calibrate.delegation_value(table.label, table.probe, table.expert),
     }
-    found = [extras.get((s, i), ("", np.nan)) for s, i in zip(table.split, table.id, strict=True)]
-    out["expert_label_mass"] = np.array([mass for _, mass in found], dtype=np.float64)
-    out["text"] = np.array([text for text, _ in found], dtype=str)
+    found = [extras.get((s, i), ExpertExtra()) for s, i in zip(table.split, table.id, strict=True)]
+    out["expert_label_mass"] = np.array([e.label_mass for e in found], dtype=np.float64)
+    out["expert_top_tokens"] = np.array([e.top_tokens for e in found], dtype=str)
+    out["text"] = np.array([e.text for e in found], dtype=str)
     extra_columns: dict[str, NDArray] = {}
     for arch, sweep in ctx.sweeps.items():
         decisions = read_decisions(sweep)
@@ -130,11 +144,11 @@ def examples_table(ctx: ReportContext) -> None:
         "## Every example",
         "",
         f"`{relative}` has one row per example, probe configuration and seed: id, group, split, label, the "
-        "probe's, DV probe's and expert's scores, v, the expert's probability mass on the label tokens, the "
-        "start of the input, and, on each seed's evaluation half, every policy's decision at budgets "
-        f"{', '.join(f'{b:g}' for b in EXAMPLE_BUDGETS)} (columns `POLICY@BUDGET`; calibrated policies "
-        "selected for AUROC, top-k at the largest batch size, with 1-based ranks in their batches). The "
-        "expert's top tokens are not kept by the query stage or the expert cache, so the table lacks them.",
+        "probe's, DV probe's and expert's scores, v, the expert's probability mass on the label tokens and "
+        "its next-token alternatives with their logprobs (`expert_top_tokens`, JSON; empty for likelihood "
+        "scoring), the start of the input, and, on each seed's evaluation half, every policy's decision at "
+        f"budgets {', '.join(f'{b:g}' for b in EXAMPLE_BUDGETS)} (columns `POLICY@BUDGET`; calibrated "
+        "policies selected for AUROC, top-k at the largest batch size, with 1-based ranks in their batches).",
         "",
     ]
 
@@ -158,6 +172,7 @@ class Case:
     batch: int  # that batch's size
     threshold: float  # CTD's threshold on the DV score
     text: str
+    top_tokens: str  # JSON, as the query stage kept it
 
 
 def _tick(right: bool) -> str:
@@ -195,7 +210,16 @@ def _case_lines(case: Case, *, unc_delegates: bool) -> list[str]:
         f"> {text or _NO_TEXT}",
         "",
         *markdown_table(["", "score", "outcome"], rows),
+        *_top_line(case.top_tokens),
     ]
+
+
+def _top_line(top_tokens: str) -> list[str]:
+    """The expert's most likely next tokens, when the query stage kept them."""
+    if not top_tokens:
+        return []
+    shown = ", ".join(f"`{token!r}` {logprob:.2f}" for token, logprob in json.loads(top_tokens)[:TOP_SHOWN])
+    return [f"Expert's top next tokens (logprob): {shown}.", ""]
 
 
 def _cases(ctx: ReportContext, arch: str, sweep: Sweep, decisions: Decisions) -> dict[str, list[Case]]:
@@ -250,7 +274,8 @@ def _cases(ctx: ReportContext, arch: str, sweep: Sweep, decisions: Decisions) ->
                 rank=int(rank) + 1,
                 batch=min(batch, m - start),
                 threshold=float(threshold[0]) if threshold.size else float("nan"),
-                text=extras.get(("test", str(table.id[i])), ("", np.nan))[0],
+                text=extras.get(("test", str(table.id[i])), ExpertExtra()).text,
+                top_tokens=extras.get(("test", str(table.id[i])), ExpertExtra()).top_tokens,
             )
             # misrouted: the most harmful expert call first; missed: the most confident wrong probe first
             order = case.v if kind == "misrouted" else -abs(probe - 0.5)
@@ -308,7 +333,7 @@ def case_study_section(ctx: ReportContext) -> None:
             for case in cases[:CASES_SHOWN]:
                 ctx.lines += _case_lines(case, unc_delegates=unc_delegates)
         rows = [
-            {"kind": kind, **{k: getattr(c, k) for k in Case.__dataclass_fields__ if k != "text"}}
+            {"kind": kind, **{k: getattr(c, k) for k in Case.__dataclass_fields__ if k not in _LONG}}
             for kind, cases in found.items()
             for c in cases
         ]

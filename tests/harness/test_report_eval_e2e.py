@@ -6,9 +6,11 @@ the case-study section with the run's own texts or says none exist."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 from ctd_cli import run_ctd
 from fault_server import RunningServer
 
@@ -77,11 +79,22 @@ def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None
     assert printed == numbers["warnings"]
 
     expert = read_table(layout.expert_scores).columns
+    # The expert's next-token alternatives, read back from the cache, reproduce its score.
+    for score, top in zip(expert["expert"], expert["top_tokens"].astype(str), strict=True):
+        mass = {"high": 0.0, "low": 0.0}
+        for token, logprob in json.loads(top):
+            word = token.strip().lower()
+            if word in mass:
+                mass[word] += math.exp(logprob)
+        assert score == pytest.approx(mass["high"] / (mass["high"] + mass["low"]), abs=1e-9)
     assert all(t.startswith("[User] ") or t.startswith("[Sys] ") for t in expert["text"].astype(str))
     assert all("item-" in t or t.endswith("…") for t in expert["text"].astype(str))
+    by_id = dict(zip(expert["id"].astype(str), expert["top_tokens"].astype(str), strict=True))
     examples = read_table(layout.examples).columns
     test_rows = examples["split"] == "test"
     assert test_rows.sum() == SIZES["test"] and (examples["text"][test_rows] != "").all()
+    expected = np.array([by_id[i] for i in examples["id"].astype(str)])
+    assert (examples["expert_top_tokens"] == expected).all()
     decided = np.array([v is not None for v in examples["ctd@0.2"]])
     assert decided.sum() == SIZES["test"] // 2  # the evaluation half
 

@@ -30,6 +30,9 @@ def _run(folder: Path, columns: dict[str, np.ndarray]) -> Path:
     return folder
 
 
+TOP = json.dumps([[" high", -0.1], ["low", -2.4]])
+
+
 def _text(example: str) -> str:
     return f"[User] the input of {example}, " + "and more words " * 40
 
@@ -47,6 +50,7 @@ def _write_expert_table(layout: RunLayout, columns: dict[str, np.ndarray]) -> No
             "expert": columns["expert"][first],
             "label_mass": np.full(ids.size, 0.9),
             "text": np.array([_text(i) for i in ids]),
+            "top_tokens": np.full(ids.size, TOP),
         },
     )
 
@@ -133,7 +137,8 @@ def test_case_studies_are_the_examples_that_fit_their_definition(run: Path) -> N
     # Its text, cut to TEXT_SHOWN characters with an ellipsis; the whole preview is in examples.parquet.
     text = _text(numbers["misrouted"]["shown"][0])
     assert f"> {text[: TEXT_SHOWN - 1]}…\n" in report
-    assert set(examples["expert_label_mass"]) == {0.9}
+    assert set(examples["expert_label_mass"]) == {0.9} and set(examples["expert_top_tokens"]) == {TOP}
+    assert "Expert's top next tokens (logprob): `' high'` -0.10, `'low'` -2.40." in report
 
 
 def test_no_case_studies_is_said(tmp_path: Path) -> None:
