@@ -9,10 +9,12 @@ A run folder `runs/NAME/` holds:
     manifests/STAGE.json   the stage's fingerprint (its settings and the hashes of its inputs) and
                            the hashes of its outputs; written only when the stage has finished
     probe/                 probe_scores.parquet, stores.json, metrics
-    query/                 expert_scores.parquet, failed.csv, server.log
+    query/                 expert_scores.parquet (with each input's start and the expert's top
+                           tokens), failed.csv, server.log
     dv/                    scores-TARGET.parquet, dv_metrics.json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
-    calibrate/ARCH/        sweep.csv, baselines.csv, summary.json (merge-RULE/ for merge controls)
+    calibrate/ARCH/        sweep.csv, groups.csv, decisions.parquet, ltt.jsonl, baselines.csv,
+                           summary.json (merge-RULE/ for merge controls)
     validate/ARCH/         one record per validation job, with its per-trial table
     report/                report.md, numbers.json, examples.parquet, tables/, figures/
 """
