@@ -135,6 +135,8 @@ def cascade_figure(
                 va="bottom" if where == "below" else "top",
                 fontsize="x-small",
                 color="dimgrey",
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1.5},
+                zorder=6,
             )
         ax.set_title(f"B = {batch_size}", fontsize="medium")
         ax.set_xlabel("target budget")
