@@ -31,6 +31,7 @@ from ._policies import (
     MergeRule,
     Policy,
     PolicyName,
+    batch_ranks,
     cascade_scores,
     median_rank_signal,
     merge_scores,
@@ -48,6 +49,9 @@ from ._pvalues import (
 )
 from ._splits import OBJECTIVES, Objective, Scores, Splits, random_splits, split_sizes
 from ._sweep import (
+    ANY_BATCH_SIZE,
+    ANY_OBJECTIVE,
+    DECISION_COLUMNS,
     DEFAULT_BUDGETS,
     GROUP_COLUMNS,
     SWEEP_COLUMNS,
@@ -67,6 +71,9 @@ from ._validation_results import (
 )
 
 __all__ = [
+    "ANY_BATCH_SIZE",
+    "ANY_OBJECTIVE",
+    "DECISION_COLUMNS",
     "DECISION_THRESHOLD",
     "DEFAULT_BUDGETS",
     "DEFAULT_POLICIES",
@@ -106,6 +113,7 @@ __all__ = [
     "ValidationResult",
     "accuracy",
     "auroc",
+    "batch_ranks",
     "binary_delegation_value",
     "binomial_pvalue",
     "budget_control",

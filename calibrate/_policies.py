@@ -19,6 +19,7 @@ __all__ = [
     "MergeRule",
     "Policy",
     "PolicyName",
+    "batch_ranks",
     "cascade_scores",
     "median_rank_signal",
     "merge_scores",
@@ -122,19 +123,38 @@ def topk_mask(signal: ArrayLike, budgets: ArrayLike, batch_size: int) -> NDArray
     -------
     mask : bool array of shape (A, n).
     """
-    s = np.asarray(signal, dtype=np.float64)
     a = np.atleast_1d(np.asarray(budgets, dtype=np.float64))
+    rank = batch_ranks(signal, batch_size)
+    n = rank.size
+    batch = np.arange(n) // batch_size
+    starts = np.arange(0, n, batch_size)
+    sizes = np.minimum(batch_size, n - starts)
+    k = count_nearest(a[:, None], sizes[None, :])  # (A, n_batches)
+    return rank[None, :] < k[:, batch]
+
+
+def batch_ranks(signal: ArrayLike, batch_size: int) -> NDArray[np.int64]:
+    """Per consecutive batch of `batch_size` inputs, each input's 0-based rank by decreasing
+    signal (ties go to the earlier input): top-k delegates the inputs of rank < k.
+
+    Parameters
+    ----------
+    signal : float array of shape (n,), in arrival order.
+
+    Returns
+    -------
+    rank : int array of shape (n,).
+    """
+    s = np.asarray(signal, dtype=np.float64)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     n = s.size
     batch = np.arange(n) // batch_size
     order = np.lexsort((np.arange(n), -s, batch))
     starts = np.arange(0, n, batch_size)
-    sizes = np.minimum(batch_size, n - starts)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n) - starts[batch[order]]
-    k = count_nearest(a[:, None], sizes[None, :])  # (A, n_batches)
-    return rank[None, :] < k[:, batch]
+    return rank
 
 
 def threshold_grid(signal: ArrayLike, n_grid: int = 100, *, presorted: bool = False) -> NDArray[np.float64]:

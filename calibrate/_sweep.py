@@ -18,6 +18,7 @@ from ._policies import (
     POLICIES,
     MergeRule,
     Policy,
+    batch_ranks,
     median_rank_signal,
     topk_mask,
 )
@@ -33,6 +34,9 @@ from ._splits import (
 )
 
 __all__ = [
+    "ANY_BATCH_SIZE",
+    "ANY_OBJECTIVE",
+    "DECISION_COLUMNS",
     "DEFAULT_BUDGETS",
     "GROUP_COLUMNS",
     "SWEEP_COLUMNS",
@@ -61,6 +65,24 @@ SWEEP_COLUMNS: tuple[str, ...] = (
     "threshold",
     "n_certified",
 )
+
+# The per-example decisions of a sweep: one row per policy x budget x seed x evaluation example,
+# and per objective (calibrated policies) or per batch size (top-k policies); the other axis does
+# not change the mask, so it is written once, as ANY_OBJECTIVE or ANY_BATCH_SIZE.
+DECISION_COLUMNS: tuple[str, ...] = (
+    "seed",
+    "policy",
+    "objective",
+    "budget",
+    "batch_size",
+    "row",  # the example's index in the seed's test scores
+    "position",  # its arrival order in the evaluation half (top-k batches are consecutive runs)
+    "signal",  # the policy's delegation signal
+    "batch_rank",  # top-k: 0-based rank by signal within its batch; -1 for other policies
+    "delegated",
+)
+ANY_OBJECTIVE = "any"
+ANY_BATCH_SIZE = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,13 +141,52 @@ class SweepResult:
     evaluation half, made from the same delegation masks as `table` (repeating across the same
     axes); for a group g and mask S: n = |g|, n_delegated = |g and S|, delegation_rate =
     n_delegated / n, mean_v_selected = mean v over g and S (NaN when empty), mean_v_all = mean v
-    over g. No rows when the scores carry no groups."""
+    over g. No rows when the scores carry no groups. `decisions`: the same masks per example
+    (DECISION_COLUMNS), so that a reader can look at any example without re-running the sweep."""
 
     config: SweepConfig
     table: dict[str, NDArray]
     ltt: list[dict[str, object]] = field(repr=False)
     baselines: dict[str, NDArray] = field(repr=False)
     groups: dict[str, NDArray] = field(repr=False)
+    decisions: dict[str, NDArray] = field(repr=False)
+
+
+def _decisions_for(
+    parts: list[dict[str, NDArray]],
+    *,
+    seed: int,
+    policy: str,
+    objective: str,
+    batch_size: int,
+    budgets: tuple[float, ...],
+    evaluation: NDArray[np.int64],
+    signal: NDArray[np.float64],
+    delegated: NDArray[np.bool_],
+    rank: NDArray[np.int64] | None = None,
+) -> None:
+    """Append one policy's masks (shape (budgets, evaluation rows)) as tidy decision rows."""
+    a, m = delegated.shape
+    parts.append(
+        {
+            "seed": np.full(a * m, seed, dtype=np.int64),
+            "policy": np.full(a * m, policy),
+            "objective": np.full(a * m, objective),
+            "budget": np.repeat(np.asarray(budgets, dtype=np.float64), m),
+            "batch_size": np.full(a * m, batch_size, dtype=np.int64),
+            "row": np.tile(evaluation, a),
+            "position": np.tile(np.arange(m), a),
+            "signal": np.tile(signal, a),
+            "batch_rank": np.tile(np.full(m, -1) if rank is None else rank, a),
+            "delegated": delegated.reshape(-1),
+        }
+    )
+
+
+def _concat(parts: list[dict[str, NDArray]], columns: tuple[str, ...]) -> dict[str, NDArray]:
+    if not parts:
+        return {c: np.array([]) for c in columns}
+    return {c: np.concatenate([p[c] for p in parts]) for c in columns}
 
 
 def _rows_for(
@@ -195,6 +256,7 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
     no_threshold = np.full(budgets.size, np.nan)
     no_count = np.full(budgets.size, -1, dtype=np.int64)
     group_parts: list[dict[str, NDArray]] = []
+    decision_parts: list[dict[str, NDArray]] = []
     for seed in sorted(scores_by_seed):
         scores = scores_by_seed[seed]
         splits = random_splits(
@@ -219,6 +281,9 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
             policy = POLICIES[name]
             merge = config.merge_for(policy)
             common = dict(rows=rows, seed=seed, policy=name, merge=merge, budgets=config.budgets)
+            on_decisions = dict(
+                parts=decision_parts, seed=seed, policy=name, budgets=config.budgets, evaluation=evaluation
+            )
             on_groups = dict(
                 parts=group_parts,
                 scores=scores,
@@ -256,6 +321,13 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                         ltt.append({"seed": seed, "policy": name, "objective": objective, **r.to_dict()})
                     delegated = signal_eval[None, :] > thresholds[:, None]
                     metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _decisions_for(
+                        **on_decisions,
+                        objective=objective,
+                        batch_size=ANY_BATCH_SIZE,
+                        signal=signal_eval,
+                        delegated=delegated,
+                    )
                     _groups_for(
                         **on_groups,
                         delegated=delegated,
@@ -275,6 +347,14 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 for batch_size in config.batch_sizes:
                     delegated = topk_mask(signal_eval, budgets, batch_size)
                     metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    _decisions_for(
+                        **on_decisions,
+                        objective=ANY_OBJECTIVE,
+                        batch_size=batch_size,
+                        signal=signal_eval,
+                        delegated=delegated,
+                        rank=batch_ranks(signal_eval, batch_size),
+                    )
                     _groups_for(
                         **on_groups,
                         delegated=delegated,
@@ -293,6 +373,13 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 signal_eval = median_rank_signal(scores.probe[evaluation])
                 delegated = topk_mask(signal_eval, budgets, evaluation.size)
                 metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                _decisions_for(
+                    **on_decisions,
+                    objective=ANY_OBJECTIVE,
+                    batch_size=ANY_BATCH_SIZE,
+                    signal=signal_eval,
+                    delegated=delegated,
+                )
                 _groups_for(
                     **on_groups,
                     delegated=delegated,
@@ -314,4 +401,5 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
         ltt=ltt,
         baselines={k: np.asarray(v) for k, v in baselines.items()},
         groups=concat_groups(group_parts),
+        decisions=_concat(decision_parts, DECISION_COLUMNS),
     )

@@ -25,7 +25,7 @@ from ._registry import (
     load_experts,
     resolve_expert,
 )
-from ._scoring import SCORING_METHODS, Request, ScoringMethod, build_request
+from ._scoring import SCORING_METHODS, Request, ScoringMethod, build_request, top_logprobs
 from ._serve import LocalServer, server_command
 
 __all__ = [
@@ -65,4 +65,5 @@ __all__ = [
     "resolve_expert",
     "score_items",
     "server_command",
+    "top_logprobs",
 ]

@@ -222,6 +222,22 @@ class ScoreCache:
             connection.close()
         return found
 
+    def responses(self, keys: Sequence[str]) -> dict[str, str]:
+        """The raw stored answers (JSON text) among `keys` (looked up 500 at a time)."""
+        found: dict[str, str] = {}
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                cursor.execute(f"SELECT key, response FROM scores WHERE key IN ({marks})", chunk)
+                found.update(cursor.fetchall())
+            cursor.close()
+        finally:
+            connection.close()
+        return found
+
     def put_many(
         self,
         scores: Iterable[dict[str, Any]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "ScoringMethod",
     "build_request",
     "parse_response",
+    "top_logprobs",
 ]
 
 ScoringMethod = Literal["next-token", "likelihood"]
@@ -156,3 +158,14 @@ def parse_response(
     if method == "next-token":
         return _next_token(payloads[0], template)
     return _likelihood(payloads, template, request.prompt_chars)
+
+
+def top_logprobs(response: str) -> list[tuple[str, float]]:
+    """The next token's top alternatives and their logprobs in a stored next-token answer (the
+    cache's raw JSON), most likely first; empty for answers that hold none (likelihood scoring)."""
+    try:
+        payload = json.loads(response)
+        top = payload["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        return [(str(t["token"]), float(t["logprob"])) for t in top]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
+        return []

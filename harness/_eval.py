@@ -19,6 +19,7 @@ from probes import ModelInfo, ProbeError, describe_model, process_state, resolve
 from ._errors import InputError
 from .data._dataspec import DataSplits, load_data
 from .data._tables import atomic_path, read_table
+from .report import read_warnings
 from .run._config import RunConfig
 from .run._context import RunContext
 from .run._layout import Roots, RunLayout
@@ -42,6 +43,7 @@ class EvalResult:
     report: Path
     stages: tuple[StageOutcome, ...]
     summary: list[dict[str, str]] = field(default_factory=list)  # report/tables/summary.csv rows
+    warnings: list[str] = field(default_factory=list)  # the report's (degenerate scorers)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,13 @@ def run_eval(
     run_log.started(asdict(config))
     with progress:
         outcomes = run_stages(stages, manifests, run_log, on_start=progress.stage_started, on_stage=on_stage)
-    return EvalResult(layout.root, layout.report_md, outcomes, read_summary(layout.summary_table))
+    return EvalResult(
+        layout.root,
+        layout.report_md,
+        outcomes,
+        read_summary(layout.summary_table),
+        read_warnings(layout.root),
+    )
 
 
 def read_summary(path: Path) -> list[dict[str, str]]:

@@ -256,11 +256,18 @@ def eval_command(
                 "report": str(result.report),
                 "stages": [o.__dict__ for o in result.stages],
                 "summary": result.summary,
+                "warnings": result.warnings,
             }
         )
         return
     _print_summary(result.summary)
+    _print_warnings(result.warnings)
     print(f"report: {result.report}")
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _print_summary(rows: list[dict[str, str]]) -> None:
@@ -295,6 +302,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Rebuild the report of a finished run from its files, recomputing nothing."""
+    from ..report import read_warnings
     from ..report._build import build_report
 
     folder = Path(name)
@@ -304,6 +312,7 @@ def report_command(
         raise InputError(f"run {name!r}: no such run folder ({folder})")
     path = build_report(folder)
     _print_summary(read_summary(RunLayout(folder).summary_table))
+    _print_warnings(read_warnings(folder))
     print(f"report: {path}")
 
 

@@ -96,6 +96,10 @@ class DataSpec:
         return not self.entries("test")
 
 
+PREVIEW_CHARS = 600
+_ROLE_TAGS = {"system": "[Sys]", "user": "[User]", "assistant": "[Asst]"}
+
+
 @dataclass(frozen=True)
 class Example:
     """One labelled example: `label` is 1 for high-stakes, 0 for low-stakes; `conversation` is a
@@ -110,6 +114,20 @@ class Example:
     def item(self) -> Item:
         """The expert's view of the example: its id and conversation."""
         return Item(self.id, self.conversation)
+
+    def preview(self) -> str:
+        """The start of the input as one line, "[Sys] ... [User] ... [Asst] ...", at most
+        PREVIEW_CHARS characters (an ellipsis marks a cut): kept beside the expert's score for
+        the report's case studies."""
+        if isinstance(self.conversation, str):
+            text = f"[User] {self.conversation}"
+        else:
+            text = " ".join(
+                f"{_ROLE_TAGS.get(m.get('role', ''), '[' + str(m.get('role')) + ']')} {m.get('content', '')}"
+                for m in self.conversation
+            )
+        text = " ".join(text.split())
+        return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True)

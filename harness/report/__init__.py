@@ -6,9 +6,12 @@ the sweeps, the validation records). It reads; it never reruns a stage.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-__all__ = ["build_report"]
+from ..run._layout import RunLayout
+
+__all__ = ["build_report", "read_warnings"]
 
 
 def build_report(run_dir: Path) -> Path:
@@ -16,3 +19,12 @@ def build_report(run_dir: Path) -> Path:
     from ._build import build_report as build
 
     return build(Path(run_dir))
+
+
+def read_warnings(run_dir: Path) -> list[str]:
+    """The warnings (degenerate scorers) of a built report, for the terminal; none when the run
+    has no report yet."""
+    path = RunLayout(Path(run_dir)).report_numbers
+    if not path.is_file():
+        return []
+    return [str(w) for w in json.loads(path.read_text(encoding="utf-8")).get("warnings", [])]

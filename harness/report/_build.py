@@ -33,8 +33,10 @@ from .._errors import InputError
 from ..data._scores import read_scores
 from ..data._tables import atomic_path, read_table, write_json
 from ..run._layout import RunLayout
+from ._checks import checks_section
 from ._context import ReportContext, fmt, markdown_table, pct, slug
 from ._data import Sweep, read_config_text, read_sweep, value_at
+from ._examples import case_study_section, examples_table
 from ._sections import (
     binary_section,
     cascade_section,
@@ -57,6 +59,8 @@ SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
     group_section,
     dv_quality_section,
     mean_value_section,
+    case_study_section,
+    examples_table,
     binary_section,
     merge_section,
 )
@@ -75,6 +79,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
     try:
         _header(ctx)
         _left_out(ctx)
+        checks_section(ctx)
         summary_at = len(ctx.lines)
         for section in SECTIONS:
             section(ctx)
@@ -82,7 +87,8 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         ctx.lines[summary_at:summary_at] = _summary(ctx)
         for arch, rows in ctx.curve_rows.items():
             ctx.table(f"tables/{slug(arch)}/curves.csv", rows)
-        write_json(ctx.out / "numbers.json", ctx.numbers | {"missing": ctx.missing})
+        numbers = ctx.numbers | {"missing": ctx.missing, "warnings": ctx.warnings}
+        write_json(ctx.out / RunLayout(run_dir).report_numbers.name, numbers)
         with atomic_path(ctx.out / "report.md") as tmp:
             tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
         ctx.progress("publishing report/")
@@ -106,7 +112,7 @@ def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
     sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch)) for arch in table.archs}
     staging = Path(tempfile.mkdtemp(prefix=".report.", dir=run_dir))
-    return ReportContext(run_dir, staging, by_arch, sweeps, progress)
+    return ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
 
 
 def _publish(staging: Path, final: Path) -> None:
@@ -188,16 +194,27 @@ def _summary_numbers(ctx: ReportContext, arch: str, sweep: Sweep) -> dict[str, A
     found = ctx.arch_numbers(arch).get("validation", {})
     rates: dict[str, float] = {}
     for column, (job, selector, key) in _VALIDATION_COLUMNS.items():
-        headline = (found.get(job) or {}).get("headline") or {}
-        measured = headline.get(selector, {}) if selector else headline
-        rates[column] = measured.get("population", {}).get(key, float("nan"))
+        rates[column] = _headline(found, job, selector).get(key, float("nan"))
     return out | {"validation": rates}
 
 
-# Summary columns at the headline levels: (job, selector, key of its population numbers).
+def _headline(found: dict[str, Any], job: str, selector: str | None = None) -> dict[str, float]:
+    """The population numbers of one validation job (or its empirical selector) at its headline
+    level; empty when the job was not validated."""
+    headline = (found.get(job) or {}).get("headline") or {}
+    measured = headline.get(selector, {}) if selector else headline
+    return measured.get("population", {})
+
+
+# Summary columns at the headline levels: (job, selector, key of its population numbers). Each
+# violation rate stands beside what the selector did: the delegation it spent under budget
+# control (it always returns a policy, at worst "never delegate"), and how often it returned a
+# policy at all under performance control.
 _VALIDATION_COLUMNS: dict[str, tuple[str, str | None, str]] = {
     "viol. budget Pareto": ("budget-pareto", None, "violation_rate"),
+    "spent budget Pareto": ("budget-pareto", None, "mean_realised_budget"),
     "viol. budget-only LTT": ("budget-ltt", None, "violation_rate"),
+    "spent budget-only LTT": ("budget-ltt", None, "mean_realised_budget"),
     "viol. perf. CTD": ("performance", None, "violation_rate"),
     "sel. perf. CTD": ("performance", None, "selection_rate"),
     "viol. perf. empirical": ("performance", "empirical", "violation_rate"),
@@ -225,6 +242,7 @@ def _summary(ctx: ReportContext) -> list[str]:
             + (f", budget grid lacks {'/'.join(off_grid)} (—)" if off_grid else "")
         )
     relative = ctx.table("tables/summary.csv", csv_rows)
+    cannot_show = [f"- **{arch}**: {line}" for arch in ctx.sweeps for line in _cannot_show(ctx, arch)]
     return [
         "## Summary",
         "",
@@ -233,6 +251,51 @@ def _summary(ctx: ReportContext) -> list[str]:
         "probe and expert numbers are the means over seeds on each seed's evaluation half. CTD is read "
         f"at exactly these budgets of the sweep's grid: {'; '.join(notes)}. Violation (viol.) "
         "and selection (sel.) rates are on the population (the test split minus D_est), at the headline "
-        f"levels of the validation section (— when absent). CSV: `{relative}`.",
+        f"levels of the validation section (— when absent); beside each violation rate, what the "
+        "selector did: the mean delegation rate it spent (budget control) or the share of trials in which "
+        f"it returned a policy (performance control). CSV: `{relative}`.",
         "",
+        *(["**What these rates cannot show**", "", *cannot_show, ""] if cannot_show else []),
     ]
+
+
+def _cannot_show(ctx: ReportContext, arch: str) -> list[str]:
+    """Say in words where a violation rate is vacuous: no policy to violate, or nothing delegated."""
+    numbers = ctx.arch_numbers(arch)
+    found = numbers.get("validation", {})
+    summary = numbers.get("summary", {})
+    probe, expert = summary.get("probe_accuracy", float("nan")), summary.get("expert_accuracy", float("nan"))
+    out = []
+    for job, label in (("budget-pareto", "Budget control (Pareto)"), ("budget-ltt", "Budget-only LTT")):
+        spent = _headline(found, job).get("mean_realised_budget")
+        if spent == 0:
+            alpha = found[job]["headline_alpha"]
+            out.append(
+                f"{label} never delegated in any trial at budget {alpha:g}: its 0% violation rate is met by "
+                "spending nothing and says nothing about how close to the budget a selector can go."
+            )
+    performance = found.get("performance") or {}
+    ltt, empirical = _headline(found, "performance"), _headline(found, "performance", "empirical")
+    if ltt and empirical:
+        alpha = performance["headline_alpha"]
+        target = f"accuracy {1 - alpha:.2f} (alpha = {alpha:g})"
+        if ltt.get("selection_rate") == 0:
+            out.append(
+                f"Performance control: CTD returned no policy in any trial for {target}, so its violation "
+                f"rate of 0% shows nothing. The probe's accuracy ({fmt(probe)}, expert {fmt(expert)}) is "
+                "below the target, and no cascade could be certified to reach it with this calibration data."
+            )
+        never = (
+            ltt.get("selection_rate") == 1
+            and empirical.get("selection_rate") == 1
+            and ltt.get("mean_realised_budget") == 0
+            and empirical.get("mean_realised_budget") == 0
+        )
+        if never:
+            out.append(
+                f'Performance control: both selectors return "never delegate" in every trial for {target} '
+                f"(the probe alone, accuracy {fmt(probe)}, meets it), so neither can violate and the "
+                "contrast between CTD's tested selector and the untested empirical one cannot show here."
+            )
+    numbers["cannot_show"] = out
+    return out

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 import calibrate
 
+from ..data._scores import ScoresTable
 from ..data._tables import write_table
 from ._data import Sweep, mean_std
 
@@ -30,12 +31,14 @@ class ReportContext:
 
     run_dir: Path
     out: Path
+    scores_table: ScoresTable
     by_arch: dict[str, dict[int, calibrate.Scores]]
     sweeps: dict[str, Sweep]
     progress: Callable[[str], None]
     lines: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # shown first in the report and on the terminal
     curve_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def arch_numbers(self, arch: str) -> dict[str, Any]:

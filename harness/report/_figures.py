@@ -48,6 +48,8 @@ _COLOURS = {
     "oracle-topk": "#9467bd",
     "unc-central": "#8c564b",
 }
+# Batch sizes in one figure: hues far apart, not shades of one (they must read apart in print).
+_BATCH_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e")
 _METRIC_LABELS = {"auroc": "cascade AUROC", "accuracy": "cascade accuracy", "realised": "realised delegation"}
 _METRIC_NAMES = {"auroc": "AUROC", "accuracy": "accuracy"}
 _PANEL = (4.2, 3.4)  # inches per panel
@@ -55,10 +57,13 @@ _DPI = 110
 
 
 def _figure(ncols: int, nrows: int = 1) -> tuple[Figure, NDArray]:
+    """Panels side by side; the panels of a row share their y-limits, so heights compare."""
     width = max(_PANEL[0] * ncols, 5.6)  # room for a legend under a single panel
     fig = Figure(figsize=(width, _PANEL[1] * nrows + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey="row")
+    for ax in axes.flat:
+        ax.tick_params(labelleft=True)  # sharing limits, each panel still labels its axis
     return fig, axes
 
 
@@ -70,17 +75,26 @@ def _save(fig: Figure, path: Path) -> Path:
 
 def _style(policy: str) -> dict[str, object]:
     calibrated = policy in ("ctd", "unc-calibrated")
-    return {
+    style: dict[str, object] = {
         "color": _COLOURS.get(policy, "black"),
         "linestyle": "-" if calibrated else "--",
         "label": POLICY_LABELS.get(policy, policy),
     }
+    if policy == "ctd":  # its own marker, on top: it must show where other curves coincide with it
+        style |= {"marker": "D", "markersize": 4.0, "linewidth": 1.8, "zorder": 5}
+    return style
+
+
+def _ctd_last(lines: Sequence[Curve]) -> list[Curve]:
+    """Draw order: CTD last, so no other curve hides it."""
+    return sorted(lines, key=lambda c: c.policy == "ctd")
 
 
 def _band(ax: Axes, x: NDArray, mean: NDArray, std: NDArray, **style: object) -> None:
     """Mean line with a +-1 std band."""
-    ax.plot(x, mean, marker="o", markersize=2.5, linewidth=1.4, **style)
-    ax.fill_between(x, mean - std, mean + std, color=style.get("color"), alpha=0.15, linewidth=0)
+    line = {"marker": "o", "markersize": 2.5, "linewidth": 1.4} | style
+    ax.plot(x, mean, **line)
+    ax.fill_between(x, mean - std, mean + std, color=line.get("color"), alpha=0.15, linewidth=0)
 
 
 def _legend(fig: Figure, ax: Axes) -> None:
@@ -103,11 +117,27 @@ def cascade_figure(
     """One panel per batch size: every policy's `metric` against target budget (mean +-1 std
     over seeds), with probe-only (dotted) and expert-only (dashed) grey lines."""
     fig, axes = _figure(len(panels))
+    low, high = _curve_limits([c for lines in panels.values() for c in lines], baselines["probe"])
     for ax, (batch_size, lines) in zip(axes[0], sorted(panels.items()), strict=True):
-        for curve in lines:
+        for curve in _ctd_last(lines):
             _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
         ax.axhline(baselines["probe"], color="grey", linestyle=":", linewidth=1.2, label="probe only")
         ax.axhline(baselines["expert"], color="grey", linestyle="--", linewidth=1.2, label="expert only")
+        ax.set_ylim(low, high)
+        if not low <= baselines["expert"] <= high:  # off the axis: say where, do not squeeze the curves
+            where = "below" if baselines["expert"] < low else "above"
+            ax.text(
+                0.98,
+                0.02 if where == "below" else 0.98,
+                f"expert only: {baselines['expert']:.3f} ({where} the axis)",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom" if where == "below" else "top",
+                fontsize="x-small",
+                color="dimgrey",
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1.5},
+                zorder=6,
+            )
         ax.set_title(f"B = {batch_size}", fontsize="medium")
         ax.set_xlabel("target budget")
         ax.grid(alpha=0.3)
@@ -115,6 +145,19 @@ def cascade_figure(
     fig.suptitle(title, fontsize="medium")
     _legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _curve_limits(lines: Sequence[Curve], *also: float) -> tuple[float, float]:
+    """y-limits that hold every curve's band and the given levels, with a 5% margin."""
+    values = [np.asarray(also, dtype=np.float64)]
+    values += [c.mean - c.std for c in lines] + [c.mean + c.std for c in lines]
+    finite = np.concatenate(values)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    pad = max(0.05 * (high - low), 0.005)
+    return low - pad, high + pad
 
 
 def realised_figure(
@@ -127,7 +170,7 @@ def realised_figure(
         ax.plot([0, 1], [0, 1], color="black", linestyle=":", linewidth=1, label="y = x")
         if topk is not None:
             ax.plot(topk.budgets, topk.mean, color="grey", linestyle="--", linewidth=1.2, label="top-k")
-        for curve in lines:
+        for curve in _ctd_last(lines):
             _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
         ax.set_title(f"selected for {_METRIC_NAMES.get(objective, objective)}", fontsize="medium")
         ax.set_xlabel("target budget")
@@ -147,23 +190,36 @@ def _histogram(ax: Axes, values: NDArray, bins: NDArray, colour: str) -> None:
         ax.text(0.5, 0.5, "no policy returned", transform=ax.transAxes, ha="center", va="center")
 
 
-def _bins(groups: Sequence[NDArray], marker: float) -> NDArray:
-    values = np.concatenate([*groups, [marker]])
-    low, high = float(values.min()), float(values.max())
-    pad = max(0.01, 0.05 * (high - low))
-    return np.linspace(low - pad, high + pad, 31)
+_MAX_BINS = 60  # lattice points are grouped, k at a time, when a range holds more
 
 
-def budget_validation_figure(panels: Mapping[str, NDArray], *, alpha: float, title: str, path: Path) -> Path:
-    """Histograms of the realised budget over random splits, one panel per procedure
-    (panel title -> realised rates of the trials), with a line at alpha."""
+def _lattice_bins(groups: Sequence[NDArray], n: int, edge: int) -> NDArray:
+    """Bin edges for rates that are multiples of 1/n (k/n, k an integer count): each bin holds the
+    same number of lattice points, so bars do not alternate in height, and one edge lies at
+    (edge + 0.5)/n, between the last count that meets a target and the first that violates it."""
+    values = np.concatenate([*groups, [edge / n, (edge + 1) / n]])
+    counts = np.round(values * n)
+    low, high = int(counts.min()), int(counts.max())
+    step = max(1, int(np.ceil((high - low + 1) / _MAX_BINS)))
+    first = edge - step * int(np.ceil((edge - low + 1) / step))  # last edge at or below low - 0.5
+    last = edge + step * int(np.ceil((high - edge) / step))
+    return (np.arange(first, last + 1, step) + 0.5) / n
+
+
+def budget_validation_figure(
+    panels: Mapping[str, NDArray], *, alpha: float, population: int, title: str, path: Path
+) -> Path:
+    """Histograms of the realised budget over random splits, one panel per procedure (panel
+    title -> realised rates of the trials): rates are multiples of 1/population, binned on that
+    lattice, with alpha drawn between the bins that meet it and those that violate it."""
     fig, axes = _figure(len(panels))
-    bins = _bins(list(panels.values()), alpha)
+    edge = int(np.floor(alpha * population + 1e-9))  # the most delegations that meet alpha
+    bins = _lattice_bins(list(panels.values()), population, edge)
     for ax, (label, realised) in zip(axes[0], panels.items(), strict=True):
         _histogram(ax, realised, bins, "#1f77b4")
-        ax.axvline(alpha, color="red", linewidth=1.4, label=f"alpha = {alpha:g}")
+        ax.axvline((edge + 0.5) / population, color="red", linewidth=1.4, label=f"alpha = {alpha:g}")
         ax.set_title(label, fontsize="small")
-        ax.set_xlabel("realised delegation rate")
+        ax.set_xlabel(f"realised delegation rate (k / {population})")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("trials")
     fig.suptitle(title, fontsize="medium")
@@ -172,18 +228,26 @@ def budget_validation_figure(panels: Mapping[str, NDArray], *, alpha: float, tit
 
 
 def performance_validation_figure(
-    panels: Mapping[str, NDArray], *, alpha: float, title: str, path: Path
+    panels: Mapping[str, NDArray], *, alpha: float, population: int, title: str, path: Path
 ) -> Path:
     """Histograms of accuracy among the trials that returned a policy, one panel per selector
-    (panel title -> accuracies), dashed line at 1 - alpha."""
+    (panel title -> accuracies), on the lattice of multiples of 1/population, with 1 - alpha
+    drawn between the accuracies that violate it and those that meet it."""
     fig, axes = _figure(len(panels))
-    bins = _bins(list(panels.values()), 1 - alpha)
+    edge = int(np.ceil((1 - alpha) * population - 1e-9)) - 1  # the most correct answers that violate
+    bins = _lattice_bins(list(panels.values()), population, edge)
     colours = iter(("#1f77b4", "#ff7f0e", "#2ca02c"))
     for ax, (label, accuracy) in zip(axes[0], panels.items(), strict=True):
         _histogram(ax, accuracy, bins, next(colours))
-        ax.axvline(1 - alpha, color="red", linestyle="--", linewidth=1.4, label=f"1 - alpha = {1 - alpha:g}")
+        ax.axvline(
+            (edge + 0.5) / population,
+            color="red",
+            linestyle="--",
+            linewidth=1.4,
+            label=f"1 - alpha = {1 - alpha:g}",
+        )
         ax.set_title(label, fontsize="small")
-        ax.set_xlabel("accuracy")
+        ax.set_xlabel(f"accuracy (k / {population})")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("trials (policy returned)")
     fig.suptitle(title, fontsize="medium")
@@ -221,6 +285,14 @@ def _rate_panel(ax: Axes, lines: Sequence[RateLine], *, xlabel: str, ylabel: str
     ax.grid(alpha=0.3)
 
 
+def _rate_top(lines: Sequence[RateLine], floor: float) -> float:
+    """The shared upper y-limit of rate panels: every line and band, and `floor`, with a margin."""
+    values = [np.array([floor])] + [line.y for line in lines]
+    values += [line.high for line in lines if line.high is not None]
+    finite = np.concatenate([np.asarray(v, dtype=np.float64) for v in values])
+    return 1.08 * float(finite[np.isfinite(finite)].max())
+
+
 def validation_levels_figure(
     panels: Mapping[str, tuple[Sequence[RateLine], Sequence[RateLine]]],
     *,
@@ -238,7 +310,7 @@ def validation_levels_figure(
         xlabel = "target budget alpha" if name.startswith("budget") else "target error level alpha"
         _rate_panel(top, violations, xlabel=xlabel, ylabel="violation rate", title=name)
         top.axhline(delta, color="red", linewidth=1.2, label=f"delta = {delta:g}")
-        top.set_ylim(bottom=0)
+        top.set_ylim(0, _rate_top([line for above, _ in panels.values() for line in above], delta))
         budget = name.startswith("budget")
         _rate_panel(
             bottom,
@@ -287,9 +359,8 @@ def mean_value_figure(
 def dv_topk_figure(panels: Mapping[str, Mapping[int, Curve]], *, title: str, path: Path) -> Path:
     """DV top-k (continuous DV) AUROC and accuracy against budget, one line per batch size."""
     fig, axes = _figure(len(panels))
-    shades = ("#9ecae1", "#4292c6", "#08519c", "#08306b")
     for ax, (metric, by_batch) in zip(axes[0], panels.items(), strict=True):
-        for shade, (batch_size, curve) in zip(shades * 4, sorted(by_batch.items()), strict=False):
+        for shade, (batch_size, curve) in zip(_BATCH_COLOURS * 4, sorted(by_batch.items()), strict=False):
             _band(ax, curve.budgets, curve.mean, curve.std, color=shade, label=f"B = {batch_size}")
         ax.set_xlabel("target budget")
         ax.set_ylabel(_METRIC_LABELS[metric])
@@ -305,9 +376,10 @@ def dv_delta_figure(
     """Continuous minus binary DV top-k metric against budget (metric -> batch size ->
     (budgets, differences)), one line per batch size, a zero line for reference."""
     fig, axes = _figure(len(panels))
-    shades = ("#9ecae1", "#4292c6", "#08519c", "#08306b")
     for ax, (metric, by_batch) in zip(axes[0], panels.items(), strict=True):
-        for shade, (batch_size, (budgets, delta)) in zip(shades * 4, sorted(by_batch.items()), strict=False):
+        for shade, (batch_size, (budgets, delta)) in zip(
+            _BATCH_COLOURS * 4, sorted(by_batch.items()), strict=False
+        ):
             ax.plot(budgets, delta, marker="o", markersize=2.5, color=shade, label=f"B = {batch_size}")
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xlabel("target budget")

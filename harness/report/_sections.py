@@ -76,7 +76,8 @@ def _cascade_figures(
             relative,
             f"{arch}, {what}: cascade {METRIC_NAMES[metric]} vs target budget, one panel per batch size; "
             f"calibrated policies (solid) selected for {METRIC_NAMES[objective]}, top-k dashed; grey: probe "
-            "only (dotted), expert only (dashed).",
+            "only (dotted), expert only (dashed; named in a corner when it falls off the axis, which fits "
+            "the curves); CTD drawn last, with diamonds.",
         )
 
 

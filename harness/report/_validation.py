@@ -4,6 +4,7 @@ population and by the paper's protocol, and the per-trial histograms at the head
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -256,6 +257,13 @@ def _levels_figure(ctx: ReportContext, arch: str, found: dict[str, JobRecord], d
     )
 
 
+def _population_size(record: JobRecord) -> int:
+    """The population's size (the test split minus D_est: D_cal and the evaluation half), whose
+    multiples 1/n the measured rates are; with seeds of different sizes, their least common multiple."""
+    sizes = {int(n_cal) + int(n_eval) for _, n_cal, n_eval in record.levels[0]["splits_by_seed"].values()}
+    return math.lcm(*sizes)
+
+
 def _population(record: JobRecord, column: str, prefix: str = "") -> NDArray[np.float64]:
     """Per-trial population `column` at the headline level, over trials that returned a policy."""
     trials = record.trials_at(record.headline_alpha)
@@ -275,16 +283,23 @@ def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord
         headline = record.headline or {}
         population, paper = _measured(headline, "population"), _measured(headline, "paper")
         rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
-        panels[f"{record.job.label}: {rates}"] = _population(record, "realised")
+        spent = f"spent {pct(population['mean_realised_budget'])}"
+        panels[f"{record.job.label}: {rates}, {spent}"] = _population(record, "realised")
     path, relative = ctx.figure_path(arch, "validation-budget")
+    population = _population_size(budget[0])
     fig.budget_validation_figure(
-        panels, alpha=alpha, title=f"{arch}: budget control at alpha = {alpha:g}", path=path
+        panels,
+        alpha=alpha,
+        population=population,
+        title=f"{arch}: budget control at alpha = {alpha:g}",
+        path=path,
     )
     ctx.image(
         relative,
         f"{arch}: realised delegation rate on the population (the test split minus D_est) over random "
-        f"calibration halves under budget control (alpha = {alpha:g}); red line at alpha, violation "
-        "rates in each title.",
+        f"calibration halves under budget control (alpha = {alpha:g}), one bar per multiple of "
+        f"1/{population} (or a few); the red line at alpha separates the rates that meet it from those "
+        "that violate it; violation rates and the mean delegation spent in each title.",
     )
 
 
@@ -306,11 +321,16 @@ def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, JobR
         panels[f"{label}: {rates}, {selection}"] = _population(record, "accuracy", prefix)
     path, relative = ctx.figure_path(arch, "validation-performance")
     fig.performance_validation_figure(
-        panels, alpha=alpha, title=f"{arch}: performance control at alpha = {alpha:g}", path=path
+        panels,
+        alpha=alpha,
+        population=_population_size(record),
+        title=f"{arch}: performance control at alpha = {alpha:g}",
+        path=path,
     )
     ctx.image(
         relative,
         f"{arch}: accuracy on the population of the returned policies under performance control "
-        f"(alpha = {alpha:g}), CTD's LTT selector against the empirical selector; dashed line at "
-        "1 - alpha.",
+        f"(alpha = {alpha:g}), CTD's LTT selector against the empirical selector, binned on the multiples "
+        "of 1/population size; the dashed line at 1 - alpha separates the accuracies that violate it "
+        "(left) from those that meet it.",
     )

@@ -9,12 +9,14 @@ A run folder `runs/NAME/` holds:
     manifests/STAGE.json   the stage's fingerprint (its settings and the hashes of its inputs) and
                            the hashes of its outputs; written only when the stage has finished
     probe/                 probe_scores.parquet, stores.json, metrics
-    query/                 expert_scores.parquet, failed.csv, server.log
+    query/                 expert_scores.parquet (with each input's start and the expert's top
+                           tokens), failed.csv, server.log
     dv/                    scores-TARGET.parquet, dv_metrics.json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
-    calibrate/ARCH/        sweep.csv, baselines.csv, summary.json (merge-RULE/ for merge controls)
+    calibrate/ARCH/        sweep.csv, groups.csv, decisions.parquet, ltt.jsonl, baselines.csv,
+                           summary.json (merge-RULE/ for merge controls)
     validate/ARCH/         one record per validation job, with its per-trial table
-    report/                report.md, tables/, figures/
+    report/                report.md, numbers.json, examples.parquet, tables/, figures/
 """
 
 from __future__ import annotations
@@ -152,3 +154,13 @@ class RunLayout:
     @property
     def summary_table(self) -> Path:
         return self.report / "tables" / "summary.csv"
+
+    @property
+    def report_numbers(self) -> Path:
+        """Every number of the report, its warnings and what it found missing (JSON)."""
+        return self.report / "numbers.json"
+
+    @property
+    def examples(self) -> Path:
+        """One row per (example, arch, seed): scores, v and each policy's decision (Parquet)."""
+        return self.report / "examples.parquet"

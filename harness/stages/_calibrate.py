@@ -14,7 +14,7 @@ import calibrate
 from calibrate import MergeChoice, SweepConfig, ValidationResult
 
 from .._errors import InputError
-from ..data._scores import read_scores, write_scores
+from ..data._scores import ScoresTable, read_scores, write_scores
 from ..data._simulate import Scenario, simulate_scores
 from ..data._tables import check_writable, write_json, write_jsonl, write_table
 from ..run._context import RunContext
@@ -24,6 +24,7 @@ from ..run._stage import StageResult
 
 __all__ = [
     "CALIBRATE_SETTINGS",
+    "DECISIONS_FILE",
     "CalibrateStage",
     "calibrate_scores",
     "check_calibration_size",
@@ -31,6 +32,10 @@ __all__ = [
     "simulate",
     "validate_scores",
 ]
+
+
+DECISIONS_FILE = "decisions.parquet"
+"""Beside sweep.csv: the sweep's per-example masks (calibrate.DECISION_COLUMNS plus the example's id)."""
 
 
 def resolve_scores(scores: Path | None, run: str | None, runs_root: Path | None = None) -> Path:
@@ -118,12 +123,24 @@ def _plain(value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _with_ids(decisions: dict[str, np.ndarray], table: ScoresTable, arch: str) -> dict[str, np.ndarray]:
+    """The decisions with each example's id, read through `row` (its index in the seed's test
+    rows, in the order `ScoresTable.test_scores` takes them)."""
+    ids = np.empty(decisions["row"].size, dtype=object)
+    for seed in np.unique(decisions["seed"]):
+        test_ids = table.id[(table.seed == seed) & (table.split == "test") & (table.arch == arch)]
+        at = decisions["seed"] == seed
+        ids[at] = test_ids[decisions["row"][at]]
+    return {"id": ids.astype(str), **decisions}
+
+
 def calibrate_scores(
     scores_path: Path, out_dir: Path, config: SweepConfig | None = None, *, arch: str | None = None
 ) -> dict:
     """Run the policy sweep on a scores table and write it to `out_dir`:
     sweep.csv (tidy), groups.csv (the group-conditional table of the same masks,
-    calibrate.GROUP_COLUMNS), ltt.jsonl (one audit record per calibrated row), baselines.csv and
+    calibrate.GROUP_COLUMNS), decisions.parquet (the same masks per example, with its id),
+    ltt.jsonl (one audit record per calibrated row), baselines.csv and
     summary.json (with every SweepConfig field, so that a reader can rebuild the config).
     Returns the summary. Checks everything before writing anything."""
     config = config or SweepConfig()
@@ -172,6 +189,7 @@ def calibrate_scores(
     }
     write_table(out_dir / "sweep.csv", result.table)
     write_table(out_dir / "groups.csv", result.groups)
+    write_table(out_dir / DECISIONS_FILE, _with_ids(result.decisions, table, arch or table.archs[0]))
     write_table(out_dir / "baselines.csv", result.baselines)
     write_jsonl(out_dir / "ltt.jsonl", result.ltt)
     write_json(out_dir / "summary.json", summary)

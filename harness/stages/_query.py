@@ -5,6 +5,7 @@ asked once per run), and scoring items through the shared cache into a table (`q
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -201,9 +202,11 @@ def query_items(
     check: bool = True,
     progress: ProgressFn | None = None,
     extra: dict[str, np.ndarray] | None = None,
+    with_top_tokens: bool = False,
 ) -> QuerySummary:
     """Score `items` with an expert through the cache and write the table `out` (one row per item,
-    in order; `extra` columns are added as given). An interrupted run resumes from the cache:
+    in order; `extra` columns are added as given; `with_top_tokens` adds the expert's next-token
+    alternatives, read back from the cache). An interrupted run resumes from the cache:
     answers already committed are never requested again."""
     check_writable(out, "--out")
     check_request_sizes(items, spec)
@@ -218,6 +221,7 @@ def query_items(
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
         results, stats = asyncio.run(experts.ExpertClient(spec, cache=cache, progress=sink).score(items))
+        top = {"top_tokens": _top_tokens(items, spec, cache)} if with_top_tokens else {}
     finally:
         cache.close()
     write_table(
@@ -231,6 +235,7 @@ def query_items(
             "source": np.array([r.source for r in results]),
             "reason": np.array([r.reason or "" for r in results]),
             "attempts": np.array([r.attempts for r in results]),
+            **top,
         },
     )
     return QuerySummary(
@@ -247,6 +252,20 @@ def query_items(
         dropped=0,
         seconds=round(time.monotonic() - started, 3),
     )
+
+
+def _top_tokens(items: list[Item], spec: ExpertSpec, cache: ScoreCache) -> np.ndarray:
+    """Per item, the expert's next-token alternatives and their logprobs, read back from the
+    answers the cache stored (JSON text, a list of [token, logprob], most likely first; "" when
+    the item failed or its scoring method has no such answer)."""
+    keys_of = experts.ExpertClient(spec, cache=None)  # the keys the client used, computed alike
+    keys = [keys_of.request_for(item)[1] for item in items]
+    stored = cache.responses(keys)
+    out = []
+    for key in keys:
+        top = experts.top_logprobs(stored[key]) if key in stored else []
+        out.append(json.dumps(top, ensure_ascii=False) if top else "")
+    return np.array(out, dtype=str)
 
 
 @dataclass(frozen=True)
@@ -286,7 +305,9 @@ class QueryStage:
                 extra={
                     "split": np.array([e.split for e in examples]),
                     "group": np.array([e.group for e in examples]),
+                    "text": np.array([e.preview() for e in examples]),
                 },
+                with_top_tokens=True,
             )
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "

@@ -37,9 +37,12 @@ class ReportStage:
         return [self.ctx.layout.report]
 
     def run(self) -> StageResult:
+        from ..report import read_warnings
         from ..report._build import build_report  # matplotlib is imported only when a report is built
 
-        return StageResult(str(build_report(self.ctx.layout.root)))
+        path = build_report(self.ctx.layout.root)
+        warnings = read_warnings(self.ctx.layout.root)
+        return StageResult(str(path) + (f"; {len(warnings)} warnings (below)" if warnings else ""))
 
     def check_outputs(self) -> None:
         return None

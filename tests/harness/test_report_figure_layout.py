@@ -1,0 +1,53 @@
+"""What the report's figures must show: histogram bins on the lattice of achievable rates with the
+target between two bins, CTD drawn last, axes that fit the curves rather than a far-off expert
+line, shared y-limits across the panels of a figure, and distinct batch-size colours."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgb
+
+import harness.report._figures as fig
+from harness.report._data import Curve
+
+
+@pytest.mark.parametrize(("n", "alpha"), [(340, 0.3), (200, 0.3), (54, 0.2), (1000, 0.1)])
+def test_histogram_bins_lie_on_the_lattice_with_alpha_between_bins(n: int, alpha: float) -> None:
+    rng = np.random.default_rng(0)
+    realised = rng.integers(int(0.5 * alpha * n), int(1.2 * alpha * n), size=200) / n
+    edge = int(np.floor(alpha * n + 1e-9))
+    bins = fig._lattice_bins([realised], n, edge)
+    counts = bins * n - 0.5
+    assert np.allclose(counts, np.round(counts))  # every edge halfway between two multiples of 1/n
+    widths = np.diff(np.round(counts))
+    assert np.all(widths == widths[0])  # every bin holds as many achievable rates
+    assert np.any(np.isclose(bins, (edge + 0.5) / n))  # alpha's edge is a bin edge
+    assert bins[0] < realised.min() and bins[-1] > realised.max()
+    assert bins.size <= fig._MAX_BINS + 2
+    # A rate meets alpha exactly when it is left of that edge (integer counts decide violations).
+    assert all((r <= alpha + 1e-12) == (r < (edge + 0.5) / n) for r in realised)
+
+
+def test_ctd_is_drawn_last_with_its_own_marker() -> None:
+    x = np.array([0.1, 0.2])
+    lines = [Curve(p, x, x, 0 * x, 1) for p in ("ctd", "unc-calibrated", "dv-topk")]
+    assert [c.policy for c in fig._ctd_last(lines)] == ["unc-calibrated", "dv-topk", "ctd"]
+    assert fig._style("ctd")["marker"] == "D" and "marker" not in fig._style("unc-calibrated")
+
+
+def test_the_axis_fits_the_curves_not_a_far_expert_line() -> None:
+    x = np.array([0.1, 0.5])
+    curve = Curve("ctd", x, np.array([0.80, 0.85]), np.array([0.01, 0.02]), 2)
+    low, high = fig._curve_limits([curve], 0.78)  # the probe line is held, the expert (0.55) not
+    assert 0.76 < low < 0.78 and 0.87 < high < 0.89
+
+
+def test_panels_share_their_y_limits_and_batch_sizes_read_apart() -> None:
+    _, axes = fig._figure(3)
+    axes[0, 0].plot([0, 1], [0, 1])
+    axes[0, 2].plot([0, 1], [0.4, 0.5])
+    assert axes[0, 0].get_ylim() == axes[0, 1].get_ylim() == axes[0, 2].get_ylim()
+    colours = [np.array(to_rgb(c)) for c in fig._BATCH_COLOURS[:3]]
+    gaps = [np.abs(a - b).max() for i, a in enumerate(colours) for b in colours[i + 1 :]]
+    assert min(gaps) > 0.3  # not three shades of one hue

@@ -1,0 +1,154 @@
+"""The report flags what is vacuous: a degenerate expert or probe (one class for more than 95% of
+a split, or scores in a narrow range) in report.md, numbers.json and on the terminal; and the
+summary says in words when a violation rate cannot show anything. Runs built here with the real
+library (simulate, calibrate_scores, run_job) and reported with the real `build_report`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ctd_cli import run_ctd
+
+from calibrate import SweepConfig
+from harness import calibrate_scores, simulate_scores, write_scores
+from harness.data._scores import scores_from_columns
+from harness.report import read_warnings
+from harness.report._build import build_report
+from harness.report._checks import NARROW_SPREAD, ONE_CLASS_SHARE, check_scores
+from harness.stages._validate import JOBS, run_job
+
+ARCH = "simulated"
+N = 400
+
+
+def _run(folder: Path, columns: dict[str, np.ndarray], *, performance_alpha: float | None = None) -> Path:
+    """A run folder with the scores table, a default sweep and (optionally) performance control
+    validated at one level; then the report."""
+    folder.mkdir(parents=True)
+    write_scores(folder / "scores.parquet", columns)
+    config = SweepConfig(budgets=(0.1, 0.2, 0.3), batch_sizes=(32,))
+    calibrate_scores(folder / "scores.parquet", folder / "calibrate" / ARCH, config, arch=ARCH)
+    if performance_alpha is not None:
+        (folder / "validate" / ARCH).mkdir(parents=True)
+        run_job(
+            folder / "scores.parquet",
+            folder / "validate" / ARCH,
+            next(j for j in JOBS if j.mode == "performance"),
+            arch=ARCH,
+            alphas=(performance_alpha,),
+            headline_alpha=performance_alpha,
+            delta=0.1,
+            trials=20,
+            pvalue="binomial",
+        )
+    build_report(folder)
+    return folder
+
+
+def _columns(**replace: np.ndarray) -> dict[str, np.ndarray]:
+    columns = simulate_scores("strong", N, 1)
+    columns["arch"] = np.full(columns["label"].size, ARCH)
+    return columns | replace
+
+
+def _numbers(run: Path) -> dict:
+    return json.loads((run / "report" / "numbers.json").read_text(encoding="utf-8"))
+
+
+def test_an_expert_that_calls_everything_high_stakes_is_flagged(tmp_path: Path) -> None:
+    """The embedded expert as it is today: P(high-stakes) >= 0.75 on every answer."""
+    size = _columns()["label"].size
+    stuck = 0.75 + 0.25 * np.random.default_rng(1).random(size)
+    run = _run(tmp_path / "stuck", _columns(expert=stuck))
+    warnings = read_warnings(run)
+    expert = [w for w in warnings if w.startswith("expert on the test split")]
+    assert len(expert) == 1 and "predicts high-stakes for 100.0% of the examples" in expert[0]
+    assert "more than 95.0% in one class" in expert[0]
+    assert any(w.startswith("expert on the dev split") for w in warnings)
+    assert not any(w.startswith("probe") for w in warnings)  # the simulated probe is fine
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert f"> **Warning**: {expert[0]}." in report
+    assert report.index("## Degenerate scores") < report.index("## Summary")
+    checks = _numbers(run)["score_checks"]["checks"]
+    assert checks[0]["scorer"] == "expert" and checks[0]["one_class"] is True
+
+
+def test_a_spread_expert_and_probe_are_not_flagged(tmp_path: Path) -> None:
+    run = _run(tmp_path / "spread", _columns())
+    assert read_warnings(run) == []
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "No scorer predicts one class for more than 95.0% of a split" in report
+
+
+def test_narrow_scores_are_flagged_even_when_both_classes_are_predicted(tmp_path: Path) -> None:
+    """A probe with scores in [0.46, 0.54): both sides of 0.5, yet they barely vary."""
+    size = _columns()["label"].size
+    narrow = 0.46 + 0.08 * np.random.default_rng(2).random(size)
+    run = _run(tmp_path / "narrow", _columns(probe=narrow))
+    probe = [w for w in read_warnings(run) if w.startswith(f"probe {ARCH}, seed 0 on the test split")]
+    assert len(probe) == 1 and "5-95% range 0.07" in probe[0] and f"below {NARROW_SPREAD:g}" in probe[0]
+
+
+@pytest.mark.parametrize(("high", "flagged"), [(95, False), (96, True), (4, True), (5, False)])
+def test_one_class_means_more_than_the_share(high: int, flagged: bool) -> None:
+    """Exactly 95 of 100 on one side is not flagged; 96 is, on either side."""
+    expert = np.r_[np.linspace(0.5, 1, high), np.linspace(0, 0.49, 100 - high)]
+    columns = {
+        "id": np.array([f"x{i}" for i in range(100)]),
+        "group": np.full(100, "g"),
+        "split": np.full(100, "test"),
+        "label": np.arange(100) % 2,
+        "probe": np.linspace(0, 1, 100),
+        "expert": expert,
+        "dv": np.zeros(100),
+        "seed": np.zeros(100, dtype=np.int64),
+        "arch": np.full(100, ARCH),
+    }
+    (check,) = [c for c in check_scores(scores_from_columns(columns)) if c.scorer == "expert"]
+    assert ONE_CLASS_SHARE == 0.95
+    assert check.one_class is flagged
+    assert not check.narrow  # spread over [0, 1]
+
+
+def test_ctd_returning_no_policy_is_said_in_words(tmp_path: Path) -> None:
+    """A probe and an expert right only about 60% of the time: performance control at alpha 0.1
+    (accuracy 0.9) certifies nothing, so CTD's 0% violation rate shows nothing."""
+    base = _columns()
+    rng = np.random.default_rng(3)
+    noisy = np.where(rng.random(base["label"].size) < 0.6, base["label"], 1 - base["label"])
+    weak = np.clip(0.3 + 0.4 * noisy + 0.05 * rng.normal(size=noisy.size), 0, 1)
+    run = _run(tmp_path / "weak", _columns(probe=weak, expert=weak[::-1].copy()), performance_alpha=0.1)
+    summary = _numbers(run)["archs"][ARCH]["summary"]["validation"]
+    assert summary["sel. perf. CTD"] == 0
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "**What these rates cannot show**" in report
+    assert "CTD returned no policy in any trial for accuracy 0.90 (alpha = 0.1)" in report
+    lines = report.splitlines()
+    header = lines[lines.index("## Summary") + 2]  # the summary table's header row
+    assert "| viol. perf. CTD | sel. perf. CTD |" in header and "| spent budget Pareto |" in header
+
+
+def test_never_delegating_selectors_are_said_in_words(tmp_path: Path) -> None:
+    """A probe that is always right: at alpha 0.3 both selectors keep "never delegate", so the
+    contrast between them cannot show."""
+    label = _columns()["label"]
+    perfect = np.where(label == 1, 0.9, 0.1)
+    run = _run(tmp_path / "perfect", _columns(probe=perfect), performance_alpha=0.3)
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert 'both selectors return "never delegate" in every trial for accuracy 0.70 (alpha = 0.3)' in report
+    assert "CTD returned no policy" not in report
+
+
+def test_ctd_report_prints_the_warnings_on_the_terminal(tmp_path: Path) -> None:
+    size = _columns()["label"].size
+    run = _run(tmp_path / "runs" / "stuck", _columns(expert=np.full(size, 0.8)))
+    result = run_ctd("report", "stuck", cwd=tmp_path, env={"CTD_RUNS_DIR": str(tmp_path / "runs")})
+    assert result.returncode == 0, result.stderr
+    expert = "warning: expert on the test split"
+    lines = [line for line in result.stderr.splitlines() if line.startswith(expert)]
+    assert len(lines) == 2  # all 0.8: one class, and a 5-95% range of 0
+    assert "predicts high-stakes for 100.0%" in lines[0] and "narrow range" in lines[1]
+    assert (run / "report" / "report.md").is_file()
