@@ -4,92 +4,85 @@ Small composable pieces: value objects for settings (`Timeout`, `RateLimit`, `Re
 an `Endpoint` (replicas, error translation), a `Limiter` (concurrency, RPM, TPM), a
 `ScoreCache` with its single `CacheWriter`, claims on the items in flight under a `Lease` (so
 that runs sharing a cache never pay twice), and the `ExpertClient` that joins them.
+
+The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
+registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
+declares its options starts at once.
 """
 
-from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, FailureRow, ScoreCache, ScoreRow
-from ._check import EndpointCheck, check_endpoint
-from ._claims import ClaimHolder, Lease, list_claims
-from ._client import ExpertClient, Item, ItemResult, Outage, ProgressSink, RunStats, score_items
-from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
-from ._endpoint import Endpoint, default_transport
-from ._errors import (
-    ConfigError,
-    EndpointDown,
-    ExpertError,
-    HTTPStatusError,
-    InvalidSetting,
-    ResponseError,
-    StorageError,
-    TransportError,
-)
-from ._limiter import Limiter, Pacer
-from ._prompts import Conversation, PromptTemplate, load_template, render_conversation
-from ._registry import (
-    BUILTIN_EXPERTS,
-    ExpertSpec,
-    add_expert,
-    expert_from_url,
-    experts_file,
-    load_experts,
-    resolve_expert,
-)
-from ._scoring import SCORING_METHODS, Request, Score, ScoringMethod, build_request, parse_response
-from ._serve import LocalServer, server_command, smollm2_gguf
+from __future__ import annotations
 
-__all__ = [
-    "BUILTIN_EXPERTS",
-    "SCHEMA_VERSION",
-    "SCORING_METHODS",
-    "CacheKey",
-    "CacheWriter",
-    "ClaimHolder",
-    "ConfigError",
-    "Conversation",
-    "Endpoint",
-    "EndpointCheck",
-    "EndpointDown",
-    "ExpertClient",
-    "ExpertError",
-    "ExpertSpec",
-    "FailureRow",
-    "HTTPStatusError",
-    "InvalidSetting",
-    "Item",
-    "ItemResult",
-    "Lease",
-    "Limiter",
-    "LocalServer",
-    "Outage",
-    "Pacer",
-    "ProgressSink",
-    "PromptTemplate",
-    "RateLimit",
-    "Request",
-    "ResponseError",
-    "RetryPolicy",
-    "RunStats",
-    "Score",
-    "ScoreCache",
-    "ScoreRow",
-    "ScoringMethod",
-    "StorageError",
-    "Timeout",
-    "TransportError",
-    "add_expert",
-    "build_request",
-    "check_base_url",
-    "check_endpoint",
-    "default_transport",
-    "expert_from_url",
-    "experts_file",
-    "list_claims",
-    "load_experts",
-    "load_template",
-    "parse_response",
-    "redact_url",
-    "render_conversation",
-    "resolve_expert",
-    "score_items",
-    "server_command",
-    "smollm2_gguf",
-]
+import importlib
+
+# Every public name and the module that defines it: the one list of this package's API.
+_EXPORTS: dict[str, str] = {
+    "BUILTIN_EXPERTS": "._registry",
+    "SCHEMA_VERSION": "._cache",
+    "SCORING_METHODS": "._scoring",
+    "CacheKey": "._cache",
+    "CacheWriter": "._cache",
+    "ClaimHolder": "._claims",
+    "ConfigError": "._errors",
+    "Conversation": "._prompts",
+    "Endpoint": "._endpoint",
+    "EndpointCheck": "._check",
+    "EndpointDown": "._errors",
+    "ExpertClient": "._client",
+    "ExpertError": "._errors",
+    "ExpertSpec": "._registry",
+    "FailureRow": "._cache",
+    "HTTPStatusError": "._errors",
+    "InvalidSetting": "._errors",
+    "Item": "._client",
+    "ItemResult": "._client",
+    "Lease": "._claims",
+    "Limiter": "._limiter",
+    "LocalServer": "._serve",
+    "Outage": "._client",
+    "Pacer": "._limiter",
+    "ProgressSink": "._client",
+    "PromptTemplate": "._prompts",
+    "RateLimit": "._config",
+    "Request": "._scoring",
+    "ResponseError": "._errors",
+    "RetryPolicy": "._config",
+    "RunStats": "._client",
+    "Score": "._scoring",
+    "ScoreCache": "._cache",
+    "ScoreRow": "._cache",
+    "ScoringMethod": "._scoring",
+    "StorageError": "._errors",
+    "Timeout": "._config",
+    "TransportError": "._errors",
+    "add_expert": "._registry",
+    "build_request": "._scoring",
+    "check_base_url": "._config",
+    "check_endpoint": "._check",
+    "default_transport": "._endpoint",
+    "expert_from_url": "._registry",
+    "experts_file": "._registry",
+    "list_claims": "._claims",
+    "load_experts": "._registry",
+    "load_template": "._prompts",
+    "parse_response": "._scoring",
+    "redact_url": "._config",
+    "render_conversation": "._prompts",
+    "resolve_expert": "._registry",
+    "score_items": "._client",
+    "server_command": "._serve",
+    "smollm2_gguf": "._serve",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

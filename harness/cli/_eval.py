@@ -13,7 +13,6 @@ import calibrate
 from probes import ARCHS
 
 from .._errors import InputError
-from .._eval import run_eval
 from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
 from ..run._layout import Roots
 from ..run._log import StageStatus
@@ -217,6 +216,7 @@ def eval_command(
         "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
+    from .._eval import run_eval  # torch, the expert engine and matplotlib load only when a run starts
 
     def announce(outcome: StageOutcome) -> None:
         if not json_out:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._errors import MAX_FAILED, check_max_failed
-from ..stages._query import QuerySummary, pick_expert, query_dataset
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,
@@ -18,6 +17,9 @@ from ._expert_options import (
     JsonOption,
     MethodOption,
 )
+
+if TYPE_CHECKING:
+    from ..stages._query import QuerySummary
 
 __all__ = ["register"]
 
@@ -51,6 +53,9 @@ def query_command(
     The table is written either way; the exit code is 1 when more than --max-failed of the
     examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
     """
+    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
+    from ..stages._query import pick_expert, query_dataset
+
     check_max_failed(max_failed)
     spec = pick_expert(expert, expert_url, expert_model, method)
     summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=not json_output)

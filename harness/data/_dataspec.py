@@ -31,13 +31,16 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
-from experts import Conversation, Item
+from experts import Conversation
 
 from .._errors import InputError
 from ._datasets import Dataset, read_dataset
 from .builtin import builtin_dir
+
+if TYPE_CHECKING:
+    from experts import Item
 
 __all__ = [
     "BUILTIN",
@@ -109,6 +112,9 @@ class Example:
 
     def item(self) -> Item:
         """The expert's view of the example: its id and conversation."""
+        # The expert client (aiohttp, sqlmodel) loads with the first data set, not on --help
+        from experts import Item
+
         return Item(self.id, self.conversation)
 
 
