@@ -57,7 +57,7 @@ class _Prepared:
 def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     """Every check that needs no weights and no expert call: data spec, expert, model and layer,
     budgets against the test split's size."""
-    data = load_data(list(config.data) if config.data else None)
+    data = load_data(list(config.data) if config.data else None, limit=config.limit)
     spec = pick_expert(config.expert, model=config.expert_model)
     try:
         model = describe_model(config.model, revision=config.revision)

@@ -64,6 +64,16 @@ def eval_command(
             ),
         ),
     ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            help=(
+                "At most N examples per split, stratified by group and label, to try a data set on a "
+                "few examples first (a small test split certifies only large budgets: pass --budgets)."
+            ),
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", help="Monitored model: 'smollm2', a .gguf file, a folder or a hub id."),
@@ -188,6 +198,7 @@ def eval_command(
     overrides: dict[str, Any] = {
         "name": name,
         "data": tuple(data) if data else None,
+        "limit": limit,
         "model": model,
         "revision": revision,
         "layer": layer,

@@ -32,6 +32,10 @@ def probe_command(
     *,
     data: DataOption = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder of the stage.")],
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", help="At most N examples per split, stratified by group and label."),
+    ] = None,
     model: Annotated[
         str, typer.Option("--model", help="'smollm2' (embedded), a .gguf file, a model folder or a hub id.")
     ] = "smollm2",
@@ -62,7 +66,7 @@ def probe_command(
     # torch loads only for the commands that train probes
     from ..stages._probe import ProbeSettings, probe_stage
 
-    splits = load_data(data)
+    splits = load_data(data, limit=limit)
     settings = ProbeSettings(
         model=model,
         revision=revision,
