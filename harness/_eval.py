@@ -8,6 +8,7 @@ so an interrupted run pays for no expert answer twice.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import calibrate
 from experts import ExpertSpec
-from probes import ModelInfo, ProbeError, describe_model, process_state, resolve_layer
+from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
 from .data._dataspec import DataSplits, load_data
@@ -101,7 +102,7 @@ def run_eval(
         progress=progress,
         show_progress=show_progress,
     )
-    if not process_state().is_main_process:
+    if _launched_worker():
         # Under `accelerate launch`, the other processes extract their share of the activations
         # and stop; the main process runs every stage.
         probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe, store_root=ctx.roots.store)
@@ -135,6 +136,17 @@ def run_eval(
     with progress if show_progress else nullcontext():
         outcomes = run_stages(stages, manifests, run_log, on_stage=on_stage)
     return EvalResult(layout.root, layout.report_md, outcomes, _summary_rows(layout.summary_table))
+
+
+def _launched_worker() -> bool:
+    """A process of `accelerate launch` or `torchrun` other than the main one. Only a launch of
+    several processes sets WORLD_SIZE above 1, so a lone run (every rerun that skips the probe
+    stage) asks accelerate nothing and does not import torch."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    from probes import process_state  # accelerate, and with it torch
+
+    return not process_state().is_main_process
 
 
 def _summary_rows(path: Path) -> list[dict[str, str]]:

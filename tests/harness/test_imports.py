@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ctd_cli import CTD
+from ctd_cli import CTD, free_port
 from fault_server import RunningServer
 
 # Loaded only by the probe and DV stages (torch, transformers, accelerate) and the report.
@@ -74,6 +74,12 @@ def test_imports_that_declare_nothing_heavy(code: str, tmp_path: Path) -> None:
     assert loaded_after(code, cwd=tmp_path) == []
 
 
+def test_the_stage_functions_import_without_the_model_stack(tmp_path: Path) -> None:
+    """The pipeline and the probe and DV stages load torch when they run, not when imported."""
+    loaded = loaded_after("from harness import run_eval, probe_stage, dv_stage, query_dataset", cwd=tmp_path)
+    assert not set(loaded) & set(MODEL_STACK), loaded
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -100,6 +106,18 @@ def test_calibrate_runs_without_the_model_stack(tmp_path: Path) -> None:
     assert not set(loaded) & set(MODEL_STACK), loaded
     loaded = loaded_by_ctd("calibrate", "--scores", str(table), "--out", str(tmp_path / "c"), cwd=tmp_path)
     assert (tmp_path / "c" / "sweep.csv").is_file()
+    assert not set(loaded) & set(MODEL_STACK), loaded
+
+
+def test_eval_checks_everything_before_loading_the_model_stack(tmp_path: Path) -> None:
+    """`ctd eval` loads torch in the probe and DV stages only, so a run stopped by its checks
+    (here the endpoint check, on a closed port) never loads it, and neither does a rerun that
+    skips those stages."""
+    env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "CTD_CACHE": str(tmp_path / "cache.sqlite")}
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ("eval", "--budgets", "0.5,0.7", "--expert", url, "--expert-model", "m", "--serve", "never")
+    loaded = loaded_by_ctd(*args, cwd=tmp_path, env=env)
+    assert (tmp_path / "runs").is_dir()  # it got as far as the run folder
     assert not set(loaded) & set(MODEL_STACK), loaded
 
 
