@@ -1,7 +1,8 @@
 """Commands import only what they use: a structural check, not a timing check.
 
 Each case runs in a fresh interpreter (`python -c`), does one thing (an import, `ctd --help`, a
-real `ctd calibrate` or `ctd query` run) and reports which heavy modules ended up in
+real `ctd calibrate` or `ctd query` run, a `ctd eval` stopped by its endpoint check) and reports
+which heavy modules ended up in
 `sys.modules`. torch, transformers, accelerate and matplotlib cost seconds and hundreds of MB
 at import; only the probe and DV stages (and `ctd probe`, `ctd eval`) may load the first three,
 only the report matplotlib. A command line that only prints its help also leaves scipy (the
