@@ -8,7 +8,6 @@ from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
 
 from ._quota import count_nearest
 
@@ -108,6 +107,8 @@ class DVQuality:
 
 def dv_quality(dv: ArrayLike, value: ArrayLike) -> DVQuality:
     """MSE = mean (d - v)^2 and Spearman's rho between d and v."""
+    from scipy import stats  # scipy loads on first use: `ctd --help` does not pay for it
+
     d = np.asarray(dv, dtype=np.float64)
     v = np.asarray(value, dtype=np.float64)
     rho = float(stats.spearmanr(d, v).statistic) if d.size > 1 else float("nan")

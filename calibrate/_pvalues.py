@@ -17,7 +17,6 @@ from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import special, stats
 
 __all__ = [
     "PVALUE_METHODS",
@@ -75,6 +74,8 @@ def binomial_pvalue(k: ArrayLike, n: ArrayLike, alpha: ArrayLike) -> NDArray[np.
     alpha = _check_level("alpha", alpha)
     if np.any(k < 0) or np.any(k > n):
         raise ValueError("loss counts must satisfy 0 <= k <= n")
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
+
     # bdtr is the regularised incomplete beta I_{1-alpha}(n-k, k+1); it is defined for
     # k = n (returns 1) and n = 0 (returns 1).
     return np.asarray(special.bdtr(k, n, alpha), dtype=np.float64)
@@ -92,6 +93,8 @@ def binomial_kstar(n: ArrayLike, alpha: ArrayLike, delta: ArrayLike) -> NDArray[
     alpha = _check_level("alpha", alpha)
     delta = _check_level("delta", delta)
     n, alpha, delta = np.broadcast_arrays(n, alpha, delta)
+    from scipy import special, stats  # scipy loads on first use: `ctd --help` does not pay for it
+
     # ppf gives the smallest k with cdf(k) >= delta; the answer is that k or the one below.
     # Walk a few steps both ways so that the result is consistent with bdtr exactly.
     guess = np.nan_to_num(stats.binom.ppf(delta, n, alpha), nan=0.0).astype(np.int64)
@@ -114,6 +117,8 @@ def min_calibration_size(alpha: float, delta: float) -> int:
     _check_level("alpha", alpha)
     _check_level("delta", delta)
     n = max(int(np.ceil(np.log(delta) / np.log1p(-alpha))) - 1, 0)
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
+
     while special.bdtr(0, n, alpha) > delta:
         n += 1
     return n
@@ -121,6 +126,8 @@ def min_calibration_size(alpha: float, delta: float) -> int:
 
 def _h1(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
     """Bernoulli KL divergence h1(a, b) = a log(a/b) + (1-a) log((1-a)/(1-b)), with 0 log 0 = 0."""
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
+
     return special.xlogy(a, a / b) + special.xlogy(1 - a, (1 - a) / (1 - b))
 
 
@@ -139,6 +146,8 @@ def hoeffding_bentkus_pvalue(loss_sum: ArrayLike, n: ArrayLike, alpha: ArrayLike
     with np.errstate(divide="ignore", invalid="ignore"):
         r_hat = np.where(n > 0, loss_sum / np.maximum(n, 1), 0.0)
         hoeffding = np.exp(-n * _h1(np.minimum(r_hat, alpha), alpha))
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
+
     bentkus = np.e * special.bdtr(np.ceil(loss_sum).astype(np.int64), n, alpha)
     return np.minimum(np.minimum(hoeffding, bentkus), 1.0)
 
@@ -179,6 +188,8 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> ProportionCI:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    from scipy import stats  # scipy loads on first use: `ctd --help` does not pay for it
+
     tail = (1.0 - confidence) / 2.0
     low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
     high = 1.0 if k == n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))

@@ -7,63 +7,67 @@ What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) wit
 endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM), the cache's single
 writer, and claims on the items in flight under a lease (so that runs sharing a cache never pay
 twice).
+
+The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
+registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
+declares its options starts at once.
 """
 
-from ._cache import ScoreCache
-from ._check import EndpointCheck, check_endpoint
-from ._claims import list_claims
-from ._client import ExpertClient, Item, ItemResult, ProgressSink, RunStats, score_items
-from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
-from ._errors import ConfigError, EndpointDown, ExpertError, InvalidSetting, StorageError
-from ._prompts import Conversation, PromptTemplate, load_template
-from ._registry import (
-    BUILTIN_EXPERTS,
-    ExpertSpec,
-    add_expert,
-    expert_from_url,
-    experts_file,
-    load_experts,
-    resolve_expert,
-)
-from ._scoring import SCORING_METHODS, Request, ScoringMethod, build_request, top_logprobs
-from ._serve import LocalServer, server_command
+from __future__ import annotations
 
-__all__ = [
-    "BUILTIN_EXPERTS",
-    "SCORING_METHODS",
-    "ConfigError",
-    "Conversation",
-    "EndpointCheck",
-    "EndpointDown",
-    "ExpertClient",
-    "ExpertError",
-    "ExpertSpec",
-    "InvalidSetting",
-    "Item",
-    "ItemResult",
-    "LocalServer",
-    "ProgressSink",
-    "PromptTemplate",
-    "RateLimit",
-    "Request",
-    "RetryPolicy",
-    "RunStats",
-    "ScoreCache",
-    "ScoringMethod",
-    "StorageError",
-    "Timeout",
-    "add_expert",
-    "build_request",
-    "check_base_url",
-    "check_endpoint",
-    "expert_from_url",
-    "experts_file",
-    "list_claims",
-    "load_experts",
-    "load_template",
-    "redact_url",
-    "resolve_expert",
-    "score_items",
-    "server_command",
-    "top_logprobs",
-]
+import importlib
+
+# Every public name and the module that defines it: the one list of this package's API.
+_EXPORTS: dict[str, str] = {
+    "BUILTIN_EXPERTS": "._registry",
+    "SCORING_METHODS": "._scoring",
+    "ConfigError": "._errors",
+    "Conversation": "._prompts",
+    "EndpointCheck": "._check",
+    "EndpointDown": "._errors",
+    "ExpertClient": "._client",
+    "ExpertError": "._errors",
+    "ExpertSpec": "._registry",
+    "InvalidSetting": "._errors",
+    "Item": "._client",
+    "ItemResult": "._client",
+    "LocalServer": "._serve",
+    "ProgressSink": "._client",
+    "PromptTemplate": "._prompts",
+    "RateLimit": "._config",
+    "Request": "._scoring",
+    "RetryPolicy": "._config",
+    "RunStats": "._client",
+    "ScoreCache": "._cache",
+    "ScoringMethod": "._scoring",
+    "StorageError": "._errors",
+    "Timeout": "._config",
+    "add_expert": "._registry",
+    "build_request": "._scoring",
+    "check_base_url": "._config",
+    "check_endpoint": "._check",
+    "expert_from_url": "._registry",
+    "experts_file": "._registry",
+    "list_claims": "._claims",
+    "load_experts": "._registry",
+    "load_template": "._prompts",
+    "redact_url": "._config",
+    "resolve_expert": "._registry",
+    "score_items": "._client",
+    "server_command": "._serve",
+    "top_logprobs": "._scoring",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import httpx
-
 from ._errors import ConfigError, InvalidSetting
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["RateLimit", "RetryPolicy", "Timeout", "check_base_url", "redact_url"]
 
@@ -89,6 +91,8 @@ class Timeout:
             _positive(name, getattr(self, name), "a number of seconds")
 
     def to_httpx(self) -> httpx.Timeout:
+        import httpx  # loaded with the client; the registry and `ctd --help` do not need it
+
         return httpx.Timeout(connect=self.connect, read=self.read, write=self.write, pool=self.pool)
 
 

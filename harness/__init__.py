@@ -4,71 +4,62 @@ Rooms: `harness.run` (configuration, run folder layout, run log, the runner), `h
 (probe, query, dv, calibrate, validate, report), `harness.data` (data sets, data specs, the scores
 table, table I/O, simulation), `harness.report` (the report, from files), `harness.cli` (thin
 Typer commands over this API).
+
+The names below are imported on first use (PEP 562): `from harness import RunConfig` or the `ctd`
+command line load neither torch nor matplotlib; `run_eval` and `probe_stage` do.
 """
 
-from ._errors import InputError, RunFailed
-from ._eval import EvalResult, run_eval
-from .data import (
-    SCENARIOS,
-    SCORES_COLUMNS,
-    DataSplits,
-    Example,
-    Scenario,
-    ScoresTable,
-    load_data,
-    read_scores,
-    read_table,
-    scores_from_columns,
-    simulate_scores,
-    write_scores,
-    write_table,
-)
-from .report import build_report
-from .run import Roots, RunConfig, RunLayout, RunLog, StageOutcome, load_run_config
-from .stages import (
-    ProbeSettings,
-    calibrate_scores,
-    dv_stage,
-    pick_expert,
-    probe_stage,
-    query_dataset,
-    query_items,
-    simulate,
-    validate_scores,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SCENARIOS",
-    "SCORES_COLUMNS",
-    "DataSplits",
-    "EvalResult",
-    "Example",
-    "InputError",
-    "ProbeSettings",
-    "Roots",
-    "RunConfig",
-    "RunFailed",
-    "RunLayout",
-    "RunLog",
-    "Scenario",
-    "ScoresTable",
-    "StageOutcome",
-    "build_report",
-    "calibrate_scores",
-    "dv_stage",
-    "load_data",
-    "load_run_config",
-    "pick_expert",
-    "probe_stage",
-    "query_dataset",
-    "query_items",
-    "read_scores",
-    "read_table",
-    "run_eval",
-    "scores_from_columns",
-    "simulate",
-    "simulate_scores",
-    "validate_scores",
-    "write_scores",
-    "write_table",
-]
+import importlib
+
+# Every public name and the room that defines it: the one list of the library's API.
+_EXPORTS: dict[str, str] = {
+    "SCENARIOS": ".data",
+    "SCORES_COLUMNS": ".data",
+    "DataSplits": ".data",
+    "EvalResult": "._eval",
+    "Example": ".data",
+    "InputError": "._errors",
+    "ProbeSettings": ".stages",
+    "Roots": ".run",
+    "RunConfig": ".run",
+    "RunFailed": "._errors",
+    "RunLayout": ".run",
+    "RunLog": ".run",
+    "Scenario": ".data",
+    "ScoresTable": ".data",
+    "StageOutcome": ".run",
+    "build_report": ".report",
+    "calibrate_scores": ".stages",
+    "dv_stage": ".stages",
+    "load_data": ".data",
+    "load_run_config": ".run",
+    "pick_expert": ".stages",
+    "probe_stage": ".stages",
+    "query_dataset": ".stages",
+    "query_items": ".stages",
+    "read_scores": ".data",
+    "read_table": ".data",
+    "run_eval": "._eval",
+    "scores_from_columns": ".data",
+    "simulate": ".stages",
+    "simulate_scores": ".data",
+    "validate_scores": ".stages",
+    "write_scores": ".data",
+    "write_table": ".data",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

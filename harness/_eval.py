@@ -8,13 +8,14 @@ so an interrupted run pays for no expert answer twice.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import calibrate
 from experts import ExpertSpec
-from probes import ModelInfo, ProbeError, describe_model, process_state, resolve_layer
+from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
 from .data._dataspec import DataSplits, load_data
@@ -58,7 +59,7 @@ class _Prepared:
 def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     """Every check that needs no weights and no expert call: data spec, expert, model and layer,
     budgets against the test split's size."""
-    data = load_data(list(config.data) if config.data else None)
+    data = load_data(list(config.data) if config.data else None, limit=config.limit)
     spec = pick_expert(config.expert, model=config.expert_model)
     try:
         model = describe_model(config.model, revision=config.revision)
@@ -103,7 +104,7 @@ def run_eval(
         model=prepared.model,
         progress=progress,
     )
-    if not process_state().is_main_process:
+    if _launched_worker():
         # Under `accelerate launch`, the other processes extract their share of the activations
         # and stop; the main process runs every stage.
         probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe, store_root=ctx.roots.store)
@@ -143,6 +144,17 @@ def run_eval(
         read_summary(layout.summary_table),
         read_warnings(layout.root),
     )
+
+
+def _launched_worker() -> bool:
+    """A process of `accelerate launch` or `torchrun` other than the main one. Only a launch of
+    several processes sets WORLD_SIZE above 1, so a lone run (every rerun that skips the probe
+    stage) asks accelerate nothing and does not import torch."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    from probes import process_state  # accelerate, and with it torch
+
+    return not process_state().is_main_process
 
 
 def read_summary(path: Path) -> list[dict[str, str]]:

@@ -3,42 +3,55 @@ file), extract one layer's token activations into a float16 memory-mapped store,
 safety and delegation-value probes (attention, softmax, mean, mlp) on them.
 
 Knows nothing of experts or of the harness; the hand-off is files (the store) and arrays.
+
+The names below are imported on first use (PEP 562): `from probes import ARCHS, ProbeConfig`
+costs no torch, so a command line that only declares its options starts at once; torch loads
+with the first name that needs it (`extract`, `train_probe`, `load_model`, ...).
 """
 
-from ._build import Probe
-from ._config import ARCHS, TASKS, Arch, ProbeConfig, Task
-from ._dist import process_state
-from ._errors import ProbeError
-from ._extract import Conversation, ExtractStats, extract, layer_activations
-from ._model import EMBEDDED_MODEL, LoadedModel, ModelInfo, describe_model, load_model, resolve_layer
-from ._ragged import Ragged
-from ._store import ActivationStore, StoreKey
-from ._train import EpochLog, TrainResult, predict, train_probe
+from __future__ import annotations
 
-__all__ = [
-    "ARCHS",
-    "EMBEDDED_MODEL",
-    "TASKS",
-    "ActivationStore",
-    "Arch",
-    "Conversation",
-    "EpochLog",
-    "ExtractStats",
-    "LoadedModel",
-    "ModelInfo",
-    "Probe",
-    "ProbeConfig",
-    "ProbeError",
-    "Ragged",
-    "StoreKey",
-    "Task",
-    "TrainResult",
-    "describe_model",
-    "extract",
-    "layer_activations",
-    "load_model",
-    "predict",
-    "process_state",
-    "resolve_layer",
-    "train_probe",
-]
+import importlib
+
+# Every public name and the module that defines it: the one list of this package's API.
+_EXPORTS: dict[str, str] = {
+    "ARCHS": "._config",
+    "EMBEDDED_MODEL": "._model",
+    "TASKS": "._config",
+    "ActivationStore": "._store",
+    "Arch": "._config",
+    "Conversation": "._extract",
+    "EpochLog": "._train",
+    "ExtractStats": "._extract",
+    "LoadedModel": "._model",
+    "ModelInfo": "._model",
+    "Probe": "._build",
+    "ProbeConfig": "._config",
+    "ProbeError": "._errors",
+    "Ragged": "._ragged",
+    "StoreKey": "._store",
+    "Task": "._config",
+    "TrainResult": "._train",
+    "describe_model": "._model",
+    "extract": "._extract",
+    "layer_activations": "._extract",
+    "load_model": "._model",
+    "predict": "._train",
+    "process_state": "._dist",
+    "resolve_layer": "._model",
+    "train_probe": "._train",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -20,14 +20,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-import torch
-from torch import nn
-
-from ._dist import process_state
 from ._errors import ProbeError
+
+if TYPE_CHECKING:  # torch is imported by the functions that load weights, not by describe_model
+    import torch
+    from torch import nn
 
 __all__ = [
     "EMBEDDED_MODEL",
@@ -104,6 +104,8 @@ def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks, in order: the ModuleList whose length is the config's layer count."""
+    from torch import nn  # torch loads only with a model (`ctd --help` and the dry checks skip it)
+
     n = model.config.num_hidden_layers
     for module in model.modules():
         if isinstance(module, nn.ModuleList) and len(module) == n:
@@ -331,7 +333,10 @@ def load_model(
     """Load `name`: "smollm2" (the embedded model), a `.gguf` file, a local folder, or a Hugging
     Face id. Defaults: bfloat16 on GPU, float32 on CPU; `device_map="auto"` spreads a model too
     large for one GPU over several (then `device` is where inputs go: the first layer's device)."""
+    import torch  # torch loads only with a model (`ctd --help` and the dry checks skip it)
     from transformers.utils import logging as hf_logging
+
+    from ._dist import process_state  # accelerate imports torch
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

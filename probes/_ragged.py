@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a batch is made, so reading a store does not need it
+    import torch
 
 __all__ = ["Ragged"]
 
@@ -51,6 +54,8 @@ class Ragged:
     def padded(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded float32 batch of the examples `index`: values (B, T, d) with zeros at
         padding, mask (B, T) bool, True at real tokens; T is the longest of the batch."""
+        import torch  # a batch for training or scoring a probe: the one place this class needs torch
+
         index = np.asarray(index, dtype=np.int64)
         width = int(self.length[index].max())
         values = np.zeros((len(index), width, self.dim), dtype=np.float32)

@@ -5,20 +5,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
 from rich.table import Table
 
 import experts
-from experts import ScoreCache
 
 from .._errors import InputError
 from ..data._datasets import read_dataset
 from ..data._tables import atomic_path, check_writable, write_table
 from ..run._layout import Roots
-from ..stages._query import pick_expert
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,
@@ -28,6 +26,9 @@ from ._expert_options import (
     JsonOption,
     MethodOption,
 )
+
+if TYPE_CHECKING:
+    from experts import ScoreCache
 
 __all__ = ["register"]
 
@@ -41,7 +42,7 @@ def _open_cache(path: Path | None) -> ScoreCache:
     path = path or Roots.resolve().cache
     if not path.exists():
         raise InputError(f"--cache {path}: no cache there yet (it is created by `ctd query`)")
-    return ScoreCache(path)
+    return experts.ScoreCache(path)
 
 
 @cache_app.command("stats")
@@ -111,6 +112,9 @@ def cache_explain(
         )
     if data is None or (expert is None and expert_url is None):
         return
+    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
+    from ..stages._query import pick_expert
+
     spec = pick_expert(expert, expert_url, expert_model, method)
     matches = [item for item in read_dataset(data).items if item.id == item_id]
     if not matches:

@@ -14,7 +14,6 @@ import calibrate
 from probes import ARCHS
 
 from .._errors import InputError
-from .._eval import read_summary, run_eval
 from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
 from ..run._layout import Roots, RunLayout
 from ..run._log import StageStatus
@@ -64,6 +63,16 @@ def eval_command(
             help=(
                 "Data spec 'train=PATH dev=GROUP:PATH,... test=GROUP:PATH,...'; without test=, dev files "
                 "are cut into dev and test halves (default: the built-in data set)."
+            ),
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            help=(
+                "At most N examples per split, stratified by group and label, to try a data set on a "
+                "few examples first (a small test split certifies only large budgets: pass --budgets)."
             ),
         ),
     ] = None,
@@ -196,6 +205,7 @@ def eval_command(
     overrides: dict[str, Any] = {
         "name": name,
         "data": tuple(data) if data else None,
+        "limit": limit,
         "model": model,
         "revision": revision,
         "layer": layer,
@@ -224,6 +234,8 @@ def eval_command(
         "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
+    from .._eval import run_eval  # torch, the expert engine and matplotlib load only when a run starts
+
     # One console for the stage lines and the bars: a line printed while the bars are up goes
     # above them and stays on the screen.
     display = StageProgress(stderr, enabled=not json_out)
@@ -302,6 +314,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Rebuild the report of a finished run from its files, recomputing nothing."""
+    from .._eval import read_summary
     from ..report import read_warnings
     from ..report._build import build_report
 

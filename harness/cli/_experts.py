@@ -13,7 +13,6 @@ import experts
 from experts import ConfigError, InvalidSetting, ScoringMethod
 
 from .._errors import InputError
-from ..stages._query import check_expert, pick_expert
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import ExpertModelOption, ExpertUrlOption, JsonOption, MethodOption
 
@@ -153,6 +152,9 @@ def experts_check(
 ) -> None:
     """Probe an endpoint: reachable, served model, chat logprobs, completions echo, and the
     scoring method that will be used. Exit code 2 if the expert cannot be used as configured."""
+    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
+    from ..stages._query import check_expert, pick_expert
+
     spec = pick_expert(name, expert_url, expert_model, method)
     report = check_expert(spec)
     if json_output:

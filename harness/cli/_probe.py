@@ -8,13 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from calibrate import DVTarget
 from probes import ARCHS, ProbeConfig
 
 from ..data._dataspec import load_data
 from ..run._layout import Roots
 from ..run._progress import StageProgress
-from ..stages._dv import DVTarget, dv_stage, read_expert_scores
-from ..stages._probe import ProbeSettings, probe_stage
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
 DataOption = Annotated[
@@ -33,6 +32,10 @@ def probe_command(
     *,
     data: DataOption = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder of the stage.")],
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", help="At most N examples per split, stratified by group and label."),
+    ] = None,
     model: Annotated[
         str, typer.Option("--model", help="'smollm2' (embedded), a .gguf file, a model folder or a hub id.")
     ] = "smollm2",
@@ -60,7 +63,10 @@ def probe_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
 ) -> None:
     """Extract activations, train the safety probe on train, and score dev and test."""
-    splits = load_data(data)
+    # torch loads only for the commands that train probes
+    from ..stages._probe import ProbeSettings, probe_stage
+
+    splits = load_data(data, limit=limit)
     settings = ProbeSettings(
         model=model,
         revision=revision,
@@ -104,6 +110,9 @@ def dv_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
 ) -> None:
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""
+    # torch loads only for the commands that train probes
+    from ..stages._dv import dv_stage, read_expert_scores
+
     by_id = read_expert_scores(expert_scores)
     expert = {(split, i): score for split in ("dev", "test") for i, score in by_id.items()}
     with StageProgress(enabled=not json_out) as progress:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._errors import MAX_FAILED, check_max_failed
 from ..run._progress import StageProgress
-from ..stages._query import QuerySummary, pick_expert, query_dataset
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,
@@ -19,6 +18,9 @@ from ._expert_options import (
     JsonOption,
     MethodOption,
 )
+
+if TYPE_CHECKING:
+    from ..stages._query import QuerySummary
 
 __all__ = ["register"]
 
@@ -52,6 +54,9 @@ def query_command(
     The table is written either way; the exit code is 1 when more than --max-failed of the
     examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
     """
+    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
+    from ..stages._query import pick_expert, query_dataset
+
     check_max_failed(max_failed)
     spec = pick_expert(expert, expert_url, expert_model, method)
     with StageProgress(enabled=not json_output) as progress:

@@ -8,11 +8,15 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from experts import Conversation, Item
+from experts import Conversation
 
 from .._errors import InputError
 from ._tables import not_utf8
+
+if TYPE_CHECKING:
+    from experts import Item
 
 __all__ = ["Dataset", "read_dataset"]
 
@@ -106,6 +110,9 @@ def _decoded_rows(path: Path) -> list[tuple[str, dict[str, object]]]:
 def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
     """Read a JSONL (or .csv) file of the McKenzie et al. format. Duplicate ids, unknown labels
     and malformed lines are errors naming the file and line."""
+    # The expert client (aiohttp, sqlmodel) loads with the first data set, not on --help
+    from experts import Item
+
     path = Path(path)
     items: list[Item] = []
     labels: list[int | None] = []

@@ -31,13 +31,17 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
-from experts import Conversation, Item
+from experts import Conversation
 
 from .._errors import InputError
 from ._datasets import Dataset, read_dataset
+from ._limit import stratified_limit
 from .builtin import builtin_dir
+
+if TYPE_CHECKING:
+    from experts import Item
 
 __all__ = [
     "BUILTIN",
@@ -113,6 +117,9 @@ class Example:
 
     def item(self) -> Item:
         """The expert's view of the example: its id and conversation."""
+        # The expert client (aiohttp, sqlmodel) loads with the first data set, not on --help
+        from experts import Item
+
         return Item(self.id, self.conversation)
 
     def preview(self) -> str:
@@ -354,16 +361,23 @@ def _with_split(example: Example, split: SplitName) -> Example:
 
 
 def load_data(
-    spec: str | Sequence[str] | DataSpec | None, *, option: str = "--data", base: Path | None = None
+    spec: str | Sequence[str] | DataSpec | None,
+    *,
+    option: str = "--data",
+    base: Path | None = None,
+    limit: int | None = None,
 ) -> DataSplits:
     """Read every file of the spec and check the result. `base` resolves relative paths (default:
-    the working directory); `option` names the spec in error messages.
+    the working directory); `option` names the spec in error messages. `limit` keeps at most that
+    many examples per split, stratified by group and label (`stratified_limit`).
 
     Errors (one InputError line each): a bad token, a missing or malformed file (file:line), no
     train or no dev entry, an unlabelled row, an id repeated within a split (both places named),
     a split left empty after dropping ambiguous rows, a dev file too small to cut into halves, a
     train set of one class.
     """
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: must be at least 1")
     parsed = spec if isinstance(spec, DataSpec) else parse_data_spec(spec, option=option)
     per_split: dict[SplitName, list[tuple[Example, str]]] = {split: [] for split in SPLITS}
     files: list[DataFile] = []
@@ -388,6 +402,8 @@ def load_data(
         if not parsed.entries(split):
             raise InputError(f"{option}: no {split}= entry (give {split}=PATH, or {split}={BUILTIN})")
     splits = {split: _checked(split, per_split[split], parsed, option) for split in SPLITS}
+    if limit is not None:
+        splits = {split: tuple(stratified_limit(examples, limit)) for split, examples in splits.items()}
     _check_train_classes(splits["train"], option)
     return DataSplits(
         train=splits["train"],

@@ -16,7 +16,6 @@ from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import expit
 
 __all__ = ["SCENARIOS", "Scenario", "simulate_scores"]
 
@@ -68,11 +67,15 @@ def _value_moments(scenario: Scenario) -> tuple[float, float]:
 def _expert(
     scenario: Scenario, group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray
 ) -> NDArray:
+    from scipy.special import expit  # scipy loads on first use, not with the command line
+
     separation = np.array([g.expert_signal[scenario] for g in _GROUPS])[group_index]
     return expit(_EXPERT_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty) + noise))
 
 
 def _probe(group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray) -> NDArray:
+    from scipy.special import expit  # scipy loads on first use, not with the command line
+
     separation = np.array([g.probe_signal for g in _GROUPS])[group_index]
     return expit(_PROBE_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty) + noise))
 

@@ -33,6 +33,7 @@ class RunConfig:
     name: str | None = None  # run folder under the runs root; None: derived from model, expert and data
     # data and monitored model (the probe stage)
     data: tuple[str, ...] = ()  # data spec tokens; empty means the built-in data set
+    limit: int | None = None  # at most this many examples per split (stratified); None: all of them
     model: str = EMBEDDED_MODEL
     revision: str | None = None
     layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
@@ -89,6 +90,8 @@ class RunConfig:
         bad_objectives = [o for o in self.objectives if o not in calibrate.OBJECTIVES]
         if bad_objectives or not self.objectives:
             raise InputError(f"--objectives: choose from {', '.join(calibrate.OBJECTIVES)}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"--limit {self.limit}: must be at least 1")
         for name in ("max_tokens", "batch_tokens", "epochs", "trials"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')}: must be at least 1")
@@ -114,10 +117,13 @@ class RunConfig:
     @property
     def run_name(self) -> str:
         """The folder name: given, or model-expert-data, so that changing a later option (budgets,
-        seeds) reuses the run folder and reruns only the stages that option affects."""
+        seeds) reuses the run folder and reruns only the stages that option affects. A --limit
+        changes the data, so it is part of the name as the data is."""
         if self.name:
             return self.name
         data = "builtin" if not self.data else "data-" + _digest(list(self.data))[:8]
+        if self.limit is not None:
+            data += f"-limit{self.limit}"
         return "-".join(_slug(part) for part in (self.model, self.expert, data))
 
     def to_toml(self) -> str:

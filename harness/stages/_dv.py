@@ -19,7 +19,7 @@ import numpy as np
 
 import calibrate
 from calibrate import DV_TARGETS, DVTarget
-from probes import ProbeConfig, predict, train_probe
+from probes import ProbeConfig
 
 from .._errors import InputError
 from ..data._scores import binary_twin, read_scores, scores_from_columns, write_scores
@@ -68,6 +68,8 @@ def dv_stage(
     """Train one DV probe per (arch, seed) of the probe stage in `probe_dir` and write the scores
     table to `out` (and `dv_metrics.json` beside it). `expert` maps (split, id) to the expert's
     P(y=1), NaN where it failed: ids are unique within a split only."""
+    from probes import predict, train_probe  # torch loads when the stage runs, not when a rerun skips it
+
     if target not in DV_TARGETS:
         raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
     check_writable(out, "--out")

@@ -12,29 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 import calibrate
-from probes import (
-    ARCHS,
-    EMBEDDED_MODEL,
-    ActivationStore,
-    Arch,
-    ExtractStats,
-    LoadedModel,
-    ProbeConfig,
-    ProbeError,
-    Ragged,
-    StoreKey,
-    extract,
-    load_model,
-    predict,
-    process_state,
-    resolve_layer,
-    train_probe,
-)
+from probes import ARCHS, EMBEDDED_MODEL, ActivationStore, Arch, ProbeConfig, ProbeError, Ragged, StoreKey
 
 from .._errors import InputError
 from ..data._dataspec import SPLITS, DataSplits, SplitName
@@ -43,6 +26,9 @@ from ..run._context import RunContext
 from ..run._layout import Roots
 from ..run._log import fingerprint
 from ..run._stage import StageResult
+
+if TYPE_CHECKING:
+    from probes import ExtractStats, LoadedModel
 
 __all__ = ["ProbeSettings", "ProbeStage", "ProbeStageResult", "open_stores", "probe_stage"]
 
@@ -107,6 +93,8 @@ def _extract_split(
     store_root: Path,
     progress: Progress | None,
 ) -> tuple[ActivationStore, ExtractStats]:
+    from probes import extract  # torch loads when the stage runs, not when a rerun skips it
+
     examples = data[split]
 
     def on_batch(done: int, total: int) -> None:
@@ -137,6 +125,8 @@ def probe_stage(
     """Extract, train the safety probes on train, score dev and test; write the stage's files.
     Under `accelerate launch` every process extracts its share; only the main process goes on
     (and returns the result; the others return None)."""
+    from probes import load_model, predict, process_state, resolve_layer, train_probe  # torch: see above
+
     store_root = store_root or Roots.resolve().store
     try:
         model = model or load_model(
