@@ -72,7 +72,8 @@ def eval_command(
             "--limit",
             help=(
                 "At most N examples per split, stratified by group and label, to try a data set on a "
-                "few examples first (a small test split certifies only large budgets: pass --budgets)."
+                "few examples first (a small test split certifies only large budgets: pass --budgets). "
+                "Default: every example."
             ),
         ),
     ] = None,

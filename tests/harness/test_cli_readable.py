@@ -23,7 +23,8 @@ from harness.run._progress import StageProgress
 from harness.stages._query import check_expert, pick_expert
 
 # RunConfig fields whose default is not a value of the option: derived, or empty meaning "built-in".
-NOT_SHOWN = {"name", "data", "revision", "layer", "device_map", "expert_model", "merge_controls"}
+# Defaults of None, described in words in their help ("default: ...").
+NOT_SHOWN = {"name", "data", "revision", "layer", "device_map", "expert_model", "merge_controls", "limit"}
 
 
 def test_eval_help_shows_every_default() -> None:
