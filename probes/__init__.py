@@ -5,11 +5,21 @@ safety and delegation-value probes (attention, softmax, mean, mlp) on them.
 Knows nothing of experts or of the harness; the hand-off is files (the store) and arrays.
 """
 
+from ._artifact import ARTIFACT_VERSION, ProbeArtifact, load_probe, read_artifact, save_probe
 from ._build import Probe, build_probe
 from ._config import ARCHS, TASKS, Arch, ProbeConfig, Task
 from ._dist import process_state
 from ._errors import ProbeError
-from ._extract import Conversation, ExtractStats, bucket_batches, extract, layer_activations, render, tokenize
+from ._extract import (
+    Conversation,
+    ExtractStats,
+    bucket_batches,
+    extract,
+    layer_activations,
+    pad_batch,
+    render,
+    tokenize,
+)
 from ._model import (
     EMBEDDED_MODEL,
     LoadedModel,
@@ -26,6 +36,7 @@ from ._train import EpochLog, TrainResult, predict, train_probe
 
 __all__ = [
     "ARCHS",
+    "ARTIFACT_VERSION",
     "EMBEDDED_MODEL",
     "TASKS",
     "ActivationStore",
@@ -37,6 +48,7 @@ __all__ = [
     "ModelInfo",
     "Plan",
     "Probe",
+    "ProbeArtifact",
     "ProbeConfig",
     "ProbeError",
     "Ragged",
@@ -51,10 +63,14 @@ __all__ = [
     "extract",
     "layer_activations",
     "load_model",
+    "load_probe",
+    "pad_batch",
     "predict",
     "process_state",
+    "read_artifact",
     "render",
     "resolve_layer",
+    "save_probe",
     "tokenize",
     "train_probe",
 ]
