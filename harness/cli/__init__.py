@@ -14,7 +14,7 @@ try:  # typer >= 0.2x ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
-from . import _cache, _calibrate, _eval, _experts, _probe, _query
+from . import _cache, _calibrate, _eval, _experts, _monitor, _probe, _query
 
 __all__ = ["app", "main"]
 
@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts show defaults as [VALUE]: plain text, not markup tags
 )
-for _group in (_eval, _probe, _calibrate, _query, _experts, _cache):  # the order of `ctd --help`
+for _group in (_eval, _probe, _calibrate, _query, _experts, _cache, _monitor):  # the order of `ctd --help`
     _group.register(app)
 
 
