@@ -27,7 +27,7 @@ from ._monitor import Monitor
 __all__ = ["MAX_BODY_BYTES", "ROLES", "create_app", "parse_check", "parse_feedback"]
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation a probe reads (it keeps max_tokens)
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # the OpenAI chat roles a conversation may hold
 log = logging.getLogger("ctd.monitor")
 
 

@@ -106,6 +106,11 @@ def _conversations(data: Path) -> tuple[list[str], list[object]]:
     return [r["ids"] for r in rows], convs
 
 
+def _labels(data: Path) -> list[int]:
+    rows = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
+    return [int(r["labels"] == "high-stakes") for r in rows]
+
+
 def _serve(bundle: Path, port: int, *extra: str, cwd: Path, env: dict) -> subprocess.Popen[str]:
     process = start_ctd("monitor", "serve", str(bundle), "--port", str(port), *extra, cwd=cwd, env=env)
     deadline = time.monotonic() + 600
@@ -161,6 +166,15 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
         process = _serve(made["bundle"], port, "--expert-url", expert.url, cwd=tmp, env=made["env"])
         try:
             answers = asyncio.run(_replay(port, conversations, concurrency=16))
+            labels = _labels(tmp / "data")
+            fed = [
+                httpx.post(
+                    f"http://127.0.0.1:{port}/v1/feedback",
+                    json={"request_id": a.json()["request_id"], "label": label},
+                    timeout=30,
+                ).status_code
+                for a, label in zip(answers, labels, strict=True)
+            ]
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
             bad = _malformed(port)
             alive = httpx.post(
@@ -194,6 +208,13 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
     assert f"ctd_monitor_delegated_total {delegated_count}" in metrics.splitlines()
     assert 'ctd_monitor_rate_ci95_high{risk="delegation"}' in metrics
     assert alive.status_code == 200
+    # Labels posted back: the error rate /metrics shows is the offline cascade's on this split.
+    assert fed == [200] * len(answers)
+    errors = sum(d["label"] != y for d, y in zip(decisions, labels, strict=True))
+    shown = {
+        ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in metrics.splitlines() if not ln.startswith("#")
+    }
+    assert shown['ctd_monitor_rate{risk="error"}'] == pytest.approx(errors / len(labels))
     for status, body in bad:
         assert 400 <= status < 500 and isinstance(body.get("error"), str) and "\n" not in body["error"], body
     log = [json.loads(line) for line in (made["bundle"] / "decisions.jsonl").read_text().splitlines()]
