@@ -180,3 +180,19 @@ def test_the_decision_log_appends_across_restarts_and_keeps_no_text_unless_asked
     second.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["request_id"] for r in records] == ["a", "b"] and "text" not in records[0]
+
+
+def test_serve_refuses_a_missing_bundle_and_bad_options_in_one_line(tmp_path: Path) -> None:
+    from ctd_cli import assert_one_line_error, run_ctd
+
+    assert_one_line_error(
+        run_ctd("monitor", "serve", str(tmp_path / "nowhere"), cwd=tmp_path), "not a monitor bundle"
+    )
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text(json.dumps({"version": 1, "threshold": 0.1}))
+    assert_one_line_error(run_ctd("monitor", "serve", str(bundle), cwd=tmp_path), "missing key 'merge'")
+    assert_one_line_error(
+        run_ctd("monitor", "calibrate", "--run", "t", "--budget", "0.2", "--accuracy", "0.9", cwd=tmp_path),
+        "exactly one of --budget ALPHA and --accuracy LEVEL",
+    )
