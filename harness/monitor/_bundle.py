@@ -153,7 +153,7 @@ def calibrate_bundle(
     base, target = (arch[: -len(BINARY_SUFFIX)], "binary") if arch.endswith(BINARY_SUFFIX) else (arch, None)
     if target is None:
         target = "continuous" if config.dv_target == "both" else config.dv_target
-    seed, _ids, scores = _test_rows(layout, arch, seed)
+    seed, ids, scores = _test_rows(layout, arch, seed)
     splits = deploy_splits(scores.n, split_seed)
     need = calibrate.min_calibration_size(alpha, delta)
     if splits.cal.shape[1] < need:
@@ -197,6 +197,15 @@ def calibrate_bundle(
         "est_error": None if selected is None else float(candidates.est_error[selected]),
         "expert": expert,
         "ltt": result.to_dict(),
+        # The candidates the LTT record's indices point into, with their D_est statistics.
+        "candidates": {
+            "thresholds": ["inf" if np.isposinf(t) else float(t) for t in candidates.thresholds],
+            "est_budget": candidates.est_budget.tolist(),
+            "est_objective": candidates.est_objective.tolist(),
+        },
+        # Which test examples tested the thresholds and which chose them: the audit can be redone.
+        "cal_ids": [str(i) for i in ids[splits.cal[0]]],
+        "est_ids": [str(i) for i in ids[splits.est[0]]],
     }
     staging = bundle.root.with_name(f".{name}.partial")
     shutil.rmtree(staging, ignore_errors=True)

@@ -65,7 +65,10 @@ class ExpertGate:
     async def ask(self, item: Item) -> ExpertAnswer:
         if self.down:
             return None, "expert-down"
-        return await self.batcher.submit(item)
+        try:
+            return await self.batcher.submit(item)
+        except Exception as error:  # an expert fault the client did not classify: still an answer
+            return None, f"expert-failed: {type(error).__name__}"
 
     async def _run(self, items: list[Item]) -> list[ExpertAnswer]:
         try:

@@ -158,9 +158,7 @@ class Monitor:
         )
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
-        self.metrics.batches += 1
-        self.metrics.batched_items += len(batch)
-        return await asyncio.to_thread(self.scorer.score, batch)
+        return await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
 
     async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
         """The decision for one conversation (a string is one user turn). A conversation the

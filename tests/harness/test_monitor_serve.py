@@ -80,6 +80,17 @@ def test_calibrate_writes_a_bundle_with_its_audit_record_or_says_why_not(made: d
     assert ltt["pvalues"] == pytest.approx(
         [float(calibrate.binomial_pvalue(k, ltt["n"], 0.5)) for k in ltt["k"]], rel=1e-12
     )
+    # ... and the counts are those of the run's DV scores on the D_cal examples it names.
+    scores = read_table(made["tmp"] / "runs" / "t" / "scores.parquet").columns
+    rows = (
+        (scores["split"] == "test") & (scores["seed"] == record["seed"]) & (scores["arch"] == record["arch"])
+    )
+    dv = dict(zip(scores["id"][rows].astype(str), scores["dv"][rows], strict=True))
+    assert len(record["cal_ids"]) == ltt["n_cal"] and not set(record["cal_ids"]) & set(record["est_ids"])
+    cal_dv = np.array([dv[i] for i in record["cal_ids"]])
+    thresholds = [float(t) for t in record["candidates"]["thresholds"]]
+    assert ltt["k"] == [int((cal_dv > thresholds[j]).sum()) for j in ltt["order"]]
+    assert float(record["threshold"]) == thresholds[ltt["selected"]] and ltt["selected"] in ltt["certified"]
     assert "api_key" not in json.dumps(record["expert"]).replace("api_key_env", "")
     assert record["expert"]["base_urls"][0].startswith("http://127.0.0.1:")
 
