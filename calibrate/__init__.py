@@ -47,7 +47,16 @@ from ._pvalues import (
     hoeffding_bentkus_pvalue,
     min_calibration_size,
 )
-from ._splits import OBJECTIVES, Objective, Scores, Splits, random_splits, split_sizes
+from ._splits import (
+    OBJECTIVES,
+    Objective,
+    Scores,
+    Splits,
+    policy_signal,
+    random_splits,
+    split_sizes,
+    threshold_candidates,
+)
 from ._sweep import (
     ANY_BATCH_SIZE,
     ANY_OBJECTIVE,
@@ -130,10 +139,12 @@ __all__ = [
     "merge_scores",
     "min_calibration_size",
     "performance_control",
+    "policy_signal",
     "predict",
     "random_splits",
     "split_sizes",
     "sweep",
+    "threshold_candidates",
     "topk_mask",
     "uncertainty_signal",
     "validate",

@@ -29,6 +29,7 @@ __all__ = [
     "bucket_batches",
     "extract",
     "layer_activations",
+    "pad_batch",
     "render",
     "tokenize",
 ]
@@ -142,7 +143,8 @@ def layer_activations(
     return captured[0]
 
 
-def _pad(ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) input ids and attention mask of token lists, T the longest of them."""
     width = max(len(t) for t in ids)
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -150,6 +152,9 @@ def _pad(ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch
         input_ids[row, : len(tokens)] = torch.tensor(tokens)
         attention_mask[row, : len(tokens)] = 1
     return input_ids.to(device), attention_mask.to(device)
+
+
+_pad = pad_batch  # its former private name, which tests/test_probes_extract.py imports
 
 
 def extract(
@@ -230,7 +235,7 @@ def _extract_into(
     pending_tokens = extracted = 0
     for b in writer.todo:
         batch_ids = [ids[i] for i in batches[b]]
-        input_ids, attention_mask = _pad(batch_ids, loaded.tokenizer.pad_token_id, loaded.device)
+        input_ids, attention_mask = pad_batch(batch_ids, loaded.tokenizer.pad_token_id, loaded.device)
         hidden = layer_activations(loaded, layer, input_ids, attention_mask)  # (B, T, d)
         real = attention_mask.to(hidden.device).bool()  # device_map="auto": the layer may sit elsewhere
         rows = hidden[real]  # (real tokens, d), example by example, in batch order

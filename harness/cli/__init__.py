@@ -15,7 +15,7 @@ try:  # typer >= 0.2x ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
-from . import _cache, _calibrate, _eval, _experts, _probe, _query, _runs
+from . import _cache, _calibrate, _eval, _experts, _monitor, _probe, _query, _runs
 
 __all__ = ["app", "main"]
 
@@ -55,7 +55,7 @@ def _options(
     pass
 
 
-for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache):  # the order of `ctd --help`
+for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache, _monitor):  # `ctd --help` order
     _group.register(app)
 
 

@@ -9,14 +9,17 @@ A run folder `runs/NAME/` holds:
     manifests/STAGE.json   the stage's fingerprint (its settings and the hashes of its inputs) and
                            the hashes of its outputs; written only when the stage has finished
     probe/                 probe_scores.parquet, stores.json, metrics
+    probe/probes/          every trained safety probe: ARCH-seedS.safetensors and .json
     query/                 expert_scores.parquet (with each input's start and the expert's top
                            tokens), failed.csv, server.log
     dv/                    scores-TARGET.parquet, dv_metrics.json
+    dv/probes/             every trained DV probe: TARGET-ARCH-seedS.safetensors and .json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
     calibrate/ARCH/        sweep.csv, groups.csv, decisions.parquet, ltt.jsonl, baselines.csv,
                            summary.json (merge-RULE/ for merge controls)
     validate/ARCH/         one record per validation job, with its per-trial table
     report/                report.md, numbers.json, examples.parquet, tables/, figures/
+    monitor/NAME/          a monitor bundle written by `ctd monitor calibrate` (see `BundleLayout`)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Roots", "RunLayout"]
+__all__ = ["BundleLayout", "Roots", "RunLayout"]
 
 RUNS_DIR_ENV = "CTD_RUNS_DIR"  # the runs root (default ./runs)
 STORE_ENV = "CTD_STORE"  # the activation store shared by runs (default RUNS/cache/activations)
@@ -96,6 +99,10 @@ class RunLayout:
     def stores(self) -> Path:
         return self.probe / "stores.json"
 
+    def probe_artifact(self, arch: str, seed: int) -> Path:
+        """The saved safety probe of (arch, seed): a stem, see `probes.save_probe`."""
+        return self.probe / "probes" / f"{arch}-seed{seed}"
+
     @property
     def query(self) -> Path:
         return self.root / "query"
@@ -118,6 +125,10 @@ class RunLayout:
 
     def dv_scores(self, target: str) -> Path:
         return self.dv / f"scores-{target}.parquet"
+
+    def dv_artifact(self, target: str, arch: str, seed: int) -> Path:
+        """The saved DV probe of (target, arch, seed): a stem, see `probes.save_probe`."""
+        return self.dv / "probes" / f"{target}-{arch}-seed{seed}"
 
     @property
     def dv_metrics(self) -> Path:
@@ -164,3 +175,35 @@ class RunLayout:
     def examples(self) -> Path:
         """One row per (example, arch, seed): scores, v and each policy's decision (Parquet)."""
         return self.report / "examples.parquet"
+
+    @property
+    def monitor(self) -> Path:
+        return self.root / "monitor"
+
+    def bundle(self, name: str) -> BundleLayout:
+        return BundleLayout(self.monitor / name)
+
+
+@dataclass(frozen=True)
+class BundleLayout:
+    """Every path of a monitor bundle, a self-contained folder (it may be copied off the run):
+    bundle.json (threshold, merge rule, expert entry, the LTT audit record), the two probes
+    (safety.*, dv.*), and what `ctd monitor serve` appends by default (decisions.jsonl)."""
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / "bundle.json"
+
+    @property
+    def safety_probe(self) -> Path:
+        return self.root / "safety"
+
+    @property
+    def dv_probe(self) -> Path:
+        return self.root / "dv"
+
+    @property
+    def decisions(self) -> Path:
+        return self.root / "decisions.jsonl"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +20,7 @@ import numpy as np
 
 import calibrate
 from calibrate import DV_TARGETS, DVTarget
-from probes import ProbeConfig
+from probes import ProbeConfig, ProbeError
 
 from .._errors import InputError
 from ..data._scores import binary_twin, read_scores, scores_from_columns, write_scores
@@ -64,11 +65,15 @@ def dv_stage(
     target: DVTarget = "continuous",
     training: ProbeConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    artifacts: tuple[Callable[[str, int], Path], Callable[[str, int], Path]] | None = None,
 ) -> DVStageResult:
     """Train one DV probe per (arch, seed) of the probe stage in `probe_dir` and write the scores
     table to `out` (and `dv_metrics.json` beside it). `expert` maps (split, id) to the expert's
-    P(y=1), NaN where it failed: ids are unique within a split only."""
-    from probes import predict, train_probe  # torch loads when the stage runs, not when a rerun skips it
+    P(y=1), NaN where it failed: ids are unique within a split only. With `artifacts` (where the
+    safety probe of (arch, seed) was saved, where to save its DV probe) every DV probe is saved,
+    with the safety probe's record of what it reads (model, layer, template, token limit)."""
+    # torch loads when the stage runs, not when a rerun skips it
+    from probes import predict, read_artifact, save_probe, train_probe
 
     if target not in DV_TARGETS:
         raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
@@ -138,6 +143,17 @@ def dv_stage(
                 "test_mean_v": float(v_test.mean()),
             }
         )
+        if artifacts is not None:
+            safety_stem, dv_stem = artifacts
+            try:
+                reads = read_artifact(safety_stem(str(arch), int(seed)))
+            except ProbeError as error:
+                raise InputError(f"{error}; rerun the probe stage") from None
+            save_probe(
+                dv_stem(str(arch), int(seed)),
+                result.probe,
+                replace(reads, task="dv", config=config, metrics=runs[-1]),
+            )
     if progress is not None:
         progress("train DV probes", len(pairs), len(pairs))
     keep = np.isfinite(expert_col)
@@ -201,7 +217,14 @@ class DVStage:
         return {(str(s), str(i)): float(e) for (s, i), e in zip(keys, table["expert"], strict=True)}
 
     def reusable(self) -> bool:
-        return True
+        """A run from before DV probes were saved trains them again."""
+        layout, config = self.ctx.layout, self.ctx.config
+        return all(
+            layout.dv_artifact(target, arch, seed).with_suffix(".json").is_file()
+            for target in self.targets
+            for arch in config.archs
+            for seed in config.seeds
+        )
 
     def outputs(self) -> list[Path]:
         return [self.ctx.layout.scores, self.ctx.layout.dv]
@@ -215,7 +238,13 @@ class DVStage:
             path = layout.dv_scores(target)
             path.parent.mkdir(parents=True, exist_ok=True)
             result = dv_stage(
-                layout.probe, expert, path, target=target, training=training, progress=ctx.progress
+                layout.probe,
+                expert,
+                path,
+                target=target,
+                training=training,
+                progress=ctx.progress,
+                artifacts=(layout.probe_artifact, partial(layout.dv_artifact, target)),
             )
             metrics[target] = result.metrics
             columns = read_table(path).columns

@@ -121,11 +121,22 @@ def probe_stage(
     store_root: Path | None = None,
     progress: Progress | None = None,
     model: LoadedModel | None = None,
+    artifact: Callable[[str, int], Path] | None = None,
 ) -> ProbeStageResult | None:
-    """Extract, train the safety probes on train, score dev and test; write the stage's files.
+    """Extract, train the safety probes on train, score dev and test; write the stage's files, and
+    with `artifact` ((arch, seed) -> stem) save every trained probe (`probes.save_probe`).
     Under `accelerate launch` every process extracts its share; only the main process goes on
     (and returns the result; the others return None)."""
-    from probes import load_model, predict, process_state, resolve_layer, train_probe  # torch: see above
+    # torch: see above
+    from probes import (
+        ProbeArtifact,
+        load_model,
+        predict,
+        process_state,
+        resolve_layer,
+        save_probe,
+        train_probe,
+    )
 
     store_root = store_root or Roots.resolve().store
     try:
@@ -173,6 +184,24 @@ def probe_stage(
                 columns["seed"].append(seed)
                 columns["arch"].append(arch)
         runs.append(run)
+        if artifact is not None:
+            save_probe(
+                artifact(arch, seed),
+                result.probe,
+                ProbeArtifact(
+                    task="safety",
+                    config=config,
+                    dim=acts["train"].dim,
+                    model=settings.model,
+                    model_identity=model.identity,
+                    layer=layer,
+                    max_tokens=settings.max_tokens,
+                    template=getattr(model.tokenizer, "chat_template", None) or "",
+                    template_hash=model.template_hash,
+                    seed=seed,
+                    metrics=run,
+                ),
+            )
     if progress is not None:
         progress("train safety probes", total, total)
 
@@ -251,7 +280,14 @@ class ProbeStage:
             record = read_json(self.ctx.layout.stores)
         except InputError:
             return False
-        return all((Path(s["folder"]) / "complete.json").is_file() for s in record["splits"].values())
+        saved = all(
+            self.ctx.layout.probe_artifact(arch, seed).with_suffix(".json").is_file()
+            for arch in self.ctx.config.archs
+            for seed in self.ctx.config.seeds
+        )  # a run from before probes were saved trains them again
+        return saved and all(
+            (Path(s["folder"]) / "complete.json").is_file() for s in record["splits"].values()
+        )
 
     def outputs(self) -> list[Path]:
         return [self.ctx.layout.probe]
@@ -265,6 +301,7 @@ class ProbeStage:
                 ctx.layout.probe,
                 store_root=ctx.roots.store,
                 progress=ctx.progress,
+                artifact=ctx.layout.probe_artifact,
             )
         except ProbeError as error:
             raise InputError(str(error)) from None

@@ -1,0 +1,292 @@
+"""The Python API: `monitor = await Monitor.load(bundle)`, then `await monitor.check(conversation)`
+returns a frozen `Decision`, one per conversation and without batch context: the probe and DV
+scores from one micro-batched forward pass, delegation iff DV > the bundle's threshold, the expert
+asked only then, the merged score, and why there is no expert score when there is none."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import calibrate
+from experts import Item
+
+from .._errors import InputError
+from ._batcher import MicroBatcher
+from ._bundle import Bundle, read_bundle
+from ._drift import Alarm, DelegationCap, RateWatch
+from ._expert import ExpertGate
+from ._metrics import MonitorMetrics, exposition
+
+if TYPE_CHECKING:
+    from ._scorer import ProbeScorer, Tokens
+
+__all__ = ["Decision", "DecisionLog", "Latency", "Monitor", "request_id"]
+
+log = logging.getLogger("ctd.monitor")
+FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
+
+
+@dataclass(frozen=True)
+class Latency:
+    probe_ms: float  # queueing and the micro-batched forward pass
+    expert_ms: float  # 0 when the expert was not asked
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One conversation's outcome. `expert` is None when there is no expert score, and `reason`
+    says why: "not-delegated", "expert-disabled", "delegation-cap", "expert-down" or
+    "expert-failed: TAG". `score` is the merged score (the probe's when there is no expert score)
+    and `label` is 1[score >= 0.5]."""
+
+    request_id: str
+    probe: float
+    dv: float
+    delegated: bool
+    expert: float | None
+    score: float
+    label: int
+    reason: str | None
+    truncated: bool
+    latency: Latency
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["latency_ms"] = out.pop("latency")
+        return out
+
+
+def request_id(conversation: str | list[dict[str, str]]) -> str:
+    """A hash of the conversation (its canonical JSON): what the log keeps instead of the text."""
+    text = json.dumps(conversation, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class DecisionLog:
+    """Append-only JSONL, one line per decision (and per feedback); opened in append mode, so a
+    restart adds to it. The text is written only with `text=True`."""
+
+    def __init__(self, path: Path, *, text: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = self.path.open("a", encoding="utf-8")
+        self.text = text
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class Monitor:
+    """A loaded bundle answering `check` calls (see the module docstring). Build with `load`."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        scorer: ProbeScorer,
+        *,
+        gate: ExpertGate | None,
+        decisions: DecisionLog | None = None,
+        max_delegation_rate: float | None = None,
+        max_batch: int = 32,
+        max_wait: float = 0.005,
+    ) -> None:
+        self.bundle = bundle
+        self.scorer = scorer
+        self.gate = gate
+        self.decisions = decisions
+        self.cap = DelegationCap(max_delegation_rate) if max_delegation_rate is not None else None
+        self.metrics = MonitorMetrics()
+        self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
+            self._forward, max_batch=max_batch, max_wait=max_wait
+        )
+        # The certified risk is watched: the delegation rate in budget mode, the cascade's error
+        # (from labels posted back) in performance mode; the other is counted and shown.
+        # The uncertified one gets a target of 1, which no lower bound passes: it never alarms.
+        alpha = bundle.alpha
+        self.delegation = RateWatch("delegation", alpha if bundle.mode == "budget" else 1.0)
+        self.errors = RateWatch("error", alpha if bundle.mode == "performance" else 1.0)
+        self._labels: OrderedDict[str, int] = OrderedDict()  # request id -> the label decided
+        self._seq = 0
+
+    @classmethod
+    async def load(
+        cls,
+        bundle: Path | str,
+        *,
+        expert_url: str | None = None,
+        expert: bool = True,
+        expert_cache: Path | None = None,
+        model: str | None = None,
+        log_path: Path | None = None,
+        log_text: bool = False,
+        max_delegation_rate: float | None = None,
+        max_batch: int = 32,
+        max_wait: float = 0.005,
+    ) -> Monitor:
+        """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
+        ready to check. `expert=False` never asks the expert (the probe-only cascade)."""
+        from ._scorer import ProbeScorer  # torch is imported here, not at start-up
+
+        read = read_bundle(Path(bundle))
+        spec = read.expert_spec(expert_url) if expert else None
+        scorer = await asyncio.to_thread(
+            ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
+        )
+        gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
+        decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
+        return cls(
+            read,
+            scorer,
+            gate=gate,
+            decisions=decisions,
+            max_delegation_rate=max_delegation_rate,
+            max_batch=max_batch,
+            max_wait=max_wait,
+        )
+
+    async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
+        return await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
+
+    async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
+        """The decision for one conversation (a string is one user turn). A conversation the
+        model's chat template rejects is an InputError; an expert failure is never raised."""
+        started = time.perf_counter()
+        from ._scorer import check_conversation
+
+        tokens = check_conversation(self.scorer, conversation)
+        probe, dv = await self.forward.submit(tokens)
+        probed = time.perf_counter()
+        delegated = bool(dv > self.bundle.threshold)
+        call = self.cap.allow(delegated) if self.cap is not None else delegated
+        rid = request_id(conversation)
+        expert: float | None = None
+        if not delegated:
+            reason: str | None = "not-delegated"
+        elif self.gate is None:
+            reason = "expert-disabled"
+        elif not call:
+            reason = "delegation-cap"
+        else:
+            self._seq += 1  # item ids unique per call: the same text asked twice is two items
+            expert, reason = await self.gate.ask(Item(f"{rid}-{self._seq}", conversation))
+        answered = time.perf_counter()
+        score = probe if expert is None else float(calibrate.merge_scores(probe, expert, self.bundle.merge))
+        decision = Decision(
+            request_id=rid,
+            probe=probe,
+            dv=dv,
+            delegated=delegated,
+            expert=expert,
+            score=score,
+            label=int(calibrate.predict(score)),
+            reason=reason,
+            truncated=tokens.truncated,
+            latency=Latency(
+                probe_ms=(probed - started) * 1e3,
+                expert_ms=(answered - probed) * 1e3,
+                total_ms=(answered - started) * 1e3,
+            ),
+        )
+        self._record(decision, conversation, call)
+        return decision
+
+    def _record(self, decision: Decision, conversation: object, called: bool) -> None:
+        m = self.metrics
+        m.requests += 1
+        m.delegated += decision.delegated
+        m.capped += decision.reason == "delegation-cap"
+        if decision.delegated and called and self.gate is not None:
+            m.expert_calls += 1
+            if decision.expert is not None:
+                m.expert_scores += 1
+            else:
+                m.expert_failures[str(decision.reason)] += 1
+        for part, ms in asdict(decision.latency).items():
+            m.latency[part.removesuffix("_ms")].observe(ms / 1e3)
+        self._alarm(self.delegation.add(decision.delegated))
+        self._labels[decision.request_id] = decision.label
+        self._labels.move_to_end(decision.request_id)
+        while len(self._labels) > FEEDBACK_MEMORY:
+            self._labels.popitem(last=False)
+        if self.decisions is not None:
+            record = {"event": "decision", **decision.to_json()}
+            if self.decisions.text:
+                record["text"] = conversation
+            self.decisions.write(record)
+
+    def _alarm(self, alarm: Alarm | None) -> None:
+        if alarm is None:
+            return
+        log.warning(alarm.describe())
+        if self.decisions is not None:
+            self.decisions.write({"event": "alarm", **asdict(alarm)})
+
+    def feedback(self, rid: str, label: int) -> bool:
+        """The true label of a checked conversation: feeds the error watch. False when the request
+        id is unknown (never checked, or older than the last FEEDBACK_MEMORY decisions)."""
+        if label not in (0, 1):
+            raise InputError(f"label {label!r}: must be 0 or 1")
+        decided = self._labels.get(rid)
+        if decided is None:
+            return False
+        self._alarm(self.errors.add(decided != label))
+        if self.decisions is not None:
+            self.decisions.write(
+                {"event": "feedback", "request_id": rid, "label": label, "error": decided != label}
+            )
+        return True
+
+    def prometheus(self) -> str:
+        """/metrics: the counters, the latency histograms, the realised delegation rate and error
+        rate with their exact 95% intervals, and the drift alarms with their evidence."""
+        m = self.metrics
+        m.batches, m.batched_items = self.forward.batches, self.forward.items
+        certified = "delegation" if self.bundle.mode == "budget" else "error"
+        gauges: list[tuple[str, str, float, dict[str, str] | None]] = [
+            ("certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}),
+            ("threshold", "Delegate when DV is above this.", self.bundle.threshold, None),
+        ]
+        for watch in (self.delegation, self.errors):
+            risk = {"risk": watch.risk}
+            if watch.seen:
+                ci = watch.interval()
+                gauges += [
+                    ("rate", "Realised rate over every request so far.", ci.proportion, risk),
+                    ("rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk),
+                    ("rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk),
+                ]
+            if watch.risk == certified and watch.last is not None:
+                last = watch.last
+                gauges += [
+                    ("drift_alarm", "1 when the last look's exact lower bound passed the certified level.",
+                     float(last.raised), risk),
+                    ("drift_lower_bound", "The last look's one-sided exact lower bound of the window's rate.",
+                     last.lower, risk),
+                    ("drift_window_events", "Events in the last look's window.", last.k, risk),
+                    ("drift_window_size", "Requests in the last look's window.", last.n, risk),
+                ]  # fmt: skip
+        if self.gate is not None:
+            gauges.append(
+                ("expert_down", "1 while the expert is considered down.", float(self.gate.down), None)
+            )
+        return exposition(m, gauges)
+
+    async def aclose(self) -> None:
+        await self.forward.aclose()
+        if self.gate is not None:
+            await self.gate.aclose()
+        if self.decisions is not None:
+            self.decisions.close()

@@ -1,0 +1,173 @@
+"""Monitor load benchmark (run by hand, not in CI):
+
+    python tests/bench/bench_monitor.py BUNDLE [--n 64] [--clients 1,8,32] [--max-seconds 120]
+
+Starts `ctd monitor serve BUNDLE` on 127.0.0.1 (and nothing else is ever contacted), then, for
+each number of concurrent clients C, sends `--n` checks of the same texts from C closed-loop
+clients (each sends its next request when the last one is answered) and reports requests per
+second and the p50/p99 latency seen by the clients; once with the expert disabled (--no-expert)
+and once with a local fault-injecting expert (tests/fault_server.py, answering at once) in the
+bundle's place. The offline reference is `probes.extract` of the same texts into a fresh store
+(the probe stage's own path) in this process: conversations per second.
+
+--delegate-all serves a copy of the bundle whose threshold delegates every request, so that the
+"expert enabled" rows measure the expert path at full load (the bundle's own threshold may
+delegate few). Bounded: --n requests per level, and a level stops sending after --max-seconds.
+Texts: the built-in data set's test split, first --n conversations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ctd_cli import CTD, free_port  # noqa: E402
+from fault_server import RunningServer  # noqa: E402
+
+
+def texts(n: int) -> list[object]:
+    from harness.data.builtin import builtin_dir
+
+    rows = [json.loads(line) for line in (builtin_dir() / "test.jsonl").read_text().splitlines()][:n]
+    return [json.loads(r["inputs"]) if r["inputs"].startswith("[") else r["inputs"] for r in rows]
+
+
+def offline_rate(bundle: Path, conversations: list[object]) -> tuple[float, int]:
+    """Conversations per second of `probes.extract` into a fresh store, and the tokens."""
+    from probes import extract, load_model, read_artifact
+
+    reads = read_artifact(bundle / "safety")
+    model = load_model(reads.model)
+    best = 0.0
+    tokens = 0
+    for _ in range(2):  # the first pass warms the allocator
+        with tempfile.TemporaryDirectory() as store:
+            started = time.perf_counter()
+            _, stats = extract(
+                model, conversations, layer=reads.layer, max_tokens=reads.max_tokens,
+                data_hash=f"bench-{time.time_ns()}", store_root=Path(store),
+            )  # fmt: skip
+            best = max(best, len(conversations) / (time.perf_counter() - started))
+            tokens = stats.tokens
+    return best, tokens
+
+
+def serve(bundle: Path, port: int, extra: list[str]) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", CTD, "monitor", "serve", str(bundle), "--port", str(port),
+         "--log", os.devnull, *extra],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit("the monitor exited before it was ready")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.5)
+    process.kill()
+    raise SystemExit("the monitor did not start within 600 s")
+
+
+async def load(port: int, conversations: list[object], clients: int, max_seconds: float) -> dict:
+    """`len(conversations)` checks from `clients` closed-loop clients; rps and latency percentiles."""
+    todo = list(range(len(conversations)))
+    latencies: list[float] = []
+    delegated = 0
+    deadline = time.perf_counter() + max_seconds
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+
+        async def worker() -> None:
+            nonlocal delegated
+            while todo and time.perf_counter() < deadline:
+                conversation = conversations[todo.pop()]
+                body = (
+                    {"input": conversation} if isinstance(conversation, str) else {"messages": conversation}
+                )
+                started = time.perf_counter()
+                answer = await client.post("/v1/check", json=body)
+                answer.raise_for_status()
+                latencies.append(time.perf_counter() - started)
+                delegated += answer.json()["delegated"]
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    ms = np.array(latencies) * 1e3
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "delegated": delegated,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--delegate-all", action="store_true")
+    args = parser.parse_args()
+    if args.delegate_all:
+        copy = Path(tempfile.mkdtemp(prefix="bundle-all-"))
+        for path in args.bundle.iterdir():
+            if path.suffix in (".json", ".safetensors"):
+                (copy / path.name).write_bytes(path.read_bytes())
+        record = json.loads((args.bundle / "bundle.json").read_text())
+        (copy / "bundle.json").write_text(json.dumps({**record, "threshold": -1e9}))
+        args.bundle = copy
+    conversations = texts(args.n)
+    levels = [int(c) for c in args.clients.split(",")]
+    offline, tokens = offline_rate(args.bundle, conversations)
+    print(f"offline extraction: {offline:.1f} conversations/s ({len(conversations)} texts, {tokens} tokens)")
+    rows = []
+    with RunningServer() as expert:
+        for mode, extra in (("disabled", ["--no-expert"]), ("enabled", ["--expert-url", expert.url])):
+            port = free_port()
+            process = serve(args.bundle, port, extra)
+            try:
+                asyncio.run(load(port, conversations[:8], 8, args.max_seconds))  # warm-up, not counted
+                for clients in levels:
+                    row = {
+                        "expert": mode,
+                        **asyncio.run(load(port, conversations, clients, args.max_seconds)),
+                    }
+                    rows.append(row)
+                    print(
+                        f"expert {mode:8s} clients {clients:3d}: {row['rps']:7.1f} req/s, "
+                        f"p50 {row['p50_ms']:8.1f} ms, p99 {row['p99_ms']:8.1f} ms "
+                        f"({row['requests']} requests, {row['delegated']} delegated)",
+                        flush=True,
+                    )
+            finally:
+                process.terminate()
+                process.wait(30)
+    top = max(levels)
+    at_top = next(r for r in rows if r["expert"] == "disabled" and r["clients"] == top)
+    print(f"expert disabled, {top} clients: {at_top['rps'] / offline:.2f}x the offline extraction rate")
+    print(json.dumps({"offline_per_s": offline, "levels": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The monitor's parts that need no model: micro-batching, the drift watch and its exact bound, the
+delegation cap, request parsing (malformed bodies), the Prometheus text and the decision log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from harness.monitor._batcher import MicroBatcher
+from harness.monitor._drift import ALARM_LEVEL, DelegationCap, RateWatch
+from harness.monitor._metrics import MonitorMetrics, exposition
+from harness.monitor._monitor import DecisionLog
+from harness.monitor._server import MAX_BODY_BYTES, BadRequest, _json_body, parse_check, parse_feedback
+
+
+def test_concurrent_submits_share_batches_and_keep_their_own_results() -> None:
+    seen: list[list[int]] = []
+
+    async def run(batch: list[int]) -> list[int]:
+        seen.append(batch)
+        await asyncio.sleep(0.01)
+        return [x * x for x in batch]
+
+    async def main() -> list[int]:
+        batcher: MicroBatcher[int, int] = MicroBatcher(run, max_batch=8, max_wait=0.005)
+        out = await asyncio.gather(*(batcher.submit(i) for i in range(40)))
+        await batcher.aclose()
+        return list(out)
+
+    assert asyncio.run(main()) == [i * i for i in range(40)]
+    assert sum(len(b) for b in seen) == 40 and max(len(b) for b in seen) == 8 and len(seen) == 5
+
+
+def test_an_idle_item_waits_at_most_max_wait_and_a_failed_batch_fails_every_caller() -> None:
+    async def run(batch: list[int]) -> list[int]:
+        if 13 in batch:
+            raise RuntimeError("boom")
+        return batch
+
+    async def main() -> tuple[float, list[object]]:
+        batcher: MicroBatcher[int, int] = MicroBatcher(run, max_batch=64, max_wait=0.05)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await batcher.submit(1)
+        waited = loop.time() - started
+        outcomes = await asyncio.gather(*(batcher.submit(i) for i in (12, 13, 14)), return_exceptions=True)
+        await batcher.aclose()
+        return waited, outcomes
+
+    waited, outcomes = asyncio.run(main())
+    assert 0.04 <= waited < 1.0
+    assert all(isinstance(o, RuntimeError) for o in outcomes)  # none left waiting, none dropped
+
+
+def _first_alarm(stream: np.ndarray, watch: RateWatch) -> int | None:
+    for number, event in enumerate(stream, start=1):
+        if watch.add(bool(event)):
+            return number
+    return None
+
+
+@pytest.mark.parametrize(("alpha", "within"), [(0.1, 500), (0.3, 150)])
+def test_twice_the_certified_rate_raises_the_alarm_within_a_stated_number_of_requests(
+    alpha: float, within: int
+) -> None:
+    for seed in range(20):
+        stream = np.random.default_rng(seed).random(5000) < 2 * alpha
+        watch = RateWatch("delegation", alpha)
+        at = _first_alarm(stream, watch)
+        assert at is not None and at <= within, (seed, at)
+        alarm = watch.first_raised
+        assert alarm is not None and alarm.lower > alpha and alarm.k <= alarm.n
+        # The evidence is the exact one-sided bound: P(Binomial(n, lower) >= k) = level.
+        assert stats.binom.sf(alarm.k - 1, alarm.n, alarm.lower) == pytest.approx(ALARM_LEVEL, rel=1e-6)
+        assert "drift: the delegation rate over the last" in alarm.describe()
+
+
+def test_traffic_at_the_certified_rate_raises_no_alarm_over_2000_requests() -> None:
+    for seed in range(20):
+        stream = np.random.default_rng(100 + seed).random(2000) < 0.3  # the worst case: exactly alpha
+        watch = RateWatch("delegation", 0.3)
+        assert _first_alarm(stream, watch) is None, seed
+        assert watch.last is not None and watch.last.n == 1000 and not watch.alarm
+    # The check can fail: a watch that reads the point estimate (a bound at level ~0.5) instead
+    # of the exact lower bound alarms on this same calibration-like traffic.
+    stream = np.random.default_rng(100).random(2000) < 0.3
+    assert _first_alarm(stream, RateWatch("delegation", 0.3, level=0.49)) is not None
+
+
+def test_the_delegation_cap_holds_over_every_window_and_counts_what_it_skipped() -> None:
+    cap = DelegationCap(0.2, window=200)
+    delegated = np.random.default_rng(0).random(2000) < 0.5
+    calls = np.array([cap.allow(bool(d)) for d in delegated])
+    assert not (calls & ~delegated).any()
+    windows = np.convolve(calls.astype(int), np.ones(200, int), mode="valid")
+    assert windows.max() <= 40
+    assert cap.skipped == int(delegated.sum() - calls.sum()) > 0
+
+
+MALFORMED: list[tuple[bytes, str | None, int, str]] = [
+    (b"{not json", "application/json", 400, "malformed JSON at line 1"),
+    (b"", "application/json", 400, "empty body"),
+    (b"[1, 2]", "application/json", 400, "body is a JSON list"),
+    (b'{"messages": []}', "application/json", 400, "'messages' must be a non-empty list"),
+    (
+        b'{"messages": [{"role": "robot", "content": "hi"}]}',
+        "application/json",
+        400,
+        "messages[0].role 'robot'",
+    ),
+    (b'{"messages": [{"role": "user", "content": 3}]}', "application/json", 400, "messages[0].content"),
+    (b'{"messages": [{"role": "user"}]}', "application/json", 400, "messages[0].content"),
+    (b'{"messages": "hello"}', "application/json", 400, "'messages' must be a non-empty list"),
+    (b'{"input": ""}', "application/json", 400, "'input' must be a non-empty string"),
+    (b'{"input": "a", "messages": []}', "application/json", 400, "exactly one of 'messages'"),
+    (b'{"text": "a"}', "application/json", 400, "exactly one of 'messages'"),
+    (b'{"input": "a", "extra": 1}', "application/json", 400, "unknown field 'extra'"),
+    (b'{"messages": [{"role": "user", "content": "  "}]}', "application/json", 400, "every message is empty"),
+    (b"input=hello", "application/x-www-form-urlencoded", 415, "send application/json"),
+    (b"\xff\xfe{}", "application/json", 400, "not UTF-8"),
+    (b'{"input": "' + b"a" * MAX_BODY_BYTES + b'"}', "application/json", 413, "the limit is"),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "message"), MALFORMED)
+def test_each_malformed_check_body_is_one_clear_4xx(
+    body: bytes, content_type: str | None, status: int, message: str
+) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_check(_json_body(body, content_type))
+    assert caught.value.status == status and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_good_bodies_parse_and_feedback_is_checked() -> None:
+    assert parse_check({"input": "hello"}) == "hello"
+    messages = [{"role": "system", "content": "be safe"}, {"role": "user", "content": "hi"}]
+    assert parse_check({"messages": messages}) == messages
+    assert parse_feedback({"request_id": "abc", "label": 1}) == ("abc", 1)
+    for body in ({"request_id": "abc", "label": 2}, {"request_id": "", "label": 0}, {"label": 1}):
+        with pytest.raises(BadRequest):
+            parse_feedback(body)
+    with pytest.raises(BadRequest, match="'label' True"):
+        parse_feedback({"request_id": "abc", "label": True})
+
+
+def test_prometheus_text_is_well_formed_with_cumulative_histograms() -> None:
+    metrics = MonitorMetrics(requests=3, delegated=1)
+    for seconds in (0.003, 0.2, 40.0):
+        metrics.latency["total"].observe(seconds)
+    metrics.expert_failures["expert-down"] += 2
+    text = exposition(metrics, [("drift_alarm", "Alarm.", 1.0, {"risk": "delegation"})])
+    lines = text.splitlines()
+    assert "ctd_monitor_requests_total 3" in lines
+    assert 'ctd_monitor_expert_failures_total{reason="expert-down"} 2' in lines
+    assert 'ctd_monitor_drift_alarm{risk="delegation"} 1.0' in lines
+    buckets = [ln for ln in lines if ln.startswith('ctd_monitor_latency_seconds_bucket{part="total"')]
+    counts = [int(ln.rsplit(" ", 1)[1]) for ln in buckets]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 3 and 'le="+Inf"' in buckets[-1]
+    for line in lines:  # every sample line: name{labels} value, with a HELP/TYPE before it
+        if not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            family = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+            assert f"# TYPE {family} " in text or f"# TYPE {name} " in text, line
+            float(line.rsplit(" ", 1)[1].replace("+Inf", "inf"))
+
+
+def test_the_decision_log_appends_across_restarts_and_keeps_no_text_unless_asked(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    first = DecisionLog(path)
+    first.write({"event": "decision", "request_id": "a"})
+    first.close()
+    second = DecisionLog(path, text=True)
+    second.write({"event": "decision", "request_id": "b", "text": "hello"})
+    second.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["request_id"] for r in records] == ["a", "b"] and "text" not in records[0]
+
+
+def test_serve_refuses_a_missing_bundle_and_bad_options_in_one_line(tmp_path: Path) -> None:
+    from ctd_cli import assert_one_line_error, run_ctd
+
+    assert_one_line_error(
+        run_ctd("monitor", "serve", str(tmp_path / "nowhere"), cwd=tmp_path), "not a monitor bundle"
+    )
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text(json.dumps({"version": 1, "threshold": 0.1}))
+    assert_one_line_error(run_ctd("monitor", "serve", str(bundle), cwd=tmp_path), "missing key 'merge'")
+    assert_one_line_error(
+        run_ctd("monitor", "calibrate", "--run", "t", "--budget", "0.2", "--accuracy", "0.9", cwd=tmp_path),
+        "exactly one of --budget ALPHA and --accuracy LEVEL",
+    )

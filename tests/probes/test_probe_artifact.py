@@ -1,0 +1,85 @@
+"""A trained probe saved with `probes.save_probe` and read back with `load_probe` scores exactly as
+it did before saving, for every architecture; a damaged pair is one ProbeError naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probes import (
+    ARCHS,
+    ProbeArtifact,
+    ProbeConfig,
+    ProbeError,
+    Ragged,
+    load_probe,
+    predict,
+    save_probe,
+    train_probe,
+)
+
+
+def _data(n: int = 40, dim: int = 8, seed: int = 0) -> tuple[Ragged, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % 2
+    examples = [rng.normal(size=(3 + i % 5, dim)) + labels[i] for i in range(n)]
+    return Ragged.from_arrays(examples), labels
+
+
+def _artifact(config: ProbeConfig, dim: int) -> ProbeArtifact:
+    return ProbeArtifact(
+        task="safety",
+        config=config,
+        dim=dim,
+        model="smollm2",
+        model_identity="gguf:abc",
+        layer=20,
+        max_tokens=96,
+        template="{{ messages }}",
+        template_hash="0123",
+        seed=3,
+        metrics={"test_auroc": 0.9},
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_saved_probe_scores_exactly_as_the_trained_one(tmp_path: Path, arch: str) -> None:
+    acts, labels = _data()
+    config = ProbeConfig(arch=arch, epochs=3)
+    result = train_probe(acts, labels, task="safety", config=config, seed=3)
+    save_probe(tmp_path / "p" / "probe", result.probe, _artifact(config, acts.dim))
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["probe.json", "probe.safetensors"]
+    probe, record = load_probe(tmp_path / "p" / "probe")
+    assert record == _artifact(config, acts.dim)
+    np.testing.assert_array_equal(
+        predict(probe, acts, task="safety"), predict(result.probe, acts, task="safety")
+    )
+
+
+def test_damaged_or_mismatched_probe_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    acts, labels = _data()
+    config = ProbeConfig(arch="mean", epochs=2)
+    result = train_probe(acts, labels, task="safety", config=config, seed=0)
+    stem = tmp_path / "probe"
+    save_probe(stem, result.probe, _artifact(config, acts.dim))
+
+    record = json.loads(stem.with_suffix(".json").read_text())
+    stem.with_suffix(".json").write_text(json.dumps({**record, "dim": acts.dim + 1}))
+    with pytest.raises(ProbeError, match=r"probe\.safetensors: weights do not fit a mean probe"):
+        load_probe(stem)
+
+    stem.with_suffix(".json").write_text(json.dumps({**record, "version": 99}))
+    with pytest.raises(ProbeError, match=r"probe\.json: not a probe record this version reads"):
+        load_probe(stem)
+
+    stem.with_suffix(".json").write_text(json.dumps(record))
+    stem.with_suffix(".safetensors").write_bytes(b"not weights")
+    with pytest.raises(ProbeError, match=r"probe\.safetensors: not a safetensors file"):
+        load_probe(stem)
+
+    stem.with_suffix(".safetensors").unlink()
+    with pytest.raises(ProbeError, match=r"probe\.safetensors: missing"):
+        load_probe(stem)
