@@ -34,7 +34,7 @@ from ._registry import (
     resolve_expert,
 )
 from ._scoring import SCORING_METHODS, Request, Score, ScoringMethod, build_request, parse_response
-from ._serve import LocalServer, server_command, smollm2_gguf
+from ._serve import LocalServer, server_command
 
 __all__ = [
     "BUILTIN_EXPERTS",
@@ -91,5 +91,4 @@ __all__ = [
     "resolve_expert",
     "score_items",
     "server_command",
-    "smollm2_gguf",
 ]

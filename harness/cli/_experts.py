@@ -12,7 +12,7 @@ import experts
 from experts import ConfigError, InvalidSetting, ScoringMethod
 
 from .._errors import InputError
-from ..stages._query import check_expert, pick_expert
+from ..stages._query import check_expert, local_server, pick_expert
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import ExpertModelOption, ExpertUrlOption, JsonOption, MethodOption
 
@@ -153,15 +153,10 @@ def experts_serve(
 ) -> None:
     """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for the GPU
     entries), wait until it answers, and keep it running until Ctrl-C."""
-    from experts._serve import LocalServer
-
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
-    try:
-        server = LocalServer(registry[name], port=port)
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
+    server = local_server(registry[name], shown=name, port=port)
     stdout.print(" ".join(server.command))
     if dry_run:
         return
