@@ -18,26 +18,20 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["CONTEXT_PER_SLOT", "MODULE", "default_threads", "main"]
+from ._serve import CONTEXT_PER_SLOT, SERVER_MODULE, default_threads
 
-MODULE = "experts._llamacpp_server"  # what `python -m` runs; tests find the child by it
-CONTEXT_PER_SLOT = 4096  # tokens of context each slot holds (prompt plus the one answer token)
-
-
-def default_threads() -> int:
-    """Threads for the forward pass: every core this process may use. Measured on 2 cores with
-    other work beside it: see the README's expert-speed benchmark."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {SERVER_MODULE}", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the GGUF file")
     parser.add_argument("--alias", required=True, help="the model name the server answers to")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--slots", type=int, default=1, help="requests decoded together")
     parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--context", type=int, default=CONTEXT_PER_SLOT, help="tokens per slot")
     parser.add_argument("--batch", type=int, default=2048, help="most tokens per decode call (n_batch)")
     parser.add_argument("--ubatch", type=int, default=512, help="tokens per compute step (n_ubatch)")
     parser.add_argument(
@@ -64,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     params.hostnames = [args.host]
     params.port = args.port
     params.n_parallel = args.slots
-    params.n_ctx = CONTEXT_PER_SLOT * args.slots  # shared by the slots: each gets CONTEXT_PER_SLOT
+    params.n_ctx = args.context * args.slots  # shared by the slots: each gets --context
+    # Reusing a cached prompt prefix evaluates the rest in other batch shapes, whose kernels round
+    # differently: the same item then scored 1.0 once and 0.917 the next time. Every prompt is
+    # evaluated whole, so an item's score does not depend on what was asked before it.
+    params.cache_prompt = False
     params.n_batch = args.batch
     params.n_ubatch = min(args.ubatch, args.batch)
     for cpu in (params.cpuparams, params.cpuparams_batch):

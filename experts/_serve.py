@@ -10,6 +10,7 @@ extra is installed (pip install 'ctd-harness[likelihood]').
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import signal
 import subprocess
@@ -24,10 +25,19 @@ from urllib.parse import urlsplit
 import httpx
 
 from ._errors import ConfigError
-from ._llamacpp_server import CONTEXT_PER_SLOT, MODULE, default_threads
 from ._registry import ExpertSpec
 
-__all__ = ["MAX_SLOTS", "LocalServer", "server_command"]
+__all__ = [
+    "CONTEXT_PER_SLOT",
+    "MAX_SLOTS",
+    "SERVER_MODULE",
+    "LocalServer",
+    "default_threads",
+    "server_command",
+]
+
+SERVER_MODULE = "experts._llamacpp_server"  # what `python -m` runs (not imported by this package)
+CONTEXT_PER_SLOT = 4096  # tokens of context each slot holds (prompt plus the one answer token)
 
 # Slots beyond this buy nothing on a CPU and each holds CONTEXT_PER_SLOT tokens of KV cache.
 MAX_SLOTS = 16
@@ -36,6 +46,12 @@ _LIKELIHOOD_EXTRA = (
     "likelihood scoring on a local server needs llama-cpp-python's server, since llama.cpp's own "
     "returns no prompt logprobs: pip install 'ctd-harness[likelihood]', or use --method next-token"
 )
+
+
+def default_threads() -> int:
+    """Threads for the local server's forward pass: every core this process may use (measured
+    on 2 cores with other work beside it: see the README's expert-speed benchmark)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _host_port(spec: ExpertSpec) -> tuple[str, int]:
@@ -73,7 +89,7 @@ def server_command(spec: ExpertSpec, *, port: int | None = None, gguf: Path | No
                 "--n_threads", threads, "--n_threads_batch", threads,
             ]  # fmt: skip
         return [
-            sys.executable, "-m", MODULE,
+            sys.executable, "-m", SERVER_MODULE,
             "--model", str(gguf),
             "--alias", spec.model,
             "--host", host, "--port", str(port),

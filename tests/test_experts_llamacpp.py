@@ -17,7 +17,7 @@ from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
-from experts._llamacpp_server import MODULE
+from experts._serve import SERVER_MODULE as MODULE
 from probes._embedded import embedded_gguf
 
 pytestmark = pytest.mark.skipif(
