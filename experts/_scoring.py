@@ -139,6 +139,15 @@ def _answer_loglik(choice: Mapping[str, Any], prompt_chars: int, answer_chars: i
 
 
 def _likelihood(payloads: Sequence[Mapping[str, Any]], template: PromptTemplate, prompt_chars: int) -> Score:
+    for payload in payloads:
+        logprobs = _choice_logprobs(payload)
+        if isinstance(logprobs, Mapping) and "content" in logprobs and "token_logprobs" not in logprobs:
+            # llama.cpp's own server answers `echo` this way (its issue #27174): nothing to score.
+            raise ResponseError(
+                "the server returned logprobs of the generated token only, not of the echoed prompt "
+                "(llama.cpp's own server does not echo them; vLLM and llama-cpp-python's server do)",
+                reason="no-logprobs",
+            )
     try:
         high = _answer_loglik(payloads[0]["choices"][0], prompt_chars, len(template.answers["high"]))
         low = _answer_loglik(payloads[1]["choices"][0], prompt_chars, len(template.answers["low"]))
@@ -148,6 +157,13 @@ def _likelihood(payloads: Sequence[Mapping[str, Any]], template: PromptTemplate,
         ) from None
     # Softmax over the two answers, computed from the difference for stability.
     return Score(p=1.0 / (1.0 + math.exp(min(low - high, 700.0))), label_mass=None)
+
+
+def _choice_logprobs(payload: Mapping[str, Any]) -> Any:
+    try:
+        return payload["choices"][0]["logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return None
 
 
 def parse_response(

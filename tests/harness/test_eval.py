@@ -347,7 +347,7 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] is not installed"
+    importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp (llama.cpp's server) is not installed"
 )
 def test_a_local_expert_server_that_dies_is_named(tmp_path, env) -> None:
     """The llama.cpp server the run started is killed in the middle of the query stage: the run
