@@ -16,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, free_port, llama_servers_on, run_ctd, start_ctd
+from eval_data import SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer, item_score
 
 from harness import read_scores, read_table
-from harness.data.builtin import builtin_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-SIZES = {"train": 48, "dev": 40, "test": 64}
 FAST = [
     "--seeds", "0",
     "--epochs", "8",
@@ -34,38 +33,9 @@ FAST = [
 ]  # fmt: skip
 
 
-def write_data(folder: Path) -> list[str]:
-    """Small balanced files cut from the built-in set, each text tagged "item-N" so the fault
-    server knows which item a request is for. Returns the data spec tokens."""
-    folder.mkdir(parents=True, exist_ok=True)
-    number = 0
-    for split, size in SIZES.items():
-        rows = [json.loads(line) for line in (builtin_dir() / f"{split}.jsonl").read_text().splitlines()]
-        chosen = [r for r in rows if r["labels"] == "high-stakes"][: size // 2]
-        chosen += [r for r in rows if r["labels"] == "low-stakes"][: size // 2]
-        with (folder / f"{split}.jsonl").open("w") as handle:
-            for row in chosen:
-                inputs = row["inputs"]
-                tag = f" (ref item-{number})"
-                if inputs.startswith("["):
-                    messages = json.loads(inputs)
-                    messages[-1]["content"] += tag
-                    inputs = json.dumps(messages)
-                else:
-                    inputs += tag
-                handle.write(json.dumps({**row, "inputs": inputs}) + "\n")
-                number += 1
-    return [f"train={folder / 'train.jsonl'}", f"dev={folder / 'dev.jsonl'}", f"test={folder / 'test.jsonl'}"]
-
-
 @pytest.fixture()
 def env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "CTD_RUNS_DIR": str(tmp_path / "runs"),
-        "CTD_CACHE": str(tmp_path / "cache.sqlite"),
-        "CTD_STORE": str(tmp_path / "store"),
-        "HF_HUB_OFFLINE": "1",
-    }
+    return eval_env(tmp_path)
 
 
 def eval_args(data: list[str], url: str, *extra: str, expert_model: str | None = "fault-model") -> list[str]:
@@ -91,7 +61,7 @@ def stage_status(out: str) -> dict[str, str]:
 
 
 def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path, env) -> None:
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     with RunningServer() as server:
         first = run_ctd(*eval_args(data, server.url), "--json", cwd=tmp_path, env=env, timeout=600)
         assert first.returncode == 0, first.stderr
@@ -168,7 +138,7 @@ def test_too_many_expert_failures_stop_before_calibration(tmp_path, env) -> None
     """Two of 64 test items fail at the expert (3.1%, above --max-failed 1%): the run stops after
     the query stage in one line with exit code 1, the ids are in query/failed.csv, and nothing
     is calibrated. A higher --max-failed goes on without them and the report says so."""
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     first_test_item = SIZES["train"] + SIZES["dev"]
     broken = frozenset({first_test_item + 2, first_test_item + 3})
     with RunningServer(FaultPlan(broken=broken)) as server:
@@ -206,7 +176,7 @@ def item_numbers(folder: Path) -> dict[str, int]:
 
 
 def test_killed_during_expert_stage_resumes_without_paying_twice(tmp_path, env) -> None:
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     plan = FaultPlan(delay=0.15)  # slow answers, so the kill lands inside the expert stage
     with RunningServer(plan) as server:
         process = start_ctd(*eval_args(data, server.url), "--json", cwd=tmp_path, env=env)
@@ -245,7 +215,7 @@ def test_killed_during_expert_stage_resumes_without_paying_twice(tmp_path, env) 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupt_leaves_a_run_that_resumes(tmp_path, env, signum: int) -> None:
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     with RunningServer(FaultPlan(delay=0.15)) as server:
         process = start_ctd(*eval_args(data, server.url), cwd=tmp_path, env=env)
         deadline = time.monotonic() + 300
@@ -264,7 +234,7 @@ def test_interrupt_leaves_a_run_that_resumes(tmp_path, env, signum: int) -> None
 
 
 def test_bad_options_fail_before_any_work(tmp_path, env) -> None:
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     with RunningServer() as server:
         cases = [
             (["eval", "--expert", "no-such-expert"], ["no-such-expert"]),
@@ -307,7 +277,7 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
     item its retries, the run stops once `down_after` items in a row fail at the endpoint, with
     one line and exit code 1; the probe stage and the answers so far are kept, and a rerun
     against the server (back on the same port) finishes without asking them again."""
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     experts_file = tmp_path / "experts.toml"
     env = {**env, "CTD_EXPERTS_FILE": str(experts_file)}
     args = eval_args(data, "flaky", expert_model=None)
@@ -352,7 +322,7 @@ def test_an_expert_that_goes_away_ends_the_run_in_one_line_and_it_resumes(tmp_pa
 def test_a_local_expert_server_that_dies_is_named(tmp_path, env) -> None:
     """The llama.cpp server the run started is killed in the middle of the query stage: the run
     ends in one line that says the local server exited, with its log, and exit code 1."""
-    data = write_data(tmp_path / "data")
+    data = write_tagged_data(tmp_path / "data")
     port = free_port()
     experts_file = tmp_path / "experts.toml"
     experts_file.write_text(

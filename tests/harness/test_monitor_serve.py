@@ -23,8 +23,9 @@ import httpx
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd, start_ctd
+from eval_data import eval_env, write_tagged_data
 from fault_server import RunningServer
-from test_eval import FAST, write_data
+from test_eval import FAST
 
 import calibrate
 from harness.data._tables import read_table
@@ -36,13 +37,8 @@ TOLERANCE = 1e-5
 def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A finished run and a budget bundle whose threshold delegates something."""
     tmp = tmp_path_factory.mktemp("monitor")
-    env = {
-        "CTD_RUNS_DIR": str(tmp / "runs"),
-        "CTD_CACHE": str(tmp / "cache.sqlite"),
-        "CTD_STORE": str(tmp / "store"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    data = write_data(tmp / "data")
+    env = eval_env(tmp)
+    data = write_tagged_data(tmp / "data")
     with RunningServer() as server:
         args = ["eval", "--name", "t", "--expert", server.url, "--expert-model", "fault-model", *FAST]
         for token in data:

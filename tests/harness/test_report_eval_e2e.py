@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ctd_cli import run_ctd
+from eval_data import SIZES, eval_env, write_tagged_data
 from fault_server import RunningServer
 
 from harness.data._tables import read_table
-from harness.data.builtin import builtin_dir
 from harness.run._layout import RunLayout
 
-SIZES = {"train": 48, "dev": 40, "test": 64}
 FAST = [
     "--seeds", "0",
     "--epochs", "8",
@@ -31,39 +30,9 @@ FAST = [
 ]  # fmt: skip
 
 
-def _write_data(folder: Path) -> list[str]:
-    """Small balanced files cut from the built-in set, each text tagged "item-N" so that the
-    fault server answers with that item's fixed score."""
-    folder.mkdir(parents=True)
-    number = 0
-    tokens = []
-    for split, size in SIZES.items():
-        rows = [json.loads(line) for line in (builtin_dir() / f"{split}.jsonl").read_text().splitlines()]
-        chosen = [r for r in rows if r["labels"] == "high-stakes"][: size // 2]
-        chosen += [r for r in rows if r["labels"] == "low-stakes"][: size // 2]
-        with (folder / f"{split}.jsonl").open("w") as handle:
-            for row in chosen:
-                inputs = row["inputs"]
-                if inputs.startswith("["):
-                    messages = json.loads(inputs)
-                    messages[-1]["content"] += f" (ref item-{number})"
-                    inputs = json.dumps(messages)
-                else:
-                    inputs += f" (ref item-{number})"
-                handle.write(json.dumps({**row, "inputs": inputs}) + "\n")
-                number += 1
-        tokens += ["--data", f"{split}={folder / f'{split}.jsonl'}"]
-    return tokens
-
-
 def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None:
-    env = {
-        "CTD_RUNS_DIR": str(tmp_path / "runs"),
-        "CTD_CACHE": str(tmp_path / "cache.sqlite"),
-        "CTD_STORE": str(tmp_path / "store"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    data = _write_data(tmp_path / "data")
+    env = eval_env(tmp_path)
+    data = [arg for token in write_tagged_data(tmp_path / "data") for arg in ("--data", token)]
     with RunningServer() as server:
         args = ["eval", "--name", "t", "--expert", server.url, "--expert-model", "fault-model", *FAST, *data]
         result = run_ctd(*args, cwd=tmp_path, env=env, timeout=600)

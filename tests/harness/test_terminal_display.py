@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 from ctd_cli import CTD, run_ctd
+from eval_data import SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
 
-from harness.data.builtin import builtin_dir
-
-SIZES = {"train": 48, "dev": 40, "test": 64}
 STAGES = ("probe", "query", "dv", "calibrate", "validate", "report")
 FAST = [
     "--seeds", "0",
@@ -39,39 +37,6 @@ STAGE_LINE = re.compile(
 PROGRESS_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) expert: (\d+)/(\d+) ")
 
 
-def write_data(folder: Path) -> list[str]:
-    """Small balanced files cut from the built-in set, each text tagged "item-N" for the fault
-    server. Returns the data spec tokens."""
-    folder.mkdir(parents=True, exist_ok=True)
-    number = 0
-    for split, size in SIZES.items():
-        rows = [json.loads(line) for line in (builtin_dir() / f"{split}.jsonl").read_text().splitlines()]
-        chosen = [r for r in rows if r["labels"] == "high-stakes"][: size // 2]
-        chosen += [r for r in rows if r["labels"] == "low-stakes"][: size // 2]
-        with (folder / f"{split}.jsonl").open("w") as handle:
-            for row in chosen:
-                inputs = row["inputs"]
-                tag = f" (ref item-{number})"
-                if inputs.startswith("["):
-                    messages = json.loads(inputs)
-                    messages[-1]["content"] += tag
-                    inputs = json.dumps(messages)
-                else:
-                    inputs += tag
-                handle.write(json.dumps({**row, "inputs": inputs}) + "\n")
-                number += 1
-    return [f"--data={split}={folder / f'{split}.jsonl'}" for split in SIZES]
-
-
-def env_for(tmp_path: Path) -> dict[str, str]:
-    return {
-        "CTD_RUNS_DIR": str(tmp_path / "runs"),
-        "CTD_CACHE": str(tmp_path / "cache.sqlite"),
-        "CTD_STORE": str(tmp_path / "store"),
-        "HF_HUB_OFFLINE": "1",
-    }
-
-
 def eval_args(data: list[str], url: str) -> list[str]:
     return ["eval", "--name", "t", "--expert", url, "--expert-model", "fault-model", *FAST, *data]
 
@@ -86,9 +51,9 @@ def tmux(socket: str, *args: str) -> str:
 def test_final_screen_in_a_terminal_keeps_every_stage_line_and_the_summary(tmp_path: Path) -> None:
     """`ctd eval` in a 130x50 tmux pane: after the run, the visible screen holds each stage's
     summary line and the summary table, and no progress bar is left over."""
-    data = write_data(tmp_path / "data")
+    data = [f"--data={token}" for token in write_tagged_data(tmp_path / "data")]
     socket = f"ctd-test-{uuid.uuid4().hex[:8]}"  # a tmux server of our own, ended below
-    env = {**env_for(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env = {**eval_env(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     with RunningServer(FaultPlan(delay=0.05)) as server:
         command = " ".join(
             [
@@ -140,8 +105,8 @@ def test_output_to_a_file_has_steady_plain_progress_lines(tmp_path: Path) -> Non
     line at least every interval (timestamps have whole seconds: a gap of at most 3 s), lines
     longer than 80 columns kept whole, no bar drawing; then a rerun keeps both invocations'
     records, and `ctd runs` and `ctd report` show the run."""
-    data = write_data(tmp_path / "data")
-    env = {**env_for(tmp_path), "CTD_PROGRESS_INTERVAL": "1"}
+    data = [f"--data={token}" for token in write_tagged_data(tmp_path / "data")]
+    env = {**eval_env(tmp_path), "CTD_PROGRESS_INTERVAL": "1"}
     with RunningServer(FaultPlan(delay=1.2)) as server:
         with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
             result = subprocess.run(
