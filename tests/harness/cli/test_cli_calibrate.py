@@ -45,6 +45,7 @@ def test_calibrate_json_and_files(scores: Path, tmp_path: Path):
     expected_rows = len(policies) * len(budgets) * len(batch_sizes) * len(seeds) * len(objectives)
     assert sorted(p.name for p in out.iterdir()) == [
         "baselines.csv",
+        "decisions.parquet",
         "groups.csv",
         "ltt.jsonl",
         "summary.json",

@@ -34,6 +34,7 @@ def test_calibrate_run_writes_into_the_run_folder(runs_root: Path):
     assert Path(summary["scores"]) == runs_root / "exp1" / "scores.parquet"
     assert sorted(p.name for p in folder.iterdir()) == [
         "baselines.csv",
+        "decisions.parquet",
         "groups.csv",
         "ltt.jsonl",
         "summary.json",
