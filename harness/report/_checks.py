@@ -107,7 +107,8 @@ def checks_section(ctx: ReportContext) -> None:
     }
     ctx.lines += ["## Degenerate scores", ""]
     if warnings:
-        ctx.lines += [f"> **Warning**: {w}." for w in warnings] + [""]
+        for warning in warnings:  # a blank line between them: one quote each, not one paragraph
+            ctx.lines += [f"> **Warning**: {warning}.", ""]
     else:
         ctx.lines += [
             f"No scorer predicts one class for more than {pct(ONE_CLASS_SHARE)} of a split, and none has a "
