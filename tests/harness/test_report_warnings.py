@@ -152,3 +152,17 @@ def test_ctd_report_prints_the_warnings_on_the_terminal(tmp_path: Path) -> None:
     assert len(lines) == 2  # all 0.8: one class, and a 5-95% range of 0
     assert "predicts high-stakes for 100.0%" in lines[0] and "narrow range" in lines[1]
     assert (run / "report" / "report.md").is_file()
+
+
+def test_a_target_the_probe_alone_meets_is_said_in_words(tmp_path: Path) -> None:
+    """The simulated probe errs on about 30% of the test split: at alpha 0.35 neither selector can
+    miss (the probe alone meets it), which the report says; at alpha 0.28 the contrast shows (the
+    empirical selector violates, CTD does not) and nothing is said."""
+    easy = _run(tmp_path / "easy", _columns(), performance_alpha=0.35)
+    said = _numbers(easy)["archs"][ARCH]["cannot_show"]
+    assert len(said) == 1 and "neither selector violated accuracy 0.65 (alpha = 0.35)" in said[0]
+    assert "because the probe alone (accuracy" in said[0] and "never delegate" not in said[0]
+    hard = _run(tmp_path / "hard", _columns(), performance_alpha=0.28)
+    numbers = _numbers(hard)["archs"][ARCH]
+    assert numbers["summary"]["validation"]["viol. perf. empirical"] > 0
+    assert numbers["cannot_show"] == []
