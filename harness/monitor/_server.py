@@ -55,10 +55,18 @@ def _json_body(raw: bytes, content_type: str | None) -> Any:
 
 
 def parse_check(body: Any) -> str | list[dict[str, str]]:
-    """The conversation of a /v1/check body, or BadRequest(400) naming the field that is wrong."""
+    """The conversation of a /v1/check body, or BadRequest(400) naming the field that is wrong.
+    The body is {"messages": [...]} (OpenAI chat format) or {"input": "..."}; a bare JSON list of
+    messages or a bare JSON string is read as the one or the other."""
+    if isinstance(body, str):
+        body = {"input": body}
+    elif isinstance(body, list):
+        body = {"messages": body}
     if not isinstance(body, dict):
         raise BadRequest(
-            400, f"body is a JSON {type(body).__name__}: send an object with 'messages' or 'input'"
+            400,
+            f"body is a JSON {type(body).__name__}: send an object with 'messages' or 'input', a list of "
+            "messages or a string",
         )
     if ("messages" in body) == ("input" in body):
         raise BadRequest(400, "give exactly one of 'messages' (OpenAI chat format) and 'input' (a string)")

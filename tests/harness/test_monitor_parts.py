@@ -105,7 +105,9 @@ def test_the_delegation_cap_holds_over_every_window_and_counts_what_it_skipped()
 MALFORMED: list[tuple[bytes, str | None, int, str]] = [
     (b"{not json", "application/json", 400, "malformed JSON at line 1"),
     (b"", "application/json", 400, "empty body"),
-    (b"[1, 2]", "application/json", 400, "body is a JSON list"),
+    (b"[1, 2]", "application/json", 400, "messages[0]: must be an object"),
+    (b"3", "application/json", 400, "body is a JSON int"),
+    (b'""', "application/json", 400, "'input' must be a non-empty string"),
     (b'{"messages": []}', "application/json", 400, "'messages' must be a non-empty list"),
     (
         b'{"messages": [{"role": "robot", "content": "hi"}]}',
@@ -141,6 +143,8 @@ def test_good_bodies_parse_and_feedback_is_checked() -> None:
     assert parse_check({"input": "hello"}) == "hello"
     messages = [{"role": "system", "content": "be safe"}, {"role": "user", "content": "hi"}]
     assert parse_check({"messages": messages}) == messages
+    assert parse_check(messages) == messages  # a bare list of messages
+    assert parse_check("hello") == "hello"  # a bare string
     assert parse_feedback({"request_id": "abc", "label": 1}) == ("abc", 1)
     for body in ({"request_id": "abc", "label": 2}, {"request_id": "", "label": 0}, {"label": 1}):
         with pytest.raises(BadRequest):
