@@ -206,7 +206,15 @@ class ScoreCache:
 
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedScore]:
         """The cached scores among `keys` (looked up 500 at a time)."""
-        found: dict[str, CachedScore] = {}
+        return {key: CachedScore(score, mass) for key, score, mass in self._rows("score, label_mass", keys)}
+
+    def responses(self, keys: Sequence[str]) -> dict[str, str]:
+        """The raw stored answers (JSON text) among `keys` (looked up 500 at a time)."""
+        return dict(self._rows("response", keys))
+
+    def _rows(self, columns: str, keys: Sequence[str]) -> list[tuple[Any, ...]]:
+        """(key, *columns) of the stored scores among `keys`, 500 keys per query."""
+        rows: list[tuple[Any, ...]] = []
         # The hot path of a resumed run: plain SQL on the driver connection, no ORM objects.
         connection = self.engine.raw_connection()
         try:
@@ -214,29 +222,12 @@ class ScoreCache:
             for start in range(0, len(keys), 500):
                 chunk = list(keys[start : start + 500])
                 marks = ",".join("?" * len(chunk))
-                cursor.execute(f"SELECT key, score, label_mass FROM scores WHERE key IN ({marks})", chunk)
-                for key, score, mass in cursor.fetchall():
-                    found[key] = CachedScore(score, mass)
+                cursor.execute(f"SELECT key, {columns} FROM scores WHERE key IN ({marks})", chunk)
+                rows += cursor.fetchall()
             cursor.close()
         finally:
             connection.close()
-        return found
-
-    def responses(self, keys: Sequence[str]) -> dict[str, str]:
-        """The raw stored answers (JSON text) among `keys` (looked up 500 at a time)."""
-        found: dict[str, str] = {}
-        connection = self.engine.raw_connection()
-        try:
-            cursor = connection.cursor()
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                cursor.execute(f"SELECT key, response FROM scores WHERE key IN ({marks})", chunk)
-                found.update(cursor.fetchall())
-            cursor.close()
-        finally:
-            connection.close()
-        return found
+        return rows
 
     def put_many(
         self,
