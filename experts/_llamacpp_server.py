@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--poll", type=int, default=0, help="busy-wait level of the thread pool, 0-100 (0: sleep)"
     )
+    parser.add_argument(
+        "--prompt-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse a slot's cached prompt prefix (the template's text before the conversation)",
+    )
     return parser
 
 
@@ -59,10 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     params.port = args.port
     params.n_parallel = args.slots
     params.n_ctx = args.context * args.slots  # shared by the slots: each gets --context
-    # Reusing a cached prompt prefix evaluates the rest in other batch shapes, whose kernels round
-    # differently: the same item then scored 1.0 once and 0.917 the next time. Every prompt is
-    # evaluated whole, so an item's score does not depend on what was asked before it.
-    params.cache_prompt = False
+    # Every expert prompt starts with the same template text, so a slot that keeps its last
+    # prompt's KV cache evaluates only the conversation and what follows it: on the built-in set
+    # (195 prompt tokens per item, about 120 of them shared) the expert stage took 87 s instead of
+    # 181 s. The price is rounding: the rest is evaluated in other batch shapes, so an item's
+    # score moves by 0.013 on average (at most 0.12) and expert AUROC by under 0.002. Several
+    # slots decoding together move scores anyway (two uncached runs: up to 0.057), and answers
+    # are cached, so a rerun never asks again.
+    params.cache_prompt = args.prompt_cache
     params.n_batch = args.batch
     params.n_ubatch = min(args.ubatch, args.batch)
     for cpu in (params.cpuparams, params.cpuparams_batch):

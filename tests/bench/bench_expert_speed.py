@@ -6,7 +6,10 @@ Side by side in one run, on the same prompts (the expert's chat prompts for the 
   (b) bare    the same server with a bare aiohttp client at the same concurrency
   (c) torch   the plain torch forward pass of the same model (probes' loader, float32) over the
               same rendered prompts, in padded batches, with the LM head on the last token only
-Tokens are prompt tokens as the server counts them (each scoring request generates one token).
+Tokens are prompt tokens as the server counts them (each scoring request generates one token),
+cached prefix included: (b) and (a) answer the same prompts that (c) evaluates whole. With the
+prompt cache (the default; --no-prompt-cache turns it off) the server evaluates only what follows
+each slot's cached prefix; the line for (b) also says how many tokens that was.
 Targets: (a) >= 0.8 x (b) and (b) >= 0.5 x (c).
 
 Data: --data FILE... (McKenzie-format JSONL, e.g. ../shared/data/mup/dev/*.jsonl), else the
@@ -59,26 +62,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, float]:
-    """(prompt tokens, seconds) of all bodies through one aiohttp session, `concurrency` in flight."""
+def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, int, float]:
+    """(prompt tokens, of them taken from the server's prompt cache, seconds) of all bodies through
+    one aiohttp session, `concurrency` in flight."""
     import aiohttp
 
-    async def run() -> tuple[int, float]:
+    async def run() -> tuple[int, int, float]:
         gate = asyncio.Semaphore(concurrency)
-        tokens = 0
+        tokens = cached = 0
         async with aiohttp.ClientSession() as session:
 
             async def one(body: dict) -> None:
-                nonlocal tokens
+                nonlocal tokens, cached
                 async with gate, session.post(url + "/chat/completions", json=body) as answer:
                     answer.raise_for_status()
-                    tokens += (await answer.json())["usage"]["prompt_tokens"]
+                    usage = (await answer.json())["usage"]
+                    tokens += usage["prompt_tokens"]
+                    cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
             await one(bodies[0])  # warm-up, not timed
-            tokens = 0
+            tokens = cached = 0
             start = time.perf_counter()
             await asyncio.gather(*(one(b) for b in bodies))
-            return tokens, time.perf_counter() - start
+            return tokens, cached, time.perf_counter() - start
 
     return asyncio.run(run())
 
@@ -153,6 +159,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="*", default=[default_threads()])
     parser.add_argument("--ubatch", type=int, default=512)
     parser.add_argument("--torch-batch", type=int, default=16)
+    parser.add_argument(
+        "--prompt-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the server reuses each slot's cached prompt prefix (ctd's default)",
+    )
     args = parser.parse_args()
 
     chosen, source = items(args.data, args.n)
@@ -179,14 +191,16 @@ def main() -> None:
                 server.command[server.command.index("--slots") + 1] = str(slots)
                 server.command[server.command.index("--threads") + 1] = str(threads)
                 server.command += ["--ubatch", str(args.ubatch)]
+                server.command += [] if args.prompt_cache else ["--no-prompt-cache"]
                 with server:
                     url = served.base_urls[0]
-                    tokens, bare_s = bare_client(url, bodies, slots)
+                    tokens, cached, bare_s = bare_client(url, bodies, slots)
                     wall, stage_s = stage(url, chosen, slots, work)
                 rows.append((slots, threads, tokens, bare_s, stage_s, wall))
                 print(
-                    f"slots {slots} threads {threads}: {tokens} prompt tokens; "
-                    f"(b) bare {tokens / bare_s:.0f} tok/s; "
+                    f"slots {slots} threads {threads}: {tokens} prompt tokens, {cached} of them from "
+                    f"the prompt cache; (b) bare {tokens / bare_s:.0f} tok/s "
+                    f"({(tokens - cached) / bare_s:.0f} evaluated); "
                     f"(a) stage {tokens / stage_s:.0f} tok/s ({tokens / wall:.0f} counting the process), "
                     f"load {os.getloadavg()[0]:.1f}",
                     flush=True,

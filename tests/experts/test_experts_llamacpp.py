@@ -12,11 +12,13 @@ import socket
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
+from experts._scoring import build_request
 from experts._serve import SERVER_MODULE as MODULE
 from probes._embedded import embedded_gguf
 
@@ -72,6 +74,26 @@ def test_llamacpp_scores_real_examples(smollm2: experts.ExpertSpec, tmp_path: Pa
     assert stats.cached == len(EXAMPLES)
     assert [r.score for r in again] == [r.score for r in results]
     assert cache.integrity_check() == "ok"
+
+
+def test_the_local_server_evaluates_the_template_prefix_once(smollm2: experts.ExpertSpec) -> None:
+    """Every expert prompt starts with the template's text: llama.cpp's server keeps it in the
+    slot's KV cache and evaluates only what follows (half the expert stage's time on the built-in
+    set). Started with --no-prompt-cache, the second answer reports no cached tokens."""
+    if smollm2.method != "next-token":
+        pytest.skip("llama-cpp-python's server, started for likelihood scoring, is not ours to configure")
+    template = experts.load_template(smollm2.template)
+    usages = []
+    for item in EXAMPLES[:2]:  # one at a time: the second goes to the slot sharing most of its prefix
+        request = build_request(
+            "next-token", template, item.conversation, smollm2.model, top_logprobs=smollm2.top_logprobs
+        )
+        answer = httpx.post(smollm2.base_urls[0] + request.path, json=request.body, timeout=60)
+        answer.raise_for_status()
+        usages.append(answer.json()["usage"])
+    reused = usages[1]["prompt_tokens_details"]["cached_tokens"]
+    prefix = len(template.system) // 8  # a floor: the system text alone is well over this many tokens
+    assert prefix < reused < usages[1]["prompt_tokens"], usages
 
 
 @pytest.mark.parametrize("when", ["loading", "serving"])
