@@ -18,7 +18,6 @@ from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
-from experts._scoring import build_request
 from experts._serve import SERVER_MODULE as MODULE
 from probes._embedded import embedded_gguf
 
@@ -85,7 +84,7 @@ def test_the_local_server_evaluates_the_template_prefix_once(smollm2: experts.Ex
     template = experts.load_template(smollm2.template)
     usages = []
     for item in EXAMPLES[:2]:  # one at a time: the second goes to the slot sharing most of its prefix
-        request = build_request(
+        request = experts.build_request(
             "next-token", template, item.conversation, smollm2.model, top_logprobs=smollm2.top_logprobs
         )
         answer = httpx.post(smollm2.base_urls[0] + request.path, json=request.body, timeout=60)
