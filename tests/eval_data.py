@@ -11,6 +11,17 @@ from pathlib import Path
 from harness.data.builtin import builtin_dir
 
 SIZES = {"train": 48, "dev": 40, "test": 64}
+# `ctd eval` options that keep a run on the tagged data to seconds: one seed, few epochs,
+# budgets and trials.
+FAST = [
+    "--seeds", "0",
+    "--epochs", "8",
+    "--budgets", "0.3,0.5,0.7",
+    "--batch-sizes", "16",
+    "--trials", "40",
+    "--performance-alpha", "0.4",
+    "--max-tokens", "96",
+]  # fmt: skip
 
 
 def write_tagged_data(folder: Path) -> list[str]:

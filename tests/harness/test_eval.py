@@ -16,21 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, free_port, llama_servers_on, run_ctd, start_ctd
-from eval_data import SIZES, eval_env, write_tagged_data
+from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer, item_score
 
 from harness import read_scores, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = [
-    "--seeds", "0",
-    "--epochs", "8",
-    "--budgets", "0.3,0.5,0.7",
-    "--batch-sizes", "16",
-    "--trials", "40",
-    "--performance-alpha", "0.4",
-    "--max-tokens", "96",
-]  # fmt: skip
 
 
 @pytest.fixture()

@@ -23,9 +23,8 @@ import httpx
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd, start_ctd
-from eval_data import eval_env, write_tagged_data
+from eval_data import FAST, eval_env, write_tagged_data
 from fault_server import RunningServer
-from test_eval import FAST
 
 import calibrate
 from harness.data._tables import read_table

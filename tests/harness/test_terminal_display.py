@@ -18,19 +18,10 @@ from pathlib import Path
 
 import pytest
 from ctd_cli import CTD, run_ctd
-from eval_data import SIZES, eval_env, write_tagged_data
+from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
 
 STAGES = ("probe", "query", "dv", "calibrate", "validate", "report")
-FAST = [
-    "--seeds", "0",
-    "--epochs", "8",
-    "--budgets", "0.3,0.5,0.7",
-    "--batch-sizes", "16",
-    "--trials", "40",
-    "--performance-alpha", "0.4",
-    "--max-tokens", "96",
-]  # fmt: skip
 STAGE_LINE = re.compile(
     r"^(probe|query|dv|calibrate|validate|report) (done in [\d.]+ s|skipped \(up to date\))"
 )
