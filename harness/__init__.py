@@ -11,7 +11,7 @@ command line load neither torch nor matplotlib; `run_eval` and `probe_stage` do.
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_exports
 
 # Every public name and the room that defines it: the one list of the library's API.
 _EXPORTS: dict[str, str] = {
@@ -52,14 +52,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> object:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

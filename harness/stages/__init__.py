@@ -7,7 +7,7 @@ engine, and a command that needs neither should not pay for them.
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 # Every public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -32,14 +32,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> object:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
