@@ -31,6 +31,15 @@ SWEEP_KEYS = ("seed", "policy", "merge", "objective", "budget", "batch_size", "a
 LTT_KEYS = {"threshold", "certified", "pvalues", "k", "n", "kstar", "order", "stopped_at"}
 FAST_VALIDATE = ("--trials", "20")
 FAST_CALIBRATE = ("--budgets", "0.2,0.5", "--batch-sizes", "32", "--policies", "ctd,dv-topk")
+# What `ctd calibrate` writes into its output folder, sorted.
+CALIBRATE_FILES = [
+    "baselines.csv",
+    "decisions.parquet",
+    "groups.csv",
+    "ltt.jsonl",
+    "summary.json",
+    "sweep.csv",
+]
 
 
 def ctd(*args: object, env: dict[str, str] | None = None):

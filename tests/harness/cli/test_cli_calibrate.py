@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from cli_checks import (
+    CALIBRATE_FILES,
     FAST_CALIBRATE,
     LTT_KEYS,
     SWEEP_KEYS,
@@ -43,14 +44,7 @@ def test_calibrate_json_and_files(scores: Path, tmp_path: Path):
     )
     seeds = (0, 1)
     expected_rows = len(policies) * len(budgets) * len(batch_sizes) * len(seeds) * len(objectives)
-    assert sorted(p.name for p in out.iterdir()) == [
-        "baselines.csv",
-        "decisions.parquet",
-        "groups.csv",
-        "ltt.jsonl",
-        "summary.json",
-        "sweep.csv",
-    ]
+    assert sorted(p.name for p in out.iterdir()) == CALIBRATE_FILES
 
     sweep = read_csv(out / "sweep.csv")
     assert len(sweep) == expected_rows == summary["rows"]

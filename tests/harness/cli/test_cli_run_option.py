@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_checks import (
+    CALIBRATE_FILES,
     FAST_CALIBRATE,
     FAST_VALIDATE,
     assert_clean_error,
@@ -32,14 +33,7 @@ def test_calibrate_run_writes_into_the_run_folder(runs_root: Path):
     folder = runs_root / "exp1" / "calibrate"
     assert Path(summary["out"]) == folder
     assert Path(summary["scores"]) == runs_root / "exp1" / "scores.parquet"
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "baselines.csv",
-        "decisions.parquet",
-        "groups.csv",
-        "ltt.jsonl",
-        "summary.json",
-        "sweep.csv",
-    ]
+    assert sorted(p.name for p in folder.iterdir()) == CALIBRATE_FILES
     assert len(read_csv(folder / "sweep.csv")) == summary["rows"] == 16
 
 
