@@ -66,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     params.n_parallel = args.slots
     params.n_ctx = args.context * args.slots  # shared by the slots: each gets --context
     # Every expert prompt starts with the same template text, so a slot that keeps its last
-    # prompt's KV cache evaluates only the conversation and what follows it: on the built-in set
-    # (195 prompt tokens per item, about 110 of them shared) the expert stage took 87 s instead of
-    # 181 s. The price is rounding: the rest is evaluated in other batch shapes, so an item's
-    # score moves by 0.013 on average (at most 0.12) and expert AUROC by under 0.002. Several
-    # slots decoding together move scores anyway (two uncached runs: up to 0.057), and answers
-    # are cached, so a rerun never asks again.
+    # prompt's KV cache evaluates only the conversation and what follows it: 29% of the built-in
+    # set's prompt tokens with fine-v1 (92 per item), 55% with stakes-v1 (195 per item, where the
+    # expert stage took 87 s instead of 181 s). The price is rounding: the rest is evaluated in
+    # other batch shapes, so an item's score moves by 0.013 on average (at most 0.12) and expert
+    # AUROC by under 0.002. Several slots decoding together move scores anyway (two uncached
+    # runs: up to 0.057), and answers are cached, so a rerun never asks again.
     params.cache_prompt = args.prompt_cache
     params.n_batch = args.batch
     params.n_ubatch = min(args.ubatch, args.batch)

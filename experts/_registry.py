@@ -146,6 +146,8 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
             base_urls=("http://127.0.0.1:8089/v1",),
             model="smollm2",
             base_url_env=_env("smollm2") + "_URL",
+            # With stakes-v1, SmolLM2-135M calls every input high-stakes (see fine-v1.toml).
+            template="fine-v1",
             top_logprobs=10,
             # One request in flight per slot of the local server (`ctd` starts it with as many
             # slots as this): llama.cpp decodes them in one batch. Measured: the README's benchmark.

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from experts import ConfigError, load_template
+from experts import BUILTIN_EXPERTS, ConfigError, load_template
 
 # Private: conversation rendering, unit-tested.
 from experts._prompts import render_conversation
@@ -72,6 +72,15 @@ def test_builtin_template_loads() -> None:
     assert "{conversation}" in template.user
     assert re.fullmatch(r"[0-9a-f]{64}", template.sha256)
     assert load_template(str(STAKES_V1)).sha256 == template.sha256
+
+
+def test_the_embedded_expert_asks_whether_everything_is_fine() -> None:
+    """SmolLM2-135M's template: "no" (not fine) is the high-stakes answer, one token each."""
+    template = load_template(BUILTIN_EXPERTS["smollm2"].template)
+    assert template.name == "fine-v1"
+    assert template.labels == {"high": "no", "low": "yes"}
+    assert template.user.endswith("Is everything fine here? Answer yes or no.")
+    assert {spec.template for name, spec in BUILTIN_EXPERTS.items() if name != "smollm2"} == {"stakes-v1"}
 
 
 def test_template_hash_follows_the_file_bytes(tmp_path: Path) -> None:
