@@ -1,6 +1,7 @@
 """Degenerate scorers: an expert or a probe that puts nearly every example of a split on one side
-of 0.5, or whose scores barely vary. Its AUROC, and any gain a cascade shows over it, then mean
-something other than a reader assumes, so the report and the terminal warn about it.
+of 0.5, or whose scores barely vary. Its accuracy, its AUROC where its scores barely vary, and any
+gain a cascade shows over it, then mean something other than a reader assumes, so the report and
+the terminal warn about it.
 
 Read from the scores table only (the expert's and the probe's scores as the stages wrote them).
 """
@@ -57,11 +58,22 @@ class ScoreCheck:
         if self.one_class:
             high = self.share_high >= 0.5
             side, share = ("high-stakes", self.share_high) if high else ("low-stakes", 1 - self.share_high)
-            out.append(
+            said = (
                 f"{where} predicts {side} for {pct(share)} of the examples (more than "
-                f"{pct(ONE_CLASS_SHARE)} in one class, at threshold 0.5): its AUROC and accuracy, and any "
-                "cascade gain over it, do not measure a working classifier"
+                f"{pct(ONE_CLASS_SHARE)} in one class, at threshold 0.5): "
             )
+            if self.narrow:
+                said += (
+                    "its AUROC and accuracy, and any cascade gain over it, do not measure a working "
+                    "classifier"
+                )
+            else:  # miscalibrated but spread: the order of its scores still carries information
+                said += (
+                    "its accuracy is that of a constant answer, and so is any accuracy a cascade gains "
+                    f"from it; its scores still spread ({_SPREAD_NAME} {self.spread:.3f}), so its "
+                    "AUROC measures a ranking, not a classifier"
+                )
+            out.append(said)
         if self.narrow:
             out.append(
                 f"{where}: its scores span a narrow range ({_SPREAD_NAME} {self.spread:.3f}, below "

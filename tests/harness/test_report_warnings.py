@@ -59,7 +59,8 @@ def _numbers(run: Path) -> dict:
 
 
 def test_an_expert_that_calls_everything_high_stakes_is_flagged(tmp_path: Path) -> None:
-    """The embedded expert as it is today: P(high-stakes) >= 0.75 on every answer."""
+    """The embedded expert with the stakes-v1 prompt: P(high-stakes) >= 0.75 on every answer. Its
+    scores still spread (5-95% range about 0.22), so the warning says its AUROC measures a ranking."""
     size = _columns()["label"].size
     stuck = 0.75 + 0.25 * np.random.default_rng(1).random(size)
     run = _run(tmp_path / "stuck", _columns(expert=stuck))
@@ -67,6 +68,8 @@ def test_an_expert_that_calls_everything_high_stakes_is_flagged(tmp_path: Path) 
     expert = [w for w in warnings if w.startswith("expert on the test split")]
     assert len(expert) == 1 and "predicts high-stakes for 100.0% of the examples" in expert[0]
     assert "more than 95.0% in one class" in expert[0]
+    assert "its AUROC measures a ranking, not a classifier" in expert[0]
+    assert "do not measure a working classifier" not in expert[0]
     assert any(w.startswith("expert on the dev split") for w in warnings)
     assert not any(w.startswith("probe") for w in warnings)  # the simulated probe is fine
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
@@ -151,6 +154,7 @@ def test_ctd_report_prints_the_warnings_on_the_terminal(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.startswith(expert)]
     assert len(lines) == 2  # all 0.8: one class, and a 5-95% range of 0
     assert "predicts high-stakes for 100.0%" in lines[0] and "narrow range" in lines[1]
+    assert "do not measure a working classifier" in lines[0]  # one class and no spread: nothing to rank
     assert (run / "report" / "report.md").is_file()
 
 
