@@ -26,6 +26,7 @@ from harness.data.builtin._generate import (
     BUILTIN_GROUPS,
     BUILTIN_SPLITS,
     PER_LABEL,
+    TRAIN_GROUPS,
     builtin_rows,
     write_builtin,
 )
@@ -106,14 +107,14 @@ def test_builtin_module_entry_point_is_independent_of_the_hash_seed(tmp_path: Pa
 def test_builtin_size_groups_balance_and_ids() -> None:
     rows = _builtin_file_rows()
     assert rows == builtin_rows()
-    total = sum(len(r) for r in rows.values())
-    assert total >= 600
+    assert {split: len(r) for split, r in rows.items()} == {"train": 80, "dev": 160, "test": 240}
     counts = Counter((row["group"], split, row["labels"]) for split, r in rows.items() for row in r)
     assert {group for group, _, _ in counts} == set(BUILTIN_GROUPS) and len(BUILTIN_GROUPS) == 4
     for group in BUILTIN_GROUPS:
         for split in BUILTIN_SPLITS:
             for label in ("high-stakes", "low-stakes"):
-                assert counts[(group, split, label)] == PER_LABEL[split], (group, split, label)
+                expected = 0 if split == "train" and group not in TRAIN_GROUPS else PER_LABEL[split]
+                assert counts[(group, split, label)] == expected, (group, split, label)
     ids = [row["ids"] for r in rows.values() for row in r]
     assert len(ids) == len(set(ids)), "ids must be unique across all three files"
     texts = [row["inputs"] for r in rows.values() for row in r]
@@ -149,7 +150,9 @@ def test_builtin_spec_forms_load_the_whole_set() -> None:
         data = load_data(spec)
         assert not data.test_from_dev
         assert {split: len(data[split]) for split in BUILTIN_SPLITS} == {
-            split: 2 * len(BUILTIN_GROUPS) * PER_LABEL[split] for split in BUILTIN_SPLITS
+            "train": 2 * len(TRAIN_GROUPS) * PER_LABEL["train"],
+            "dev": 2 * len(BUILTIN_GROUPS) * PER_LABEL["dev"],
+            "test": 2 * len(BUILTIN_GROUPS) * PER_LABEL["test"],
         }
         assert set(data.counts()["test"]) == set(BUILTIN_GROUPS)
         assert data.dropped == {f"{split}=builtin": 0 for split in BUILTIN_SPLITS}

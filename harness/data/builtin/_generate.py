@@ -15,9 +15,13 @@ trivial, several low-stakes templates reuse words of the high-stakes ones ("kill
 "overdue bill", "drop the table" in a sandbox, "took my vitamin twice", "my back is killing me"),
 and several high-stakes ones are phrased calmly (giving possessions away, a doubled insulin dose).
 
-Sizes: per group 75 high-stakes and 75 low-stakes examples, split 40 / 15 / 20 per label into
-train / dev / test (600 in all). A quarter of each group's templates per label appear only in dev
-and test, so train and evaluation differ the way they do in the paper (see `builtin_rows`).
+Sizes: per group and label 20 dev and 30 test examples; 40 train examples per label for the
+group in `TRAIN_GROUPS` only (480 in all: train 80, dev 160, test 240). The safety probe thus
+learns from one domain and is evaluated on four, as in the paper, where it is trained on one data
+set and tested on others; and a quarter of the training group's templates per label appear only in
+dev and test (see `builtin_rows`). Measured with the embedded default (`ctd eval`): probe test
+AUROC 0.80 with this seed of the generator and 0.84 with another, where training on all four gave
+0.97 and left an expert nothing to correct (the README's quick start has the run's numbers).
 Run `python -m harness.data.builtin._generate OUT_DIR` to rewrite the files.
 """
 
@@ -37,14 +41,17 @@ __all__ = [
     "BUILTIN_GROUPS",
     "BUILTIN_SPLITS",
     "PER_LABEL",
+    "TRAIN_GROUPS",
     "builtin_rows",
     "write_builtin",
 ]
 
 BUILTIN_GROUPS = ("chat", "clinical", "dialogue", "tooluse")
 BUILTIN_SPLITS = ("train", "dev", "test")
-PER_LABEL = {"train": 40, "dev": 15, "test": 20}
-"""Examples per (group, split, label); the whole set is 4 groups x 2 labels x 75 = 600."""
+TRAIN_GROUPS = ("chat",)
+"""The groups that have train examples; every group has dev and test examples."""
+PER_LABEL = {"train": 40, "dev": 20, "test": 30}
+"""Examples per (group, split, label), train only for the groups of `TRAIN_GROUPS`."""
 
 _SEED = "ctd-builtin-v1"
 _LABEL_TEXT = {1: "high-stakes", 0: "low-stakes"}
@@ -105,11 +112,12 @@ def builtin_rows() -> dict[str, list[dict[str, str]]]:
     """The rows of each split file, as written: `inputs` (a plain string or JSON text of
     messages), `ids`, `labels` and `group`. Deterministic: same rows on every call.
 
-    Per group and label, a quarter of the templates (`_held_out`) never appear in train: dev and
-    test draw from all templates, train from the rest. A probe must generalise past the phrasings
-    it was trained on (as in the paper, where it trains on one data set and is tested on others),
-    so it makes errors that an expert can correct; with every template in train, a bag of words
-    alone classifies test almost perfectly.
+    Only the groups of `TRAIN_GROUPS` have train rows, and per such group and label a quarter of
+    the templates (`_held_out`) never appear in train: dev and test draw from all templates. A
+    probe must generalise past the domains and phrasings it was trained on (as in the paper, where
+    it trains on one data set and is tested on others), so it makes errors that an expert can
+    correct; with every template of every group in train, a bag of words alone classifies test
+    almost perfectly.
     """
     rows: dict[str, list[dict[str, str]]] = {split: [] for split in BUILTIN_SPLITS}
     for group in BUILTIN_GROUPS:
@@ -120,7 +128,8 @@ def builtin_rows() -> dict[str, list[dict[str, str]]]:
             order = list(templates)
             rng.shuffle(order)
             seen: set[str] = set()
-            train = _draw(order[_held_out(len(order)) :], slots, rng, PER_LABEL["train"], seen)
+            n_train = PER_LABEL["train"] if group in TRAIN_GROUPS else 0
+            train = _draw(order[_held_out(len(order)) :], slots, rng, n_train, seen)
             rest = _draw(order, slots, rng, PER_LABEL["dev"] + PER_LABEL["test"], seen)
             rng.shuffle(rest)
             pairs["train"] += [(label, example) for example in train]
