@@ -3,13 +3,15 @@
 Side by side in one run, on the same prompts (the expert's chat prompts for the same items):
   (a) stage   `ctd query` as a process against llama.cpp's server (the expert stage: client,
               rate limiter, SQLite cache, parsing), at the registry's concurrency
-  (b) bare    the same server with a bare aiohttp client at the same concurrency
+  (b) bare    a bare aiohttp client at the same concurrency, on a server with the same settings
   (c) torch   the plain torch forward pass of the same model (probes' loader, float32) over the
               same rendered prompts, in padded batches, with the LM head on the last token only
 Tokens are prompt tokens as the server counts them (each scoring request generates one token),
 cached prefix included: (b) and (a) answer the same prompts that (c) evaluates whole. With the
 prompt cache (the default; --no-prompt-cache turns it off) the server evaluates only what follows
-each slot's cached prefix; the line for (b) also says how many tokens that was.
+each slot's cached prefix; the line for (b) also says how many tokens that was. Each side gets a
+fresh server, warmed up with one request that is not among the items (the server also keeps whole
+prompts in RAM, so a second side on the same server would find every prompt evaluated).
 Targets: (a) >= 0.8 x (b) and (b) >= 0.5 x (c).
 
 Data: --data FILE... (McKenzie-format JSONL, e.g. ../shared/data/mup/dev/*.jsonl), else the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,8 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 import experts
@@ -39,6 +44,7 @@ from experts._serve import default_threads
 from harness.data._datasets import read_dataset
 from probes._embedded import embedded_gguf
 
+WARM_UP = "Hello! Can you recommend a good book for a long train ride?"
 CTD = "import sys; from harness.cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
 
 
@@ -62,6 +68,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serve(
+    spec: experts.ExpertSpec, gguf: Path, slots: int, threads: int, args: argparse.Namespace, work: Path
+) -> Iterator[experts.ExpertSpec]:
+    """A fresh llama.cpp server for `spec` with these settings; yields the spec pointing at it,
+    its concurrency set to the number of slots."""
+    port = free_port()
+    served = dataclasses.replace(
+        spec,
+        base_urls=(f"http://127.0.0.1:{port}/v1",),
+        rate=dataclasses.replace(spec.rate, concurrency=slots),
+    )
+    server = experts.LocalServer(served, gguf=gguf, log=work / "server.log", ready_timeout=300)
+    server.command[server.command.index("--slots") + 1] = str(slots)
+    server.command[server.command.index("--threads") + 1] = str(threads)
+    server.command += ["--ubatch", str(args.ubatch)]
+    server.command += [] if args.prompt_cache else ["--no-prompt-cache"]
+    with server:
+        # Warm-up (one-off allocations, the template's prefix in a slot) with a conversation that
+        # is not among the items, so that no timed prompt is already in the server's RAM cache.
+        warm = build_request(
+            "next-token", load_template(spec.template), WARM_UP, spec.model, top_logprobs=spec.top_logprobs
+        )
+        httpx.post(served.base_urls[0] + warm.path, json=warm.body, timeout=120).raise_for_status()
+        yield served
+
+
 def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, int, float]:
     """(prompt tokens, of them taken from the server's prompt cache, seconds) of all bodies through
     one aiohttp session, `concurrency` in flight."""
@@ -80,8 +113,6 @@ def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, in
                     tokens += usage["prompt_tokens"]
                     cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
-            await one(bodies[0])  # warm-up, not timed
-            tokens = cached = 0
             start = time.perf_counter()
             await asyncio.gather(*(one(b) for b in bodies))
             return tokens, cached, time.perf_counter() - start
@@ -89,8 +120,9 @@ def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, in
     return asyncio.run(run())
 
 
-def stage(url: str, chosen: list, concurrency: int, work: Path) -> tuple[float, float]:
-    """(process seconds, the stage's own seconds) of `ctd query` over the items, cache empty."""
+def stage(url: str, chosen: list, spec: experts.ExpertSpec, work: Path) -> tuple[float, float]:
+    """(process seconds, the stage's own seconds) of `ctd query` over the items, cache empty, as
+    `spec` asks them (concurrency, template, top logprobs: the bare client's requests)."""
     data = work / "items.jsonl"
     with data.open("w") as out:
         for item in chosen:
@@ -99,7 +131,9 @@ def stage(url: str, chosen: list, concurrency: int, work: Path) -> tuple[float, 
             out.write(json.dumps({"inputs": inputs, "ids": item.id, "labels": "high-stakes"}) + "\n")
     registry = work / "experts.toml"
     registry.write_text(
-        f'[experts.bench]\nbase_url = "{url}"\nmodel = "smollm2"\nconcurrency = {concurrency}\n'
+        f'[experts.bench]\nbase_url = "{url}"\nmodel = "{spec.model}"\n'
+        f'concurrency = {spec.rate.concurrency}\ntemplate = "{spec.template}"\n'
+        f"top_logprobs = {spec.top_logprobs}\n"
     )
     cache = work / f"cache-{time.monotonic_ns()}.sqlite"
     env = {**os.environ, "CTD_EXPERTS_FILE": str(registry)}
@@ -185,17 +219,13 @@ def main() -> None:
         work = Path(scratch)
         for slots in args.slots:
             for threads in args.threads:
-                port = free_port()
-                served = dataclasses.replace(spec, base_urls=(f"http://127.0.0.1:{port}/v1",))
-                server = experts.LocalServer(served, gguf=gguf, log=work / "server.log", ready_timeout=300)
-                server.command[server.command.index("--slots") + 1] = str(slots)
-                server.command[server.command.index("--threads") + 1] = str(threads)
-                server.command += ["--ubatch", str(args.ubatch)]
-                server.command += [] if args.prompt_cache else ["--no-prompt-cache"]
-                with server:
-                    url = served.base_urls[0]
-                    tokens, cached, bare_s = bare_client(url, bodies, slots)
-                    wall, stage_s = stage(url, chosen, slots, work)
+                # A fresh server for each side: the server keeps whole prompts in a RAM cache
+                # (8 GiB by default), so a side that ran second on the same server would find
+                # every prompt of the first already evaluated.
+                with serve(spec, gguf, slots, threads, args, work) as served:
+                    tokens, cached, bare_s = bare_client(served.base_urls[0], bodies, slots)
+                with serve(spec, gguf, slots, threads, args, work) as served:
+                    wall, stage_s = stage(served.base_urls[0], chosen, served, work)
                 rows.append((slots, threads, tokens, bare_s, stage_s, wall))
                 print(
                     f"slots {slots} threads {threads}: {tokens} prompt tokens, {cached} of them from "

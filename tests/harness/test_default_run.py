@@ -1,0 +1,95 @@
+"""The embedded default (`ctd eval` with no options: built-in data, SmolLM2-135M as monitored model
+and as its own weak expert) shows what CTD does, in the run's own report tables: a probe that is
+good but not perfect, an expert worse than it on average that still gains where the DV probe
+sends it, CTD above the probe alone and above Unc. top-k at a budget between 0.1 and 0.3 (B = 128),
+and CTD's delegation plateauing below the target at high budgets.
+
+`default_run_shows_ctd` is the check; the test runs the real pipeline (about two minutes on two
+cores) and applies it. Applied to a run of the previous default (all four groups in train, the
+stakes-v1 prompt for the embedded expert), it fails: CTD equalled the probe at every budget."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+from ctd_cli import run_ctd
+from eval_data import eval_env
+
+from harness.data._tables import read_table
+from harness.run._layout import RunLayout
+
+GAIN_BUDGETS = (0.1, 0.15, 0.2, 0.25, 0.3)
+MIN_GAIN = 0.01
+PROBE_AUROC_RANGE = (0.75, 0.92)
+PLATEAU_BELOW = 0.8
+BATCH = "128"
+
+
+def _curve(rows: list[dict[str, str]], metric: str, policy: str, budget: float) -> float:
+    """One point of report/tables/ARCH/curves.csv: default merge rule, AUROC objective, B = 128."""
+    (value,) = [
+        float(r["mean"])
+        for r in rows
+        if r["merge"] == "default"
+        and r["metric"] == metric
+        and r["objective"] == "auroc"
+        and r["batch_size"] == BATCH
+        and r["policy"] == policy
+        and abs(float(r["budget"]) - budget) < 1e-9
+    ]
+    return value
+
+
+def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
+    """What the run's report tables fail to show of CTD's weak-expert behaviour (empty: all of
+    it)."""
+    layout = RunLayout(run)
+    (summary,) = [r for r in csv.DictReader(layout.summary_table.open()) if r["arch"] == arch]
+    curves = list(csv.DictReader((layout.summary_table.parent / arch / "curves.csv").open()))
+    probe, expert = float(summary["probe AUROC"]), float(summary["expert AUROC"])
+    failures = []
+    if not PROBE_AUROC_RANGE[0] <= probe <= PROBE_AUROC_RANGE[1]:
+        failures.append(f"probe AUROC {probe:.3f} outside {PROBE_AUROC_RANGE}")
+    if not expert < probe:
+        failures.append(f"expert AUROC {expert:.3f} not below the probe's {probe:.3f} (not a weak expert)")
+
+    gains = {
+        b: (_curve(curves, "auroc", "ctd", b), _curve(curves, "auroc", "unc-topk", b)) for b in GAIN_BUDGETS
+    }
+    shown = [b for b, (ctd, unc) in gains.items() if ctd >= probe + MIN_GAIN and ctd >= unc]
+    if not shown:
+        seen = ", ".join(f"{b}: CTD {c:.3f} Unc. top-k {u:.3f}" for b, (c, u) in gains.items())
+        failures.append(
+            f"no budget in {GAIN_BUDGETS} with CTD >= probe {probe:.3f} + {MIN_GAIN} "
+            f"and >= Unc. top-k ({seen})"
+        )
+
+    top = max(float(r["budget"]) for r in curves if r["metric"] == "realised")
+    realised = _curve(curves, "realised", "ctd", top)
+    if not realised < PLATEAU_BELOW:
+        failures.append(
+            f"CTD's realised delegation {realised:.3f} at target {top} is not below {PLATEAU_BELOW}"
+        )
+
+    examples = read_table(layout.examples).columns
+    mine = (examples["arch"].astype(str) == arch) & (examples["split"].astype(str) == "test")
+    v = examples["v"][mine].astype(float)
+    for b in (0.1, 0.2, 0.3):
+        decided = np.array([d is not None for d in examples[f"ctd@{b}"][mine]])
+        delegated = np.array([bool(d) for d in examples[f"ctd@{b}"][mine]]) & decided
+        if delegated.any() and not v[delegated].mean() > v[decided].mean():
+            failures.append(
+                f"at budget {b}: mean v {v[delegated].mean():.3f} among CTD's delegated examples is not "
+                f"above the mean v {v[decided].mean():.3f} of all"
+            )
+    if not any(bool(d) for d in examples["ctd@0.3"][mine] if d is not None):
+        failures.append("CTD delegates nothing at budget 0.3")
+    return failures
+
+
+def test_the_default_run_shows_ctd_gain_over_the_probe_with_a_weak_expert(tmp_path: Path) -> None:
+    result = run_ctd("eval", cwd=tmp_path, env=eval_env(tmp_path), timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert default_run_shows_ctd(tmp_path / "runs" / "smollm2-smollm2-builtin") == []
