@@ -68,10 +68,12 @@ class ScoreCheck:
                     "classifier"
                 )
             else:  # miscalibrated but spread: the order of its scores still carries information
+                said += "its accuracy is close to that of a constant answer"
+                if self.scorer == "expert":
+                    said += ", and so is any accuracy a cascade gains from it"
                 said += (
-                    "its accuracy is that of a constant answer, and so is any accuracy a cascade gains "
-                    f"from it; its scores still spread ({_SPREAD_NAME} {self.spread:.3f}), so its "
-                    "AUROC measures a ranking, not a classifier"
+                    f"; its scores still spread ({_SPREAD_NAME} {self.spread:.3f}), so its AUROC "
+                    "measures a ranking, not a classifier"
                 )
             out.append(said)
         if self.narrow:

@@ -28,6 +28,10 @@ needs_xllamacpp = pytest.mark.skipif(
 )
 
 
+MOVE = 0.25
+"""The most a token's logprob moves between two answers to the same prompt batched differently."""
+
+
 def _top(answer: dict) -> dict[str, float]:
     return {e["token"]: e["logprob"] for e in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
 
@@ -107,8 +111,10 @@ def test_slots_decode_the_requests_in_flight_and_answer_what_scoring_parses(
         # prompts decode together depends on arrival times, and the quantized kernels round
         # differently by batch shape: logprobs moved by up to 0.1 here (as on any batching server).
         before, after = (_top(a) for a in (answer, again))
-        assert max(before, key=before.get) == max(after, key=after.get)
-        assert all(abs(before[t] - after[t]) < 0.25 for t in before.keys() & after.keys())
+        assert all(abs(before[t] - after[t]) < MOVE for t in before.keys() & after.keys())
+        first_two = sorted(before.values(), reverse=True)[:2]
+        if first_two[0] - first_two[1] > 2 * MOVE:  # closer, the two may swap places
+            assert max(before, key=before.get) == max(after, key=after.get)
         assert len(answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 10
 
 

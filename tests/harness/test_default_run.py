@@ -18,17 +18,19 @@ from ctd_cli import run_ctd
 from eval_data import eval_env
 
 from harness.data._tables import read_table
+from harness.report._examples import EXAMPLE_BUDGETS
+from harness.run._config import RunConfig
 from harness.run._layout import RunLayout
 
 GAIN_BUDGETS = (0.1, 0.15, 0.2, 0.25, 0.3)
 MIN_GAIN = 0.01
 PROBE_AUROC_RANGE = (0.75, 0.92)
 PLATEAU_BELOW = 0.8
-BATCH = "128"
+BATCH = str(max(RunConfig().batch_sizes))  # the paper's B = 128, the largest default
 
 
 def _curve(rows: list[dict[str, str]], metric: str, policy: str, budget: float) -> float:
-    """One point of report/tables/ARCH/curves.csv: default merge rule, AUROC objective, B = 128."""
+    """One point of report/tables/ARCH/curves.csv: default merge rule, AUROC objective, B = BATCH."""
     (value,) = [
         float(r["mean"])
         for r in rows
@@ -46,8 +48,10 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     """What the run's report tables fail to show of CTD's weak-expert behaviour (empty: all of
     it)."""
     layout = RunLayout(run)
-    (summary,) = [r for r in csv.DictReader(layout.summary_table.open()) if r["arch"] == arch]
-    curves = list(csv.DictReader((layout.summary_table.parent / arch / "curves.csv").open()))
+    with layout.summary_table.open(newline="") as file:
+        (summary,) = [r for r in csv.DictReader(file) if r["arch"] == arch]
+    with (layout.summary_table.parent / arch / "curves.csv").open(newline="") as file:
+        curves = list(csv.DictReader(file))
     probe, expert = float(summary["probe AUROC"]), float(summary["expert AUROC"])
     failures = []
     if not PROBE_AUROC_RANGE[0] <= probe <= PROBE_AUROC_RANGE[1]:
@@ -76,7 +80,7 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     examples = read_table(layout.examples).columns
     mine = (examples["arch"].astype(str) == arch) & (examples["split"].astype(str) == "test")
     v = examples["v"][mine].astype(float)
-    for b in (0.1, 0.2, 0.3):
+    for b in EXAMPLE_BUDGETS:  # the budgets report/examples.parquet holds decisions for
         decided = np.array([d is not None for d in examples[f"ctd@{b}"][mine]])
         delegated = np.array([bool(d) for d in examples[f"ctd@{b}"][mine]]) & decided
         if delegated.any() and not v[delegated].mean() > v[decided].mean():
@@ -84,12 +88,13 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
                 f"at budget {b}: mean v {v[delegated].mean():.3f} among CTD's delegated examples is not "
                 f"above the mean v {v[decided].mean():.3f} of all"
             )
-    if not any(bool(d) for d in examples["ctd@0.3"][mine] if d is not None):
-        failures.append("CTD delegates nothing at budget 0.3")
+    top_example = max(EXAMPLE_BUDGETS)
+    if not any(bool(d) for d in examples[f"ctd@{top_example}"][mine] if d is not None):
+        failures.append(f"CTD delegates nothing at budget {top_example}")
     return failures
 
 
 def test_the_default_run_shows_ctd_gain_over_the_probe_with_a_weak_expert(tmp_path: Path) -> None:
     result = run_ctd("eval", cwd=tmp_path, env=eval_env(tmp_path), timeout=900)
     assert result.returncode == 0, result.stderr
-    assert default_run_shows_ctd(tmp_path / "runs" / "smollm2-smollm2-builtin") == []
+    assert default_run_shows_ctd(tmp_path / "runs" / RunConfig().run_name) == []
