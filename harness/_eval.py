@@ -121,8 +121,9 @@ def run_eval(
     if retry_failed and (manifests.read("query") or {}).get("failed", 0):
         manifests.invalidate("query")
     if not manifests.up_to_date("query", query.fingerprint()[0]):
-        start_server = preflight_expert(spec, shown=config.expert, serve=config.serve == "auto")
-        query = QueryStage(ctx, start_server=start_server)
+        serve = config.serve == "auto"
+        start_server = preflight_expert(spec, shown=config.expert, serve=serve)
+        query = QueryStage(ctx, start_server=start_server, may_serve=serve and spec.server == "llama.cpp")
     stages: list[Stage] = [
         ProbeStage(ctx),
         query,

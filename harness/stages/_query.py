@@ -29,6 +29,7 @@ from experts import (
 
 from .._errors import InputError, check_failed_fraction
 from ..data._datasets import read_dataset
+from ..data._example import Example
 from ..data._tables import check_writable, read_table, write_table
 from ..run._context import RunContext
 from ..run._layout import Roots
@@ -295,10 +296,14 @@ def _top_tokens(items: list[Item], spec: ExpertSpec, cache: ScoreCache) -> np.nd
 class QueryStage:
     """`ctd eval`'s query stage: every dev and test example through the expert and the shared
     cache into query/expert_scores.parquet. The endpoint was checked once before the run
-    (`preflight_expert`); `start_server` says that check found a local server to start."""
+    (`preflight_expert`); `start_server` says that check found a local server to start, and
+    `may_serve` that the run may start one (a local llama.cpp expert, `--serve auto`): then a
+    local server this run found running (another run's) that goes away mid-stage is replaced by
+    one of its own, and the stage goes on from the cache."""
 
     ctx: RunContext
     start_server: bool = False
+    may_serve: bool = False
     name: ClassVar[str] = "query"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
@@ -316,22 +321,17 @@ class QueryStage:
         examples = [*ctx.data.dev, *ctx.data.test]
         out = ctx.layout.expert_scores
         out.parent.mkdir(parents=True, exist_ok=True)
-        with self._server():
-            summary = query_items(
-                [e.item() for e in examples],
-                [e.label for e in examples],
-                ctx.spec,
-                out,
-                cache_path=ctx.roots.cache,
-                check=False,  # checked once, before the run
-                progress=ctx.progress,
-                extra={
-                    "split": np.array([e.split for e in examples]),
-                    "group": np.array([e.group for e in examples]),
-                    "text": np.array([e.preview() for e in examples]),
-                },
-                with_top_tokens=True,
-            )
+        try:
+            with self._server():
+                summary = self._query(examples, out)
+        except experts.EndpointDown as error:
+            # Another run's local server, stopped when that run ended (two runs of the default
+            # share the registry's port): start this run's own and go on from the cache.
+            if self.start_server or not self.may_serve or check_expert(ctx.spec).reachable:
+                raise
+            ctx.manifests.log(f"the local server for {ctx.spec.name} (another run's) went away: {error}")
+            with replace(self, start_server=True)._server():
+                summary = self._query(examples, out)
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
             f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
@@ -340,6 +340,24 @@ class QueryStage:
         if summary.failed:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
+
+    def _query(self, examples: list[Example], out: Path) -> QuerySummary:
+        """Every example through the expert and the shared cache into `out`."""
+        return query_items(
+            [e.item() for e in examples],
+            [e.label for e in examples],
+            self.ctx.spec,
+            out,
+            cache_path=self.ctx.roots.cache,
+            check=False,  # checked once, before the run
+            progress=self.ctx.progress,
+            extra={
+                "split": np.array([e.split for e in examples]),
+                "group": np.array([e.group for e in examples]),
+                "text": np.array([e.preview() for e in examples]),
+            },
+            with_top_tokens=True,
+        )
 
     @contextmanager
     def _server(self) -> Iterator[None]:
