@@ -18,6 +18,7 @@ from ctd_cli import run_ctd
 from eval_data import eval_env
 
 from harness.data._tables import read_table
+from harness.report._context import slug
 from harness.report._examples import EXAMPLE_BUDGETS
 from harness.run._config import RunConfig
 from harness.run._layout import RunLayout
@@ -50,7 +51,8 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     layout = RunLayout(run)
     with layout.summary_table.open(newline="") as file:
         (summary,) = [r for r in csv.DictReader(file) if r["arch"] == arch]
-    with (layout.summary_table.parent / arch / "curves.csv").open(newline="") as file:
+    curves_table = layout.summary_table.parent / slug(arch) / "curves.csv"  # as the report names it
+    with curves_table.open(newline="") as file:
         curves = list(csv.DictReader(file))
     probe, expert = float(summary["probe AUROC"]), float(summary["expert AUROC"])
     failures = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 LIMIT = 60
 
 
-def _wait_for(path: Path, text: str, process, timeout: float = 300) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(path: Path, text: str, process: subprocess.Popen[str], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and text in path.read_text():
