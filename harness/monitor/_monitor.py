@@ -21,6 +21,7 @@ from experts import Item
 from .._errors import InputError
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
+from ._decisions import DecisionLog
 from ._drift import Alarm, DelegationCap, RateWatch
 from ._expert import ExpertGate
 from ._metrics import MonitorMetrics, exposition
@@ -28,7 +29,7 @@ from ._metrics import MonitorMetrics, exposition
 if TYPE_CHECKING:
     from ._scorer import ProbeScorer, Tokens
 
-__all__ = ["Decision", "DecisionLog", "Latency", "Monitor", "request_id"]
+__all__ = ["Decision", "Latency", "Monitor", "request_id"]
 
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
@@ -69,24 +70,6 @@ def request_id(conversation: str | list[dict[str, str]]) -> str:
     """A hash of the conversation (its canonical JSON): what the log keeps instead of the text."""
     text = json.dumps(conversation, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-class DecisionLog:
-    """Append-only JSONL, one line per decision (and per feedback); opened in append mode, so a
-    restart adds to it. The text is written only with `text=True`."""
-
-    def __init__(self, path: Path, *, text: bool = False) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self.path.open("a", encoding="utf-8")
-        self.text = text
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
-        self._handle.flush()
-
-    def close(self) -> None:
-        self._handle.close()
 
 
 class Monitor:

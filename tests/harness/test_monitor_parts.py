@@ -12,9 +12,9 @@ import pytest
 from scipy import stats
 
 from harness.monitor._batcher import MicroBatcher
+from harness.monitor._decisions import DecisionLog
 from harness.monitor._drift import ALARM_LEVEL, DelegationCap, RateWatch
 from harness.monitor._metrics import MonitorMetrics, exposition
-from harness.monitor._monitor import DecisionLog
 from harness.monitor._server import MAX_BODY_BYTES, BadRequest, _json_body, parse_check, parse_feedback
 
 
