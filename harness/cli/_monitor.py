@@ -3,17 +3,25 @@ imported at start-up (torch, the server): each command imports what it needs."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from .._errors import InputError
+from ..monitor._limits import FD_RESERVE, ServeLimits
 from ..run._layout import Roots
 from ._common import clean_errors
 
 __all__ = ["register"]
+
+MAX_BATCH = 1024  # conversations in one forward pass
+MAX_WAIT_MS = 1000.0  # a batch waits at most a second to fill
+MAX_TIMEOUT_S = 600.0  # head and body timeouts
+MAX_CONNECTIONS = 65536
 
 monitor_app = typer.Typer(
     help="Deploy a run's calibrated cascade: calibrate a bundle, serve it over HTTP.", no_args_is_help=True
@@ -81,7 +89,7 @@ def monitor_calibrate(
 def monitor_serve(
     bundle: Annotated[Path, typer.Argument(help="A bundle folder written by `ctd monitor calibrate`.")],
     *,
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8400,
+    port: Annotated[int, typer.Option("--port", help="TCP port (1-65535).")] = 8400,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     expert_url: Annotated[
         str | None, typer.Option("--expert-url", help="Ask the bundle's expert at this base URL instead.")
@@ -106,43 +114,132 @@ def monitor_serve(
         typer.Option("--max-delegation-rate", help="Hard cap on expert calls over the last 200 requests."),
     ] = None,
     max_batch: Annotated[
-        int, typer.Option("--max-batch", help="Conversations per forward pass at most.")
+        int, typer.Option("--max-batch", help=f"Conversations per forward pass at most (1-{MAX_BATCH}).")
     ] = 32,
     max_wait_ms: Annotated[
-        float, typer.Option("--max-wait-ms", help="How long a forward batch waits to fill.")
+        float,
+        typer.Option("--max-wait-ms", help=f"How long a forward batch waits to fill (0-{MAX_WAIT_MS:g})."),
     ] = 5.0,
+    auth_token_env: Annotated[
+        str | None,
+        typer.Option(
+            "--auth-token-env",
+            help="Require `Authorization: Bearer TOKEN` on POSTs, TOKEN read from this environment variable.",
+        ),
+    ] = None,
+    head_timeout: Annotated[
+        float, typer.Option("--head-timeout", help="Seconds a connection has to send each request's headers.")
+    ] = ServeLimits.head_timeout,
+    body_timeout: Annotated[
+        float, typer.Option("--body-timeout", help="Seconds a request has to send its body.")
+    ] = ServeLimits.body_timeout,
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="Open connections at most (idle ones are closed first).")
+    ] = ServeLimits.max_connections,
 ) -> None:
     """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
-    import uvicorn
+    import asyncio
 
     from ..monitor._bundle import read_bundle
-    from ..monitor._monitor import Monitor
-    from ..monitor._server import create_app
+    from ..monitor._http import bind_listener, raise_open_file_limit
 
+    # Everything the user can get wrong is checked here, before the model loads (seconds).
+    _check_range("--port", port, 1, 65535)
+    _check_range("--max-batch", max_batch, 1, MAX_BATCH)
+    _check_range("--max-wait-ms", max_wait_ms, 0, MAX_WAIT_MS)
+    _check_range("--head-timeout", head_timeout, 0.1, MAX_TIMEOUT_S)
+    _check_range("--body-timeout", body_timeout, 0.1, MAX_TIMEOUT_S)
+    _check_range("--max-connections", max_connections, 1, MAX_CONNECTIONS)
+    if max_delegation_rate is not None and not 0 < max_delegation_rate <= 1:  # NaN fails too
+        raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+    token = _auth_token(auth_token_env)
     read = read_bundle(bundle)
     if expert_url is not None or not no_expert:
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
-    if max_delegation_rate is not None and not 0 < max_delegation_rate <= 1:
-        raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
-    if max_batch < 1 or max_wait_ms < 0 or not 0 < port < 65536:
-        raise InputError("--max-batch must be at least 1, --max-wait-ms at least 0, --port in 1..65535")
-
-    async def load() -> Monitor:
-        return await Monitor.load(
-            bundle,
-            expert_url=expert_url,
-            expert=not no_expert,
-            expert_cache=expert_cache,
-            model=model,
-            log_path=log or read.layout.decisions,
-            log_text=log_text,
-            max_delegation_rate=max_delegation_rate,
-            max_batch=max_batch,
-            max_wait=max_wait_ms / 1e3,
+    log_path = log or read.layout.decisions
+    _check_log_path(log_path)
+    raise_open_file_limit(max_connections + FD_RESERVE)
+    limits = ServeLimits(
+        head_timeout=head_timeout, body_timeout=body_timeout, max_connections=max_connections
+    )
+    listener = bind_listener(host, port)  # a port in use is one line now, before the model loads
+    address = f"http://{host}:{port}"
+    try:
+        asyncio.run(
+            _load_and_serve(
+                read.layout.root,
+                listener,
+                address,
+                limits,
+                token,
+                expert_url=expert_url,
+                expert=not no_expert,
+                expert_cache=expert_cache,
+                model=model,
+                log_path=log_path,
+                log_text=log_text,
+                max_delegation_rate=max_delegation_rate,
+                max_batch=max_batch,
+                max_wait=max_wait_ms / 1e3,
+            )
         )
+    finally:
+        listener.close()
 
-    print(f"ctd monitor: loading {bundle}; serving on http://{host}:{port} once ready", file=sys.stderr)
-    uvicorn.run(create_app(load), host=host, port=port, log_level="warning", access_log=False)
+
+def _check_range(option: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:  # NaN is refused too: every comparison with it is false
+        raise InputError(f"{option} {value:g}: must lie in {low:g}..{high:g}")
+
+
+def _auth_token(variable: str | None) -> str | None:
+    """The bearer token from the environment variable `variable` (None: no authentication)."""
+    if variable is None:
+        return None
+    if not variable or "=" in variable:
+        raise InputError(f"--auth-token-env {variable!r}: give the name of an environment variable")
+    token = os.environ.get(variable, "").strip()
+    if not token:
+        raise InputError(
+            f"--auth-token-env {variable}: the variable is unset or empty (export the token in it)"
+        )
+    if not token.isascii() or not token.isprintable() or " " in token:
+        raise InputError(f"--auth-token-env {variable}: the token must be printable ASCII without spaces")
+    return token
+
+
+def _check_log_path(path: Path) -> None:
+    """The decision log can be appended to (opened once here, as the monitor will open it)."""
+    if path.is_dir():
+        raise InputError(f"--log {path}: is a folder; give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise InputError(
+            f"--log {path}: cannot be appended to ({error.strerror or error}); give --log elsewhere"
+        ) from None
+
+
+async def _load_and_serve(
+    root: Path, listener: socket.socket, address: str, limits: ServeLimits, token: str | None, **options: Any
+) -> None:
+    """Load the monitor in this event loop (a load failure is an ordinary error here, before any
+    request is accepted), then serve on the bound socket until SIGINT/SIGTERM."""
+    from ..monitor._http import serve
+    from ..monitor._monitor import Monitor
+    from ..monitor._server import create_app
+
+    monitor = await Monitor.load(root, **options)
+    try:
+        app = create_app(monitor, auth_token=token, body_timeout=limits.body_timeout)
+    except BaseException:
+        await monitor.aclose()
+        raise
+    # Until now stderr holds nothing, so that a start-up failure is its one line.
+    print(f"ctd monitor: serving {root.name} on {address}", file=sys.stderr)
+    await serve(app, listener, limits)  # the app's shutdown closes the monitor
 
 
 def register(app: typer.Typer) -> None:

@@ -1,30 +1,46 @@
-"""`ctd monitor serve`: the monitor over HTTP (FastAPI under uvicorn).
+"""`ctd monitor serve`: the monitor over HTTP (FastAPI; the transport is `_http`).
 
     POST /v1/check     {"messages": [{"role": ..., "content": ...}, ...]} or {"input": "text"}
                        -> the decision: probe, dv, delegated, expert, score, label, reason, latency_ms
     POST /v1/feedback  {"request_id": ..., "label": 0 or 1} -> whether the id was matched
     GET  /metrics      Prometheus text
-    GET  /healthz      {"status": "ok", ...}
+    GET  /healthz      {"status": "ok", "bundle": its folder's name, "bundle_id": ..., ...}
 
-Bad input is a 4xx with {"error": one line}: 400 malformed JSON or fields, 413 a body over the size
-limit, 415 not JSON, 422 a conversation the model's chat template rejects. Never a 500 for input.
+Every refusal is {"error": one line}. Bad input is a 4xx: 400 malformed JSON or fields, 401 a
+missing or wrong bearer token (when the server has one), 408 a body that did not arrive in time,
+413 a body over the size limit, 415 not JSON, 422 a conversation the model's chat template
+rejects. 503 with Retry-After: the monitor cannot take the request now (queue full, decision log
+unwritable). Anything else is a one-line 500, its traceback in the server's log only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .._errors import InputError
+from ._errors import Unavailable
 from ._monitor import Monitor
 
-__all__ = ["MAX_BODY_BYTES", "ROLES", "create_app", "parse_check", "parse_feedback"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ROLES",
+    "BadRequest",
+    "create_app",
+    "parse_check",
+    "parse_feedback",
+    "read_json_body",
+]
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation a probe reads (it keeps max_tokens)
 ROLES = ("system", "user", "assistant", "tool")  # the OpenAI chat roles a conversation may hold
@@ -32,12 +48,16 @@ log = logging.getLogger("ctd.monitor")
 
 
 class BadRequest(Exception):
+    """A request refused for what it holds: `status` is the 4xx, the message one line."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-def _json_body(raw: bytes, content_type: str | None) -> Any:
+def read_json_body(raw: bytes, content_type: str | None) -> Any:
+    """The body as a JSON value, or BadRequest: not JSON, too large, too deep, numbers Python
+    will not read (an integer over 4,300 digits), text that is not valid Unicode."""
     if content_type is not None and "json" not in content_type.lower():
         raise BadRequest(415, f"content-type {content_type!r}: send application/json")
     if len(raw) > MAX_BODY_BYTES:
@@ -52,6 +72,24 @@ def _json_body(raw: bytes, content_type: str | None) -> Any:
         raise BadRequest(
             400, f"malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
         ) from None
+    except RecursionError:
+        raise BadRequest(400, "JSON nested too deeply") from None
+    except ValueError as error:  # e.g. an integer literal over sys.get_int_max_str_digits()
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise BadRequest(400, f"malformed JSON: {first_line}") from None
+
+
+def _text(value: object, where: str) -> str:
+    """`value` if it is a string of valid Unicode (no lone surrogate such as \\ud800)."""
+    if not isinstance(value, str):
+        raise BadRequest(400, f"{where}: must be a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise BadRequest(
+            400, f"{where}: character {error.start} is a lone surrogate, not Unicode text"
+        ) from None
+    return value
 
 
 def parse_check(body: Any) -> str | list[dict[str, str]]:
@@ -76,7 +114,7 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
     if "input" in body:
         if not isinstance(body["input"], str) or not body["input"].strip():
             raise BadRequest(400, "'input' must be a non-empty string")
-        return body["input"]
+        return _text(body["input"], "'input'")
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise BadRequest(400, "'messages' must be a non-empty list of {role, content} objects")
@@ -87,8 +125,9 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise BadRequest(400, f"messages[{i}].role {role!r}: must be one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise BadRequest(400, f"messages[{i}].content: must be a string")
+        content = _text(content, f"messages[{i}].content")
+        if "name" in message:
+            _text(message["name"], f"messages[{i}].name")
         out.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in out):
         raise BadRequest(400, "every message is empty: nothing to check")
@@ -96,79 +135,119 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
 
 
 def parse_feedback(body: Any) -> tuple[str, int]:
+    """(request id, label) of a /v1/feedback body, or BadRequest(400)."""
     if not isinstance(body, dict) or set(body) != {"request_id", "label"}:
         raise BadRequest(400, "send an object with exactly 'request_id' (a string) and 'label' (0 or 1)")
     rid, label = body["request_id"], body["label"]
     if not isinstance(rid, str) or not rid:
         raise BadRequest(400, "'request_id' must be the non-empty string a check returned")
+    _text(rid, "'request_id'")
     if isinstance(label, bool) or label not in (0, 1):
         raise BadRequest(400, f"'label' {label!r}: must be 0 or 1")
     return rid, int(label)
 
 
-def create_app(load: Any) -> FastAPI:
-    """The app; `load()` is awaited at start-up and returns the Monitor (closed at shutdown)."""
-    state: dict[str, Monitor] = {}
+def bundle_id(monitor: Monitor) -> str:
+    """A short content id of the served bundle: sha256 of its bundle.json, 12 hex digits."""
+    return hashlib.sha256(monitor.bundle.layout.record.read_bytes()).hexdigest()[:12]
+
+
+def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout: float = 30.0) -> FastAPI:
+    """The app over a loaded monitor (closed when the app shuts down). With `auth_token`, POST
+    requests need `Authorization: Bearer TOKEN` (compared in constant time); GETs stay open."""
+    expected = None if auth_token is None else auth_token.encode("utf-8")
+    health_id = bundle_id(monitor)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state["monitor"] = await load()
         try:
             yield
         finally:
-            await state["monitor"].aclose()
+            await monitor.aclose()
 
     app = FastAPI(title="ctd monitor", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return JSONResponse({"error": "internal error: the server logged it"}, status_code=500)
+
     def refuse(error: BadRequest) -> JSONResponse:
-        state["monitor"].metrics.bad_requests += 1
-        return JSONResponse({"error": str(error)}, status_code=error.status)
+        monitor.metrics.bad_requests += 1
+        headers = {"www-authenticate": "Bearer"} if error.status == 401 else None
+        return JSONResponse({"error": str(error)}, status_code=error.status, headers=headers)
+
+    def unavailable(error: Unavailable) -> JSONResponse:
+        retry = str(math.ceil(error.retry_after))
+        message = str(error).splitlines()[0] if str(error) else "the monitor cannot take requests now"
+        return JSONResponse({"error": message}, status_code=503, headers={"retry-after": retry})
+
+    def authorise(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # latin-1 gives back the header's own bytes; compare_digest takes as long whatever they are.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"), expected):
+            raise BadRequest(401, "missing or wrong bearer token (send Authorization: Bearer TOKEN)")
 
     async def body_of(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        declared = request.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise BadRequest(413, f"body of {declared} bytes: the limit is {MAX_BODY_BYTES}")
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise BadRequest(413, f"body over {MAX_BODY_BYTES} bytes: the limit is {MAX_BODY_BYTES}")
-        return _json_body(raw, request.headers.get("content-type"))
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(body_timeout):
+                async for chunk in request.stream():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise BadRequest(
+                            413, f"body over {MAX_BODY_BYTES} bytes: the limit is {MAX_BODY_BYTES}"
+                        )
+        except TimeoutError:
+            raise BadRequest(408, f"the body did not arrive within {body_timeout:g} s") from None
+        return read_json_body(b"".join(chunks), request.headers.get("content-type"))
 
     @app.post("/v1/check")
-    async def check(request: Request) -> JSONResponse:
-        monitor = state["monitor"]
+    async def check(request: Request) -> Response:
         try:
+            authorise(request)
             conversation = parse_check(await body_of(request))
             decision = await monitor.check(conversation)
         except BadRequest as error:
             return refuse(error)
         except InputError as error:  # the chat template rejects the conversation
-            return refuse(BadRequest(422, str(error)))
+            return refuse(BadRequest(422, str(error).splitlines()[0]))
+        except Unavailable as error:
+            return unavailable(error)
         return JSONResponse(decision.to_json())
 
     @app.post("/v1/feedback")
-    async def feedback(request: Request) -> JSONResponse:
+    async def feedback(request: Request) -> Response:
         try:
+            authorise(request)
             rid, label = parse_feedback(await body_of(request))
+            matched = monitor.feedback(rid, label)
         except BadRequest as error:
             return refuse(error)
-        matched = state["monitor"].feedback(rid, label)
+        except Unavailable as error:
+            return unavailable(error)
         if not matched:
             return refuse(BadRequest(404, f"request_id {rid!r}: no recent decision has it"))
         return JSONResponse({"matched": True})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(state["monitor"].prometheus(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(monitor.prometheus(), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        monitor = state["monitor"]
         return JSONResponse(
             {
                 "status": "ok",
-                "bundle": str(monitor.bundle.layout.root),
+                "bundle": monitor.bundle.layout.root.name,  # never the absolute path
+                "bundle_id": health_id,
                 "threshold": monitor.bundle.record["threshold"],
                 "expert": None if monitor.gate is None else ("down" if monitor.gate.down else "up"),
                 "drift_alarm": monitor.delegation.alarm or monitor.errors.alarm,

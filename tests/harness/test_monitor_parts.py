@@ -15,7 +15,7 @@ from harness.monitor._batcher import MicroBatcher
 from harness.monitor._decisions import DecisionLog
 from harness.monitor._drift import ALARM_LEVEL, DelegationCap, RateWatch
 from harness.monitor._metrics import MonitorMetrics, exposition
-from harness.monitor._server import MAX_BODY_BYTES, BadRequest, _json_body, parse_check, parse_feedback
+from harness.monitor._server import MAX_BODY_BYTES, BadRequest, parse_check, parse_feedback, read_json_body
 
 
 def test_concurrent_submits_share_batches_and_keep_their_own_results() -> None:
@@ -126,6 +126,23 @@ MALFORMED: list[tuple[bytes, str | None, int, str]] = [
     (b"input=hello", "application/x-www-form-urlencoded", 415, "send application/json"),
     (b"\xff\xfe{}", "application/json", 400, "not UTF-8"),
     (b'{"input": "' + b"a" * MAX_BODY_BYTES + b'"}', "application/json", 413, "the limit is"),
+    # Python's own limits and Unicode it cannot encode: each raised past the JSONDecodeError handler.
+    (b'{"input": ' + b"7" * 10_000 + b"}", "application/json", 400, "integer string conversion"),
+    (b"[" * 100_000 + b"]" * 100_000, "application/json", 400, "JSON nested too deeply"),
+    (b'{"input": "ok \\ud800"}', "application/json", 400, "'input': character 3 is a lone surrogate"),
+    (b'"\\udc00"', "application/json", 400, "'input': character 0 is a lone surrogate"),
+    (
+        b'[{"role": "user", "content": "\\ud83d"}]',
+        "application/json",
+        400,
+        "messages[0].content: character 0",
+    ),
+    (
+        b'[{"role": "user", "content": "hi", "name": []}]',
+        "application/json",
+        400,
+        "messages[0].name: must be",
+    ),
 ]
 
 
@@ -134,7 +151,7 @@ def test_each_malformed_check_body_is_one_clear_4xx(
     body: bytes, content_type: str | None, status: int, message: str
 ) -> None:
     with pytest.raises(BadRequest) as caught:
-        parse_check(_json_body(body, content_type))
+        parse_check(read_json_body(body, content_type))
     assert caught.value.status == status and message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -151,6 +168,8 @@ def test_good_bodies_parse_and_feedback_is_checked() -> None:
             parse_feedback(body)
     with pytest.raises(BadRequest, match="'label' True"):
         parse_feedback({"request_id": "abc", "label": True})
+    with pytest.raises(BadRequest, match="'request_id': character 1 is a lone surrogate"):
+        parse_feedback({"request_id": "a\ud800", "label": 1})
 
 
 def test_prometheus_text_is_well_formed_with_cumulative_histograms() -> None:

@@ -1,0 +1,22 @@
+"""What one HTTP client may hold of `ctd monitor serve` (defaults of its options). Kept apart
+from the transport so that the CLI reads the defaults without importing uvicorn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FD_RESERVE", "ServeLimits"]
+
+FD_RESERVE = 64  # file descriptors kept beside the connections: model files, logs, the expert
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Seconds to send a request head and a body, open connections in all, seconds an idle
+    keep-alive connection stays open, seconds SIGTERM waits for running requests."""
+
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 512
+    keep_alive: float = 5.0
+    graceful_shutdown: float = 10.0

@@ -1,0 +1,332 @@
+"""`ctd monitor serve` under ordinary abuse, on a real bundle (untrained probes over the embedded
+model, see tests/monitor_bundle.py) served by the real command in a subprocess:
+
+- slow clients (idle, or trickling a request head) are closed after --head-timeout and beyond
+  --max-connections, while normal requests are still answered within seconds;
+- malformed bodies over HTTP (a 10,000-digit integer, deep nesting, a lone surrogate) are 4xx;
+- a bearer token from an environment variable guards the POSTs and never shows in any output;
+- /healthz shows the bundle's name, never its absolute path; SIGTERM stops the server in bounded time;
+- every bad option and every start-up failure is one line and exit code 2, before the model loads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from ctd_cli import CTD, assert_one_line_error, free_port, run_ctd, start_ctd
+from monitor_bundle import write_untrained_bundle
+
+TOKEN = "t0ken-for-tests-8f3a"  # given to the server through the environment
+TOKEN_ENV = {"CTD_TEST_MONITOR_TOKEN": TOKEN}
+HEAD_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 64
+ANSWER_WITHIN_S = 5.0  # a normal request under the slow clients
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_untrained_bundle(tmp_path_factory.mktemp("http") / "demo-bundle")
+
+
+def _wait_ready(process: subprocess.Popen[str], port: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    pytest.fail("the monitor did not start")
+
+
+def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    process.terminate()
+    try:
+        return process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The bundle served with a token, a 1 s head timeout and a cap of 64 connections."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("log") / "decisions.jsonl"
+    process = start_ctd(
+        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port), "--log", str(log),
+        "--auth-token-env", "CTD_TEST_MONITOR_TOKEN", "--head-timeout", str(HEAD_TIMEOUT_S),
+        "--max-connections", str(MAX_CONNECTIONS),
+        cwd=bundle.parent, env=TOKEN_ENV,
+    )  # fmt: skip
+    _wait_ready(process, port)
+    outputs: dict = {"url": f"http://127.0.0.1:{port}", "port": port, "log": log}
+    try:
+        yield outputs
+    finally:
+        outputs["stdout"], outputs["stderr"] = _stop(process)
+        # The token reached nothing the server wrote: its output, its decision log.
+        assert TOKEN not in outputs["stdout"] + outputs["stderr"] + log.read_text()
+
+
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _slow_clients(port: int, count: int) -> list[socket.socket]:
+    """`count` connections: even ones send nothing, odd ones the start of a request head."""
+    clients = []
+    for i in range(count):
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            client.sendall(b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-le")
+        clients.append(client)
+    return clients
+
+
+def _closed_by_server(client: socket.socket, within: float) -> bool:
+    """True when the server closed the connection (EOF, after any 503 it wrote) within `within` s."""
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            client.settimeout(max(0.05, deadline - time.monotonic()))
+            data = client.recv(4096)
+            if not data:
+                return True
+            assert data.startswith(b"HTTP/1.1 503"), data  # refused at once: then closed
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return False
+
+
+def test_slow_clients_are_closed_and_normal_requests_are_still_answered(served: dict) -> None:
+    clients = _slow_clients(served["port"], MAX_CONNECTIONS + 100)
+    try:
+        started = time.monotonic()
+        health = httpx.get(f"{served['url']}/healthz", timeout=ANSWER_WITHIN_S)
+        check = httpx.post(
+            f"{served['url']}/v1/check",
+            json={"input": "is this fine?"},
+            headers=AUTH,
+            timeout=ANSWER_WITHIN_S,
+        )
+        answered_in = time.monotonic() - started
+        # A trickler: a byte now and then never completes a head, so the timeout still applies.
+        clients[1].sendall(b"n")
+        closed = [_closed_by_server(c, within=HEAD_TIMEOUT_S + 5) for c in clients]
+    finally:
+        for client in clients:
+            client.close()
+    assert health.status_code == 200 and check.status_code == 200, (health.text, check.text)
+    assert answered_in < ANSWER_WITHIN_S
+    assert all(closed), f"{closed.count(False)} of {len(clients)} slow connections still open"
+    # ... and the server is still whole afterwards.
+    assert httpx.get(f"{served['url']}/healthz", timeout=ANSWER_WITHIN_S).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        pytest.param(b'{"input": ' + b"9" * 10_000 + b"}", "integer string conversion", id="10000-digits"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, "nested too deeply", id="deep"),
+        pytest.param(b'{"input": "\\ud800 lone"}', "lone surrogate", id="surrogate-input"),
+        pytest.param(
+            b'{"messages": [{"role": "user", "content": "\\udfff"}]}',
+            "messages[0].content",
+            id="surrogate-msg",
+        ),
+        pytest.param(
+            b'{"messages": [{"role": "user", "content": "hi", "name": 5}]}',
+            "messages[0].name",
+            id="name-type",
+        ),
+        pytest.param(b'{"request_id": ["x"], "label": 1}', "exactly one of", id="feedback-body"),
+    ],
+)
+def test_malformed_bodies_over_http_are_one_line_4xx(served: dict, body: bytes, fragment: str) -> None:
+    answer = httpx.post(
+        f"{served['url']}/v1/check",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert 400 <= answer.status_code < 500, answer.text
+    error = answer.json()["error"]
+    assert fragment in error and "\n" not in error and "Traceback" not in error
+
+
+def test_feedback_with_a_lone_surrogate_id_is_a_400(served: dict) -> None:
+    answer = httpx.post(
+        f"{served['url']}/v1/feedback",
+        content=b'{"request_id": "\\ud800", "label": 1}',
+        headers={**AUTH, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 400 and "lone surrogate" in answer.json()["error"]
+
+
+def test_the_bearer_token_guards_the_posts_and_never_shows(served: dict) -> None:
+    url = served["url"]
+    for headers in (
+        {},
+        {"authorization": "Bearer wrong"},
+        {"authorization": TOKEN},
+        {"authorization": "Basic x"},
+    ):
+        for path, body in (("/v1/check", {"input": "hi"}), ("/v1/feedback", {"request_id": "a", "label": 1})):
+            answer = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=30)
+            assert answer.status_code == 401, (path, headers, answer.text)
+            assert answer.headers["www-authenticate"] == "Bearer" and TOKEN not in answer.text
+    checked = httpx.post(f"{url}/v1/check", json={"input": "hi"}, headers=AUTH, timeout=30)
+    assert checked.status_code == 200
+    fed = httpx.post(
+        f"{url}/v1/feedback",
+        json={"request_id": checked.json()["request_id"], "label": 0},
+        headers=AUTH,
+        timeout=30,
+    )
+    assert fed.status_code == 200
+    for path in ("/healthz", "/metrics"):  # open: probes and scrapers carry no token
+        answer = httpx.get(f"{url}{path}", timeout=30)
+        assert answer.status_code == 200 and TOKEN not in answer.text
+
+
+def test_healthz_names_the_bundle_without_its_absolute_path(served: dict, bundle: Path) -> None:
+    health = httpx.get(f"{served['url']}/healthz", timeout=30).json()
+    assert health["bundle"] == bundle.name and len(health["bundle_id"]) == 12
+    assert str(bundle.parent) not in str(health) and "/" not in health["bundle"]
+
+
+def test_sigterm_stops_the_server_within_a_bounded_time(bundle: Path, tmp_path: Path) -> None:
+    port = free_port()
+    process = start_ctd(
+        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port), "--max-wait-ms", "1000",
+        "--log", str(tmp_path / "d.jsonl"), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        _wait_ready(process, port)
+        idle = socket.create_connection(("127.0.0.1", port), timeout=5)  # an open idle connection
+        in_flight = threading.Thread(
+            target=lambda: httpx.post(f"http://127.0.0.1:{port}/v1/check", json={"input": "x"}, timeout=30)
+        )
+        in_flight.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)  # the graceful-shutdown bound is 10 s
+        stopped_in = time.monotonic() - started
+        in_flight.join(30)
+        idle.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert stopped_in < 15, stopped_in
+
+
+BAD_OPTIONS = [
+    (["--max-wait-ms", "inf"], "--max-wait-ms inf: must lie in 0..1000"),
+    (["--max-wait-ms", "nan"], "--max-wait-ms nan: must lie in 0..1000"),
+    (["--max-wait-ms", "-1"], "--max-wait-ms -1: must lie in 0..1000"),
+    (["--max-batch", "0"], "--max-batch 0: must lie in 1..1024"),
+    (["--max-batch", "100000"], "--max-batch 100000: must lie in 1..1024"),
+    (["--port", "0"], "--port 0: must lie in 1..65535"),
+    (["--port", "70000"], "--port 70000: must lie in 1..65535"),
+    (["--head-timeout", "0"], "--head-timeout 0: must lie in"),
+    (["--body-timeout", "inf"], "--body-timeout inf: must lie in"),
+    (["--max-connections", "0"], "--max-connections 0: must lie in"),
+    (["--max-delegation-rate", "nan"], "--max-delegation-rate nan: must lie in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize(("options", "fragment"), BAD_OPTIONS)
+def test_every_serve_option_is_bounded_in_one_line(tmp_path: Path, options: list[str], fragment: str) -> None:
+    assert_one_line_error(run_ctd("monitor", "serve", str(tmp_path), *options, cwd=tmp_path), fragment)
+
+
+def test_the_auth_token_variable_must_hold_a_token(tmp_path: Path) -> None:
+    for env, fragment in (
+        ({}, "the variable is unset or empty"),
+        ({"CTD_TEST_MONITOR_TOKEN": "  "}, "the variable is unset or empty"),
+        ({"CTD_TEST_MONITOR_TOKEN": "two words"}, "printable ASCII without spaces"),
+    ):
+        environment = {k: v for k, v in os.environ.items() if k != "CTD_TEST_MONITOR_TOKEN"} | env
+        result = subprocess.run(
+            [sys.executable, "-c", CTD, "monitor", "serve", str(tmp_path),
+             "--auth-token-env", "CTD_TEST_MONITOR_TOKEN"],
+            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert_one_line_error(result, "--auth-token-env CTD_TEST_MONITOR_TOKEN", fragment)
+        assert "two words" not in result.stderr
+
+
+def _copy(bundle: Path, to: Path) -> Path:
+    shutil.copytree(bundle, to, ignore=shutil.ignore_patterns("decisions.jsonl"))
+    return to
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(bundle: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_ctd("monitor", "serve", str(bundle), "--no-expert", "--port", str(port), cwd=tmp_path)
+    assert_one_line_error(result, f"--port {port}: 127.0.0.1:{port} is already in use")
+
+
+def test_a_corrupt_probe_is_one_line(bundle: Path, tmp_path: Path) -> None:
+    broken = _copy(bundle, tmp_path / "broken")
+    (broken / "dv.safetensors").write_bytes(b"not a safetensors file")
+    result = run_ctd("monitor", "serve", str(broken), "--no-expert", "--port", str(free_port()), cwd=tmp_path)
+    assert_one_line_error(result, "dv.safetensors: not a safetensors file")
+
+
+def test_a_missing_model_is_one_line(bundle: Path, tmp_path: Path) -> None:
+    elsewhere = _copy(bundle, tmp_path / "elsewhere")
+    for name in ("safety.json", "dv.json"):
+        record = (
+            (elsewhere / name).read_text().replace('"model": "smollm2"', '"model": "/nowhere/model.gguf"')
+        )
+        (elsewhere / name).write_text(record)
+    result = run_ctd(
+        "monitor", "serve", str(elsewhere), "--no-expert", "--port", str(free_port()), cwd=tmp_path
+    )
+    assert_one_line_error(result, "/nowhere/model.gguf")
+
+
+def test_a_log_path_that_is_a_folder_is_one_line_before_the_model_loads(bundle: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    result = run_ctd(
+        "monitor", "serve", str(bundle), "--no-expert", "--port", str(free_port()), "--log", str(folder),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert_one_line_error(result, f"--log {folder}: is a folder")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: nothing to refuse")
+def test_a_read_only_bundle_is_one_line_before_the_model_loads(bundle: Path, tmp_path: Path) -> None:
+    frozen = _copy(bundle, tmp_path / "frozen")
+    frozen.chmod(0o555)
+    try:
+        result = run_ctd(
+            "monitor", "serve", str(frozen), "--no-expert", "--port", str(free_port()), cwd=tmp_path
+        )
+    finally:
+        frozen.chmod(0o755)
+    assert_one_line_error(result, "decisions.jsonl: cannot be appended to")

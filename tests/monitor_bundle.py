@@ -1,0 +1,70 @@
+"""A real monitor bundle in seconds, without a `ctd eval`: two freshly initialised `mean` probes over
+the embedded model's layer 2 (its real identity and chat-template hash, saved by probes' own
+`save_probe`) and a bundle.json that `read_bundle` accepts. Its scores are not trained ones, but
+every part of `Monitor.load` and `ctd monitor serve` runs for real: the model, the probes, the
+micro-batched forward pass, the decision log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from harness.monitor._bundle import BUNDLE_VERSION
+from harness.run._layout import BundleLayout
+from probes import ProbeArtifact, ProbeConfig, describe_model, save_probe
+from probes._build import build_probe
+from probes._model import model_cache_root
+
+LAYER = 2  # a shallow layer: the truncated forward pass stops there, so a check is cheap
+MAX_TOKENS = 128
+
+
+def _template_hash(converted: Path) -> str:
+    """LoadedModel.template_hash of the converted embedded model, from its tokenizer alone."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(converted))
+    return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()[:16]
+
+
+def write_untrained_bundle(folder: Path, *, model: str = "smollm2", threshold: float = 0.5) -> Path:
+    """The bundle folder `folder` (created): budget mode at alpha 0.5, delegate when DV > threshold."""
+
+    info = describe_model("smollm2")
+    converted = model_cache_root() / f"gguf-{info.identity.removeprefix('gguf:')[:24]}"
+    template_hash = _template_hash(converted)
+    dim = int(info.config.hidden_size)
+    layout = BundleLayout(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    for stem, task in ((layout.safety_probe, "safety"), (layout.dv_probe, "dv")):
+        config = ProbeConfig(arch="mean")
+        artifact = ProbeArtifact(
+            task=task,
+            config=config,
+            dim=dim,
+            model=model,
+            model_identity=info.identity,
+            layer=LAYER,
+            max_tokens=MAX_TOKENS,
+            template="",
+            template_hash=template_hash,
+            seed=0,
+        )
+        save_probe(stem, build_probe(config, dim), artifact)
+    record = {
+        "version": BUNDLE_VERSION,
+        "threshold": threshold,
+        "merge": "overwrite",
+        "mode": "budget",
+        "alpha": 0.5,
+        "delta": 0.1,
+        "expert": {},  # served with --no-expert: never read
+        "ltt": {},
+    }
+    layout.record.write_text(json.dumps(record))
+    return folder
