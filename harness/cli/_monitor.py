@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from .._errors import InputError
-from ..monitor._limits import FD_RESERVE, ServeLimits
+from ..monitor._limits import ServeLimits
 from ..run._layout import Roots
 from ._common import clean_errors
 
@@ -158,7 +158,7 @@ def monitor_serve(
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
     log_path = log or read.layout.decisions
     _check_log_path(log_path)
-    raise_open_file_limit(max_connections + FD_RESERVE)
+    raise_open_file_limit(max_connections)
     limits = ServeLimits(
         head_timeout=head_timeout, body_timeout=body_timeout, max_connections=max_connections
     )

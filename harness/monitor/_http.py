@@ -21,7 +21,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .._errors import InputError
-from ._limits import FD_RESERVE, ServeLimits
+from ._limits import ACCEPT_BURST, FD_RESERVE, ServeLimits
 
 __all__ = ["bind_listener", "guarded_protocol", "raise_open_file_limit", "serve"]
 
@@ -82,16 +82,18 @@ def guarded_protocol(limits: ServeLimits) -> type[H11Protocol]:
     return GuardedProtocol
 
 
-def raise_open_file_limit(needed: int) -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; InputError when `needed` does not fit."""
+def raise_open_file_limit(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; InputError when the connections, an accept
+    burst and the reserve do not fit in it."""
+    needed = max_connections + ACCEPT_BURST + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
     if soft != resource.RLIM_INFINITY and needed > soft:
         raise InputError(
-            f"--max-connections {needed - FD_RESERVE}: the open-file limit is {soft} (ulimit -n), "
-            f"which holds at most {soft - FD_RESERVE} connections"
+            f"--max-connections {max_connections}: the open-file limit is {soft} (ulimit -n), "
+            f"which holds at most {max(0, soft - ACCEPT_BURST - FD_RESERVE)} connections"
         )
     return soft
 
@@ -109,7 +111,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        sock.listen(ACCEPT_BURST)
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:
@@ -129,6 +131,6 @@ async def serve(app: Any, sock: socket.socket, limits: ServeLimits) -> None:
         access_log=False,
         timeout_keep_alive=max(1, round(limits.keep_alive)),
         timeout_graceful_shutdown=max(1, round(limits.graceful_shutdown)),
-        backlog=2048,
+        backlog=ACCEPT_BURST,  # also the accept burst: see ACCEPT_BURST
     )
     await uvicorn.Server(config).serve(sockets=[sock])

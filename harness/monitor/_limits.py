@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FD_RESERVE", "ServeLimits"]
+__all__ = ["ACCEPT_BURST", "FD_RESERVE", "ServeLimits"]
 
 FD_RESERVE = 64  # file descriptors kept beside the connections: model files, logs, the expert
+# Connections asyncio accepts in one go (its accept loop takes up to `backlog` before any of them
+# is seen by the protocol), so the open count may pass the cap by this much for a moment. Kept
+# inside the open-file limit, or accept() fails with EMFILE and asyncio logs one traceback per
+# retry, up to `backlog` of them per burst.
+ACCEPT_BURST = 128
 
 
 @dataclass(frozen=True)

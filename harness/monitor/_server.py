@@ -75,8 +75,8 @@ def read_json_body(raw: bytes, content_type: str | None) -> Any:
     except RecursionError:
         raise BadRequest(400, "JSON nested too deeply") from None
     except ValueError as error:  # e.g. an integer literal over sys.get_int_max_str_digits()
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise BadRequest(400, f"malformed JSON: {first_line}") from None
+        what = str(error).splitlines()[0].split(";")[0] if str(error) else type(error).__name__
+        raise BadRequest(400, f"malformed JSON: {what}") from None
 
 
 def _text(value: object, where: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from monitor_bundle import write_untrained_bundle
 
+from harness.monitor._errors import LogUnavailable
 from harness.monitor._monitor import Monitor
-from harness.monitor._server import create_app
+from harness.monitor._server import ROLES, create_app
 
 # Any code point, lone surrogates included (json.dumps writes them as \udXXX escapes).
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)
@@ -33,6 +35,14 @@ JSON_VALUES = st.recursive(
 FIELDS = st.sampled_from(["role", "content", "name", "input", "messages", "request_id", "label"])
 # Bodies shaped like the real ones, so that the field checks (not only the top level) are reached.
 NEAR_MISSES = st.one_of(
+    st.fixed_dictionaries({"input": ANY_TEXT}),  # most are good bodies: the model reads them
+    st.fixed_dictionaries(
+        {
+            "messages": st.lists(
+                st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": ANY_TEXT}), max_size=3
+            )
+        }
+    ),
     st.fixed_dictionaries(
         {
             "messages": st.lists(
@@ -48,10 +58,17 @@ PATHS = st.sampled_from(["/v1/check", "/v1/feedback"])
 CONTENT_TYPES = st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", None])
 
 
+@dataclass(frozen=True)
+class InProcess:
+    """The real app over a real monitor, and the one event loop both run in."""
+
+    runner: asyncio.Runner
+    client: httpx.AsyncClient
+    monitor: Monitor
+
+
 @pytest.fixture(scope="module")
-def app_client(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[asyncio.Runner, httpx.AsyncClient]]:
+def app_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     folder = tmp_path_factory.mktemp("bodies")
     bundle = write_untrained_bundle(folder / "bundle")
     with asyncio.Runner() as runner:  # one loop for the monitor and every request
@@ -60,7 +77,7 @@ def app_client(
         transport = httpx.ASGITransport(app=create_app(monitor), raise_app_exceptions=False)
         client = httpx.AsyncClient(transport=transport, base_url="http://monitor", timeout=60)
         try:
-            yield runner, client
+            yield InProcess(runner, client, monitor)
         finally:
             runner.run(client.aclose())
             runner.run(monitor.aclose())
@@ -77,10 +94,8 @@ def _assert_answered_or_refused(answer: httpx.Response, path: str) -> None:
         )
 
 
-def _post(
-    app_client: tuple[asyncio.Runner, httpx.AsyncClient], path: str, raw: bytes, kind: str | None
-) -> None:
-    runner, client = app_client
+def _post(app_client: InProcess, path: str, raw: bytes, kind: str | None) -> None:
+    runner, client = app_client.runner, app_client.client
     headers = {} if kind is None else {"content-type": kind}
     answer = runner.run(client.post(path, content=raw, headers=headers))
     event(f"{path} answered {answer.status_code}")  # --hypothesis-show-statistics: how many got through
@@ -90,7 +105,7 @@ def _post(
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(value=JSON_VALUES | NEAR_MISSES, path=PATHS, kind=CONTENT_TYPES)
 def test_any_json_value_is_a_decision_or_a_4xx(
-    app_client: tuple[asyncio.Runner, httpx.AsyncClient], value: object, path: str, kind: str | None
+    app_client: InProcess, value: object, path: str, kind: str | None
 ) -> None:
     _post(app_client, path, json.dumps(value).encode(), kind)
 
@@ -98,7 +113,7 @@ def test_any_json_value_is_a_decision_or_a_4xx(
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(raw=st.binary(max_size=64), path=PATHS, kind=CONTENT_TYPES)
 def test_any_bytes_are_a_decision_or_a_4xx(
-    app_client: tuple[asyncio.Runner, httpx.AsyncClient], raw: bytes, path: str, kind: str | None
+    app_client: InProcess, raw: bytes, path: str, kind: str | None
 ) -> None:
     _post(app_client, path, raw, kind)
 
@@ -113,10 +128,28 @@ def test_any_bytes_are_a_decision_or_a_4xx(
         pytest.param(b'{"input": NaN}', id="nan"),
     ],
 )
-def test_the_cases_the_issue_names_are_4xx(
-    app_client: tuple[asyncio.Runner, httpx.AsyncClient], raw: bytes
-) -> None:
-    runner, client = app_client
+def test_the_cases_the_issue_names_are_4xx(app_client: InProcess, raw: bytes) -> None:
+    runner, client = app_client.runner, app_client.client
     answer = runner.run(client.post("/v1/check", content=raw, headers={"content-type": "application/json"}))
     assert 400 <= answer.status_code < 500, answer.text
     _assert_answered_or_refused(answer, "/v1/check")
+
+
+def test_a_monitor_that_cannot_take_a_request_answers_503_with_retry_after(
+    app_client: InProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full disk under the decision log, injected (a real disk does not fill on demand): the
+    monitor raises LogUnavailable, an Unavailable, and the server says 503 and when to retry."""
+    runner, client = app_client.runner, app_client.client
+    monitor = app_client.monitor
+
+    def full_disk(record: dict) -> None:
+        raise LogUnavailable("the decision log cannot be written: No space left on device", retry_after=2.5)
+
+    monkeypatch.setattr(monitor.decisions, "write", full_disk)
+    answer = runner.run(
+        client.post("/v1/check", json={"input": "a new text"}, headers={"content-type": "application/json"})
+    )
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "3"
+    assert answer.json() == {"error": "the decision log cannot be written: No space left on device"}

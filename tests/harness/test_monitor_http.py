@@ -11,13 +11,14 @@ model, see tests/monitor_bundle.py) served by the real command in a subprocess:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,10 @@ from monitor_bundle import write_untrained_bundle
 TOKEN = "t0ken-for-tests-8f3a"  # given to the server through the environment
 TOKEN_ENV = {"CTD_TEST_MONITOR_TOKEN": TOKEN}
 HEAD_TIMEOUT_S = 1.0
-MAX_CONNECTIONS = 64
+BODY_TIMEOUT_S = 2.0
+MAX_CONNECTIONS = 64  # with the accept burst (128) and the reserve (64): exactly FILE_LIMIT
+FILE_LIMIT = 256
+SLOW_CLIENTS = 300
 ANSWER_WITHIN_S = 5.0  # a normal request under the slow clients
 
 
@@ -39,7 +43,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_untrained_bundle(tmp_path_factory.mktemp("http") / "demo-bundle")
 
 
-def _wait_ready(process: subprocess.Popen[str], port: int) -> None:
+def _wait_ready(process: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()
@@ -53,7 +57,7 @@ def _wait_ready(process: subprocess.Popen[str], port: int) -> None:
     pytest.fail("the monitor did not start")
 
 
-def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+def _stop(process: subprocess.Popen) -> tuple[str, str]:
     process.terminate()
     try:
         return process.communicate(timeout=30)
@@ -62,25 +66,37 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         return process.communicate(timeout=10)
 
 
+def _few_file_descriptors() -> None:
+    """In the server before exec: an open-file limit that SLOW_CLIENTS unguarded connections
+    would exhaust (the issue saw 1,100 slow clients exhaust a limit of 1,024)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FILE_LIMIT, FILE_LIMIT))
+
+
 @pytest.fixture(scope="module")
 def served(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """The bundle served with a token, a 1 s head timeout and a cap of 64 connections."""
+    """The bundle served with a token, a 1 s head timeout, a cap of 64 connections and an
+    open-file limit of 256."""
     port = free_port()
-    log = tmp_path_factory.mktemp("log") / "decisions.jsonl"
-    process = start_ctd(
-        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port), "--log", str(log),
-        "--auth-token-env", "CTD_TEST_MONITOR_TOKEN", "--head-timeout", str(HEAD_TIMEOUT_S),
-        "--max-connections", str(MAX_CONNECTIONS),
-        cwd=bundle.parent, env=TOKEN_ENV,
+    folder = tmp_path_factory.mktemp("log")
+    log = folder / "decisions.jsonl"
+    output = (folder / "server-output.txt").open("w")  # a file, not a pipe: nothing blocks on it
+    process = subprocess.Popen(
+        [sys.executable, "-c", CTD, "monitor", "serve", str(bundle), "--no-expert", "--port", str(port),
+         "--log", str(log), "--auth-token-env", "CTD_TEST_MONITOR_TOKEN",
+         "--head-timeout", str(HEAD_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
+         "--max-connections", str(MAX_CONNECTIONS)],
+        cwd=bundle.parent, env={**os.environ, **TOKEN_ENV}, stdout=output, stderr=subprocess.STDOUT,
+        preexec_fn=_few_file_descriptors,
     )  # fmt: skip
     _wait_ready(process, port)
     outputs: dict = {"url": f"http://127.0.0.1:{port}", "port": port, "log": log}
     try:
         yield outputs
     finally:
-        outputs["stdout"], outputs["stderr"] = _stop(process)
+        _stop(process)
+        output.close()
         # The token reached nothing the server wrote: its output, its decision log.
-        assert TOKEN not in outputs["stdout"] + outputs["stderr"] + log.read_text()
+        assert TOKEN not in (folder / "server-output.txt").read_text() + log.read_text()
 
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -90,7 +106,7 @@ def _slow_clients(port: int, count: int) -> list[socket.socket]:
     """`count` connections: even ones send nothing, odd ones the start of a request head."""
     clients = []
     for i in range(count):
-        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
         if i % 2:
             client.sendall(b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-le")
         clients.append(client)
@@ -115,7 +131,7 @@ def _closed_by_server(client: socket.socket, within: float) -> bool:
 
 
 def test_slow_clients_are_closed_and_normal_requests_are_still_answered(served: dict) -> None:
-    clients = _slow_clients(served["port"], MAX_CONNECTIONS + 100)
+    clients = _slow_clients(served["port"], SLOW_CLIENTS)
     try:
         started = time.monotonic()
         health = httpx.get(f"{served['url']}/healthz", timeout=ANSWER_WITHIN_S)
@@ -137,6 +153,21 @@ def test_slow_clients_are_closed_and_normal_requests_are_still_answered(served: 
     assert all(closed), f"{closed.count(False)} of {len(clients)} slow connections still open"
     # ... and the server is still whole afterwards.
     assert httpx.get(f"{served['url']}/healthz", timeout=ANSWER_WITHIN_S).status_code == 200
+
+
+def test_a_body_that_stalls_is_a_408_after_the_body_timeout(served: dict) -> None:
+    with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as client:
+        client.sendall(
+            f"POST /v1/check HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+            'content-type: application/json\r\ncontent-length: 100\r\n\r\n{"input": '.encode()
+        )
+        started = time.monotonic()
+        answer = client.recv(4096)
+        waited = time.monotonic() - started
+        while not answer.endswith(b"}") and (more := client.recv(4096)):  # the body may come apart
+            answer += more
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"did not arrive within 2 s" in answer and BODY_TIMEOUT_S - 0.5 < waited < BODY_TIMEOUT_S + 5
 
 
 @pytest.mark.parametrize(
@@ -215,28 +246,29 @@ def test_healthz_names_the_bundle_without_its_absolute_path(served: dict, bundle
 def test_sigterm_stops_the_server_within_a_bounded_time(bundle: Path, tmp_path: Path) -> None:
     port = free_port()
     process = start_ctd(
-        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port), "--max-wait-ms", "1000",
+        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port),
         "--log", str(tmp_path / "d.jsonl"), cwd=tmp_path,
     )  # fmt: skip
     try:
         _wait_ready(process, port)
-        idle = socket.create_connection(("127.0.0.1", port), timeout=5)  # an open idle connection
-        in_flight = threading.Thread(
-            target=lambda: httpx.post(f"http://127.0.0.1:{port}/v1/check", json={"input": "x"}, timeout=30)
+        # A request whose body stalls: the server is mid-request when SIGTERM comes.
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+        stalled.sendall(
+            b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"input": '
         )
-        in_flight.start()
-        time.sleep(0.2)
+        time.sleep(0.5)
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)  # the graceful-shutdown bound is 10 s
+        with contextlib.suppress(subprocess.TimeoutExpired):  # measured below
+            process.wait(timeout=25)  # the graceful-shutdown bound is 10 s
         stopped_in = time.monotonic() - started
-        in_flight.join(30)
-        idle.close()
+        stalled.close()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(10)
-    assert stopped_in < 15, stopped_in
+    assert stopped_in < 15, f"SIGTERM took {stopped_in:.1f} s"
 
 
 BAD_OPTIONS = [
