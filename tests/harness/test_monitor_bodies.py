@@ -22,8 +22,10 @@ from harness.monitor._errors import LogUnavailable
 from harness.monitor._monitor import Monitor
 from harness.monitor._server import ROLES, create_app
 
-# Any code point, lone surrogates included (json.dumps writes them as \udXXX escapes).
-ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)
+# Any code point, lone surrogates included (json.dumps writes them as \udXXX escapes); the
+# surrogates are also drawn on their own, or a few in 2,048 code points would rarely come up.
+SURROGATES = st.integers(0xD800, 0xDFFF).map(chr)
+ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()) | SURROGATES, max_size=12)
 SCALARS = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | ANY_TEXT
 )
@@ -53,6 +55,16 @@ NEAR_MISSES = st.one_of(
     st.fixed_dictionaries({"input": JSON_VALUES}),
     st.dictionaries(FIELDS, JSON_VALUES, max_size=3),
     st.fixed_dictionaries({"request_id": JSON_VALUES, "label": JSON_VALUES}),
+)
+# Bodies json.dumps cannot write: integer literals past Python's 4,300-digit limit, nesting past
+# the parser's recursion limit, each inside or outside a body of the right shape.
+HUGE_INTEGERS = st.integers(4_301, 20_000).map(lambda digits: b"9" * digits)
+DEEP_NESTING = st.integers(1_000, 100_000).map(lambda depth: b"[" * depth + b"]" * depth)
+RAW_HAZARDS = st.one_of(
+    HUGE_INTEGERS,
+    DEEP_NESTING,
+    (HUGE_INTEGERS | DEEP_NESTING).map(lambda value: b'{"input": ' + value + b"}"),
+    (HUGE_INTEGERS | DEEP_NESTING).map(lambda value: b'{"request_id": "a", "label": ' + value + b"}"),
 )
 PATHS = st.sampled_from(["/v1/check", "/v1/feedback"])
 CONTENT_TYPES = st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", None])
@@ -111,7 +123,7 @@ def test_any_json_value_is_a_decision_or_a_4xx(
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(raw=st.binary(max_size=64), path=PATHS, kind=CONTENT_TYPES)
+@given(raw=st.binary(max_size=64) | RAW_HAZARDS, path=PATHS, kind=CONTENT_TYPES)
 def test_any_bytes_are_a_decision_or_a_4xx(
     app_client: InProcess, raw: bytes, path: str, kind: str | None
 ) -> None:
