@@ -21,7 +21,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .._errors import InputError
-from ._limits import ACCEPT_BURST, FD_RESERVE, ServeLimits
+from ._limits import ACCEPT_BURST, FD_RESERVE, LISTEN_BACKLOG, ServeLimits
 
 __all__ = ["bind_listener", "guarded_protocol", "raise_open_file_limit", "serve"]
 
@@ -111,7 +111,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(ACCEPT_BURST)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:
@@ -133,4 +133,11 @@ async def serve(app: Any, sock: socket.socket, limits: ServeLimits) -> None:
         timeout_graceful_shutdown=max(1, round(limits.graceful_shutdown)),
         backlog=ACCEPT_BURST,  # also the accept burst: see ACCEPT_BURST
     )
-    await uvicorn.Server(config).serve(sockets=[sock])
+    await _Server(config).serve(sockets=[sock])
+
+
+class _Server(uvicorn.Server):
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        for sock in sockets or []:  # asyncio shortened the kernel's queue to the accept burst
+            sock.listen(LISTEN_BACKLOG)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ACCEPT_BURST", "FD_RESERVE", "ServeLimits"]
+__all__ = ["ACCEPT_BURST", "FD_RESERVE", "LISTEN_BACKLOG", "ServeLimits"]
 
 FD_RESERVE = 64  # file descriptors kept beside the connections: model files, logs, the expert
 # Connections asyncio accepts in one go (its accept loop takes up to `backlog` before any of them
@@ -13,6 +13,9 @@ FD_RESERVE = 64  # file descriptors kept beside the connections: model files, lo
 # inside the open-file limit, or accept() fails with EMFILE and asyncio logs one traceback per
 # retry, up to `backlog` of them per burst.
 ACCEPT_BURST = 128
+# Connections the kernel queues before they are accepted: they hold no descriptor of ours, so
+# the queue can be long (asyncio sets it to ACCEPT_BURST; the server sets it back once started).
+LISTEN_BACKLOG = 2048
 
 
 @dataclass(frozen=True)
