@@ -27,6 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException
 
 from .._errors import InputError
 from ._errors import Unavailable
@@ -166,6 +167,15 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
             await monitor.aclose()
 
     app = FastAPI(title="ctd monitor", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def routing_error(request: Request, error: HTTPException) -> JSONResponse:
+        """An unknown path (404) or method (405), in the same one-line shape as every refusal."""
+        return JSONResponse(
+            {"error": f"{request.method} {request.url.path}: {error.detail}"},
+            status_code=error.status_code,
+            headers=error.headers,
+        )
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:

@@ -165,3 +165,13 @@ def test_a_monitor_that_cannot_take_a_request_answers_503_with_retry_after(
     )
     assert answer.status_code == 503 and answer.headers["retry-after"] == "3"
     assert answer.json() == {"error": "the decision log cannot be written: No space left on device"}
+
+
+def test_an_unknown_path_or_method_is_a_one_line_4xx(app_client: InProcess) -> None:
+    runner, client = app_client.runner, app_client.client
+    missing = runner.run(client.get("/v1/nowhere"))
+    wrong_method = runner.run(client.get("/v1/check"))
+    assert missing.status_code == 404 and missing.json() == {"error": "GET /v1/nowhere: Not Found"}
+    assert wrong_method.status_code == 405 and wrong_method.json() == {
+        "error": "GET /v1/check: Method Not Allowed"
+    }
