@@ -11,7 +11,7 @@ import typer
 
 from .._errors import InputError
 from ..run._layout import Roots
-from ._common import clean_errors
+from ._common import clean_errors, print_json
 
 __all__ = ["register"]
 
@@ -40,13 +40,20 @@ def monitor_calibrate(
     name: Annotated[
         str | None, typer.Option("--name", help="Bundle name under runs/RUN/monitor/ (default: MODE-LEVEL).")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace a bundle of that name (the old one is kept as NAME.replaced-TIME)."
+        ),
+    ] = False,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
     ] = None,
 ) -> None:
     """Calibrate a deployment threshold on the run's whole test split (Pareto filtering on D_est,
     LTT on D_cal) and write a monitor bundle; its path is the last line printed."""
-    from ..monitor._bundle import calibrate_bundle
+    from ..monitor._bundle import check_bundle_name
+    from ..monitor._certify import calibrate_bundle
 
     if (budget is None) == (accuracy is None):
         raise InputError("give exactly one of --budget ALPHA and --accuracy LEVEL")
@@ -54,11 +61,22 @@ def monitor_calibrate(
         raise InputError(f"--accuracy {accuracy:g}: must lie in (0, 1)")
     mode = "budget" if budget is not None else "performance"
     alpha = budget if budget is not None else round(1.0 - float(accuracy), 12)  # type: ignore[arg-type]
-    name = name or (f"budget-{budget:g}" if budget is not None else f"accuracy-{accuracy:g}")
-    layout = Roots.resolve(runs_dir).run(run)
-    folder, result = calibrate_bundle(
-        layout, name=name, mode=mode, alpha=alpha, delta=delta, arch=arch, seed=seed, split_seed=split_seed
+    name = check_bundle_name(
+        name or (f"budget-{budget:g}" if budget is not None else f"accuracy-{accuracy:g}")
     )
+    layout = Roots.resolve(runs_dir).run(run)
+    written = calibrate_bundle(
+        layout,
+        name=name,
+        mode=mode,
+        alpha=alpha,
+        delta=delta,
+        arch=arch,
+        seed=seed,
+        split_seed=split_seed,
+        force=force,
+    )
+    folder, result = written.folder, written.result
     tested = len(result.order)
     stop = "every one rejected" if result.stopped_at is None else f"stopped at position {result.stopped_at}"
     print(
@@ -73,7 +91,54 @@ def monitor_calibrate(
         )
         raise typer.Exit(code=1)
     print(f"threshold {result.threshold:g} (delegate when DV > threshold)")
+    if written.replaced is not None:
+        print(f"the bundle it replaces is kept as {written.replaced}")
     print(folder)
+
+
+@monitor_app.command("audit")
+@clean_errors
+def monitor_audit(
+    bundle: Annotated[Path, typer.Argument(help="A bundle folder written by `ctd monitor calibrate`.")],
+    *,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", help="The run to audit against: a name or a folder (default: the one recorded)."
+        ),
+    ] = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as one JSON object.")] = False,
+) -> None:
+    """Redo the bundle's certification from its run's files: the scores table and probes it was
+    certified on (sha256), its own probe copies, and the LTT record recomputed from the examples it
+    names. Exit code 0 when everything matches, 1 when something differs."""
+    from ..monitor._audit import audit_bundle
+    from ..run._layout import RunLayout
+
+    layout = None
+    if run is not None:
+        layout = (
+            RunLayout(Path(run)) if Path(run).is_dir() and "/" in run else Roots.resolve(runs_dir).run(run)
+        )
+        if not layout.root.is_dir():
+            raise InputError(f"--run {run}: no run folder {layout.root}")
+    audit = audit_bundle(bundle, layout)
+    if as_json:
+        print_json(audit.to_json())
+    else:
+        for check in audit.checks:
+            print(f"{'ok     ' if check.ok else 'DIFFERS'}  {check.what}: {check.detail}")
+        failed = sum(not check.ok for check in audit.checks)
+        print(
+            f"audit: {bundle} matches its run {audit.run}"
+            if audit.matches
+            else f"audit: {failed} of {len(audit.checks)} checks differ"
+        )
+    if not audit.matches:
+        raise typer.Exit(code=1)
 
 
 @monitor_app.command("serve")
@@ -103,7 +168,10 @@ def monitor_serve(
     log_text: Annotated[bool, typer.Option("--log-text", help="Also log each conversation's text.")] = False,
     max_delegation_rate: Annotated[
         float | None,
-        typer.Option("--max-delegation-rate", help="Hard cap on expert calls over the last 200 requests."),
+        typer.Option(
+            "--max-delegation-rate",
+            help="Hard cap on expert calls over the last 200 requests (budget bundles).",
+        ),
     ] = None,
     max_batch: Annotated[
         int, typer.Option("--max-batch", help="Conversations per forward pass at most.")
@@ -122,8 +190,7 @@ def monitor_serve(
     read = read_bundle(bundle)
     if expert_url is not None or not no_expert:
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
-    if max_delegation_rate is not None and not 0 < max_delegation_rate <= 1:
-        raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+    read.check_cap(max_delegation_rate)
     if max_batch < 1 or max_wait_ms < 0 or not 0 < port < 65536:
         raise InputError("--max-batch must be at least 1, --max-wait-ms at least 0, --port in 1..65535")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .._errors import InputError
+from ._errors import Unavailable
 from ._monitor import Monitor
 
 __all__ = ["MAX_BODY_BYTES", "ROLES", "create_app", "parse_check", "parse_feedback"]
@@ -124,6 +126,11 @@ def create_app(load: Any) -> FastAPI:
         state["monitor"].metrics.bad_requests += 1
         return JSONResponse({"error": str(error)}, status_code=error.status)
 
+    def unavailable(error: Unavailable) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(error)}, status_code=503, headers={"Retry-After": str(math.ceil(error.retry_after))}
+        )
+
     async def body_of(request: Request) -> Any:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -145,6 +152,8 @@ def create_app(load: Any) -> FastAPI:
             return refuse(error)
         except InputError as error:  # the chat template rejects the conversation
             return refuse(BadRequest(422, str(error)))
+        except Unavailable as error:  # refused before anything was paid: come back later
+            return unavailable(error)
         return JSONResponse(decision.to_json())
 
     @app.post("/v1/feedback")
@@ -153,7 +162,10 @@ def create_app(load: Any) -> FastAPI:
             rid, label = parse_feedback(await body_of(request))
         except BadRequest as error:
             return refuse(error)
-        matched = state["monitor"].feedback(rid, label)
+        try:
+            matched = await state["monitor"].feedback(rid, label)
+        except Unavailable as error:
+            return unavailable(error)
         if not matched:
             return refuse(BadRequest(404, f"request_id {rid!r}: no recent decision has it"))
         return JSONResponse({"matched": True})
@@ -165,14 +177,19 @@ def create_app(load: Any) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         monitor = state["monitor"]
+        log_problem = (
+            None if monitor.decisions is None or monitor.decisions.healthy else monitor.decisions.problem
+        )
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if log_problem is None else "unavailable",
+                "log": log_problem or "ok",
                 "bundle": str(monitor.bundle.layout.root),
                 "threshold": monitor.bundle.record["threshold"],
                 "expert": None if monitor.gate is None else ("down" if monitor.gate.down else "up"),
                 "drift_alarm": monitor.delegation.alarm or monitor.errors.alarm,
-            }
+            },
+            status_code=200 if log_problem is None else 503,  # a load balancer stops sending here
         )
 
     return app

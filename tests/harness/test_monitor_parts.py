@@ -177,10 +177,10 @@ def test_prometheus_text_is_well_formed_with_cumulative_histograms() -> None:
 def test_the_decision_log_appends_across_restarts_and_keeps_no_text_unless_asked(tmp_path: Path) -> None:
     path = tmp_path / "decisions.jsonl"
     first = DecisionLog(path)
-    first.write({"event": "decision", "request_id": "a"})
+    first.write_sync({"event": "decision", "request_id": "a"})
     first.close()
     second = DecisionLog(path, text=True)
-    second.write({"event": "decision", "request_id": "b", "text": "hello"})
+    second.write_sync({"event": "decision", "request_id": "b", "text": "hello"})
     second.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["request_id"] for r in records] == ["a", "b"] and "text" not in records[0]
@@ -194,7 +194,7 @@ def test_serve_refuses_a_missing_bundle_and_bad_options_in_one_line(tmp_path: Pa
     )
     bundle = tmp_path / "b"
     bundle.mkdir()
-    (bundle / "bundle.json").write_text(json.dumps({"version": 1, "threshold": 0.1}))
+    (bundle / "bundle.json").write_text(json.dumps({"version": 2, "threshold": 0.1}))
     assert_one_line_error(run_ctd("monitor", "serve", str(bundle), cwd=tmp_path), "missing key 'merge'")
     assert_one_line_error(
         run_ctd("monitor", "calibrate", "--run", "t", "--budget", "0.2", "--accuracy", "0.9", cwd=tmp_path),
