@@ -179,14 +179,23 @@ def monitor_serve(
     max_wait_ms: Annotated[
         float, typer.Option("--max-wait-ms", help="How long a forward batch waits to fill.")
     ] = 5.0,
+    drift_mtfa: Annotated[
+        float | None,
+        typer.Option(
+            "--drift-mtfa",
+            help="Mean requests to a false drift alarm at the certified rate, 100 to 1e12 (default 1e8).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
     import uvicorn
 
     from ..monitor._bundle import read_bundle
+    from ..monitor._drift import DEFAULT_MTFA, check_mtfa
     from ..monitor._monitor import Monitor
     from ..monitor._server import create_app
 
+    mtfa = check_mtfa(DEFAULT_MTFA if drift_mtfa is None else drift_mtfa)
     read = read_bundle(bundle)
     if expert_url is not None or not no_expert:
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
@@ -206,6 +215,7 @@ def monitor_serve(
             max_delegation_rate=max_delegation_rate,
             max_batch=max_batch,
             max_wait=max_wait_ms / 1e3,
+            drift_mtfa=mtfa,
         )
 
     print(f"ctd monitor: loading {bundle}; serving on http://{host}:{port} once ready", file=sys.stderr)

@@ -22,7 +22,7 @@ from .._errors import InputError
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
 from ._decisions import DecisionLog, record_bound
-from ._drift import Alarm, DelegationCap, RateWatch
+from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
 from ._errors import LogUnavailable
 from ._expert import ExpertGate
 from ._metrics import MonitorMetrics, exposition
@@ -87,6 +87,7 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        drift_mtfa: float = DEFAULT_MTFA,
     ) -> None:
         bundle.check_cap(max_delegation_rate)
         self.bundle = bundle
@@ -100,10 +101,11 @@ class Monitor:
         )
         # The certified risk is watched: the delegation rate in budget mode, the cascade's error
         # (from labels posted back) in performance mode; the other is counted and shown.
-        # The uncertified one gets a target of 1, which no lower bound passes: it never alarms.
+        # The uncertified one gets a target of 1, which no rate exceeds: it only counts.
         alpha = bundle.alpha
-        self.delegation = RateWatch("delegation", alpha if bundle.mode == "budget" else 1.0)
-        self.errors = RateWatch("error", alpha if bundle.mode == "performance" else 1.0)
+        budget = bundle.mode == "budget"
+        self.delegation = RateWatch("delegation", alpha if budget else 1.0, mtfa=drift_mtfa)
+        self.errors = RateWatch("error", 1.0 if budget else alpha, mtfa=drift_mtfa)
         # request id -> (the label decided, whether the certified cascade decided it)
         self._labels: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         # request id -> the expert's answer, kept until its decision is logged: a request refused
@@ -125,10 +127,14 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        drift_mtfa: float = DEFAULT_MTFA,
     ) -> Monitor:
         """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
-        ready to check. `expert=False` never asks the expert (the probe-only cascade)."""
+        ready to check. `expert=False` never asks the expert (the probe-only cascade).
+        `drift_mtfa`: the drift detector's mean number of requests to a false alarm."""
         from ._scorer import ProbeScorer  # torch is imported here, not at start-up
+
+        check_mtfa(drift_mtfa)  # a bad setting is one line before the model loads
 
         read = read_bundle(Path(bundle))
         read.check_cap(max_delegation_rate)  # before the model loads
@@ -146,6 +152,7 @@ class Monitor:
             max_delegation_rate=max_delegation_rate,
             max_batch=max_batch,
             max_wait=max_wait,
+            drift_mtfa=drift_mtfa,
         )
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
@@ -307,15 +314,16 @@ class Monitor:
                     ("rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk),
                     ("rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk),
                 ]
-            if watch.risk == certified and watch.last is not None:
-                last = watch.last
+            if watch.risk == certified:  # the e-detector's evidence (harness/monitor/_drift.py)
+                now = watch.last
                 gauges += [
-                    ("drift_alarm", "1 when the last look's exact lower bound passed the certified level.",
-                     float(last.raised), risk),
-                    ("drift_lower_bound", "The last look's one-sided exact lower bound of the window's rate.",
-                     last.lower, risk),
-                    ("drift_window_events", "Events in the last look's window.", last.k, risk),
-                    ("drift_window_size", "Requests in the last look's window.", last.n, risk),
+                    ("drift_alarm", "1 once the drift detector alarmed (latched).", float(watch.alarm), risk),
+                    ("drift_alarms", "Drift alarms so far (the evidence restarts from 0 after each).",
+                     watch.alarms, risk),
+                    ("drift_evidence", "e-SR statistic since the last restart.", now.statistic, risk),
+                    ("drift_threshold", "Alarm threshold: the guaranteed mean requests to a false alarm.",
+                     now.threshold, risk),
+                    ("drift_requests_since_restart", "Outcomes the evidence covers.", now.since, risk),
                 ]  # fmt: skip
         if self.gate is not None:
             gauges.append(
