@@ -82,18 +82,20 @@ def test_the_mean_time_to_false_alarm_is_at_least_the_threshold() -> None:
 
 def test_false_alarms_over_100000_requests_at_the_certified_rate_against_the_old_window_alarm() -> None:
     """The guarantee: P(a false alarm within m requests) <= m / A = 0.1% at the default A = 1e8, so
-    24 streams show none (probability of any >= 2.4% at most). The old alarm's 1e-4 per look over
-    2,000 looks false-alarmed in 7-8.5% of such streams; it is counted beside, not asserted."""
+    the e-detector shows none in 24 streams (any at all has probability 2.4% at most). The same
+    check fails on the old alarm: its 1e-4 per look over 2,000 looks false-alarmed in 3-8% of such
+    streams (measured here 7 and 6 of 200, in bench_drift.py 6 and 8 of 100), so it is run on 200
+    per alpha (cheap: vectorised) and shows some at each (none would have chance 0.2% at 3%)."""
     assert DEFAULT_MTFA == 1e8
     new_alarms, old_alarms = {}, {}
     for alpha in (0.1, 0.3):
-        streams = [np.random.default_rng([3, round(alpha * 10), n]).random(STREAM) < alpha for n in range(12)]
-        new_alarms[alpha] = sum(bool(RateWatch("delegation", alpha).extend(s)) for s in streams)
+        rngs = [np.random.default_rng([3, round(alpha * 10), n]) for n in range(200)]
+        streams = [rng.random(STREAM) < alpha for rng in rngs]
+        new_alarms[alpha] = sum(bool(RateWatch("delegation", alpha).extend(s)) for s in streams[:12])
         old_alarms[alpha] = sum(bool(window_alarms(s, alpha).size) for s in streams)
-    print(
-        f"streams of {STREAM} with a false alarm out of 12: e-detector {new_alarms}, old window {old_alarms}"
-    )
+    print(f"streams with a false alarm: e-detector {new_alarms} of 12, old window {old_alarms} of 200")
     assert new_alarms == {0.1: 0, 0.3: 0}
+    assert old_alarms[0.1] >= 1 and old_alarms[0.3] >= 1
 
 
 @pytest.mark.parametrize(
