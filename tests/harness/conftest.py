@@ -45,10 +45,10 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs: a real file system that fills up, mounted where the test may (root)."""
+    """A 256 KiB tmpfs: a real file system that fills up, mounted where the test may (root)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]
+    command = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]
     done = subprocess.run(command, capture_output=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
