@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from harness.monitor._bundle import BUNDLE_VERSION
 from harness.run._layout import BundleLayout
+from harness.run._log import file_sha256
 from probes import ProbeArtifact, ProbeConfig, describe_model, save_probe
 from probes._build import build_probe
 from probes._model import model_cache_root
@@ -56,7 +58,7 @@ def write_untrained_bundle(folder: Path, *, model: str = "smollm2", threshold: f
             seed=0,
         )
         save_probe(stem, build_probe(config, dim), artifact)
-    record = {
+    record: dict[str, Any] = {
         "version": BUNDLE_VERSION,
         "threshold": threshold,
         "merge": "overwrite",
@@ -67,4 +69,17 @@ def write_untrained_bundle(folder: Path, *, model: str = "smollm2", threshold: f
         "ltt": {},
     }
     layout.record.write_text(json.dumps(record))
+    seal(folder)
     return folder
+
+
+def seal(folder: Path) -> None:
+    """Record the sha256 of the bundle's probe files as they are now (bundle.json's `sources`),
+    as `ctd monitor calibrate` does, after a test changed one on purpose."""
+    layout = BundleLayout(folder)
+    record = json.loads(layout.record.read_text())
+    record["sources"] = {
+        part: {suffix: file_sha256(stem.with_suffix(f".{suffix}")) for suffix in ("safetensors", "json")}
+        for part, stem in (("safety", layout.safety_probe), ("dv", layout.dv_probe))
+    }
+    layout.record.write_text(json.dumps(record))

@@ -14,7 +14,7 @@ import typer
 from .._errors import InputError
 from ..monitor._limits import ServeLimits
 from ..run._layout import Roots
-from ._common import clean_errors
+from ._common import clean_errors, print_json
 
 __all__ = ["register"]
 
@@ -48,13 +48,20 @@ def monitor_calibrate(
     name: Annotated[
         str | None, typer.Option("--name", help="Bundle name under runs/RUN/monitor/ (default: MODE-LEVEL).")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace a bundle of that name (the old one is kept as NAME.replaced-TIME)."
+        ),
+    ] = False,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
     ] = None,
 ) -> None:
     """Calibrate a deployment threshold on the run's whole test split (Pareto filtering on D_est,
     LTT on D_cal) and write a monitor bundle; its path is the last line printed."""
-    from ..monitor._bundle import calibrate_bundle
+    from ..monitor._bundle import check_bundle_name
+    from ..monitor._certify import calibrate_bundle
 
     if (budget is None) == (accuracy is None):
         raise InputError("give exactly one of --budget ALPHA and --accuracy LEVEL")
@@ -62,11 +69,22 @@ def monitor_calibrate(
         raise InputError(f"--accuracy {accuracy:g}: must lie in (0, 1)")
     mode = "budget" if budget is not None else "performance"
     alpha = budget if budget is not None else round(1.0 - float(accuracy), 12)  # type: ignore[arg-type]
-    name = name or (f"budget-{budget:g}" if budget is not None else f"accuracy-{accuracy:g}")
-    layout = Roots.resolve(runs_dir).run(run)
-    folder, result = calibrate_bundle(
-        layout, name=name, mode=mode, alpha=alpha, delta=delta, arch=arch, seed=seed, split_seed=split_seed
+    name = check_bundle_name(
+        name or (f"budget-{budget:g}" if budget is not None else f"accuracy-{accuracy:g}")
     )
+    layout = Roots.resolve(runs_dir).run(run)
+    written = calibrate_bundle(
+        layout,
+        name=name,
+        mode=mode,
+        alpha=alpha,
+        delta=delta,
+        arch=arch,
+        seed=seed,
+        split_seed=split_seed,
+        force=force,
+    )
+    folder, result = written.folder, written.result
     tested = len(result.order)
     stop = "every one rejected" if result.stopped_at is None else f"stopped at position {result.stopped_at}"
     print(
@@ -81,7 +99,54 @@ def monitor_calibrate(
         )
         raise typer.Exit(code=1)
     print(f"threshold {result.threshold:g} (delegate when DV > threshold)")
+    if written.replaced is not None:
+        print(f"the bundle it replaces is kept as {written.replaced}")
     print(folder)
+
+
+@monitor_app.command("audit")
+@clean_errors
+def monitor_audit(
+    bundle: Annotated[Path, typer.Argument(help="A bundle folder written by `ctd monitor calibrate`.")],
+    *,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", help="The run to audit against: a name or a folder (default: the one recorded)."
+        ),
+    ] = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as one JSON object.")] = False,
+) -> None:
+    """Redo the bundle's certification from its run's files: the scores table and probes it was
+    certified on (sha256), its own probe copies, and the LTT record recomputed from the examples it
+    names. Exit code 0 when everything matches, 1 when something differs."""
+    from ..monitor._audit import audit_bundle
+    from ..run._layout import RunLayout
+
+    layout = None
+    if run is not None:
+        layout = (
+            RunLayout(Path(run)) if Path(run).is_dir() and "/" in run else Roots.resolve(runs_dir).run(run)
+        )
+        if not layout.root.is_dir():
+            raise InputError(f"--run {run}: no run folder {layout.root}")
+    audit = audit_bundle(bundle, layout)
+    if as_json:
+        print_json(audit.to_json())
+    else:
+        for check in audit.checks:
+            print(f"{'ok     ' if check.ok else 'DIFFERS'}  {check.what}: {check.detail}")
+        failed = sum(not check.ok for check in audit.checks)
+        print(
+            f"audit: {bundle} matches its run {audit.run}"
+            if audit.matches
+            else f"audit: {failed} of {len(audit.checks)} checks differ"
+        )
+    if not audit.matches:
+        raise typer.Exit(code=1)
 
 
 @monitor_app.command("serve")
@@ -111,7 +176,10 @@ def monitor_serve(
     log_text: Annotated[bool, typer.Option("--log-text", help="Also log each conversation's text.")] = False,
     max_delegation_rate: Annotated[
         float | None,
-        typer.Option("--max-delegation-rate", help="Hard cap on expert calls over the last 200 requests."),
+        typer.Option(
+            "--max-delegation-rate",
+            help="Hard cap on expert calls over the last 200 requests (budget bundles).",
+        ),
     ] = None,
     max_batch: Annotated[
         int, typer.Option("--max-batch", help=f"Conversations per forward pass at most (1-{MAX_BATCH}).")
@@ -120,6 +188,13 @@ def monitor_serve(
         float,
         typer.Option("--max-wait-ms", help=f"How long a forward batch waits to fill (0-{MAX_WAIT_MS:g})."),
     ] = 5.0,
+    drift_mtfa: Annotated[
+        float | None,
+        typer.Option(
+            "--drift-mtfa",
+            help="Mean requests to a false drift alarm at the certified rate, 100 to 1e12 (default 1e8).",
+        ),
+    ] = None,
     auth_token_env: Annotated[
         str | None,
         typer.Option(
@@ -141,6 +216,7 @@ def monitor_serve(
     import asyncio
 
     from ..monitor._bundle import read_bundle
+    from ..monitor._drift import DEFAULT_MTFA, check_mtfa
     from ..monitor._http import bind_listener, raise_open_file_limit
 
     # Everything the user can get wrong is checked here, before the model loads (seconds).
@@ -152,10 +228,12 @@ def monitor_serve(
     _check_range("--max-connections", max_connections, 1, MAX_CONNECTIONS)
     if max_delegation_rate is not None and not 0 < max_delegation_rate <= 1:  # NaN fails too
         raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+    mtfa = check_mtfa(DEFAULT_MTFA if drift_mtfa is None else drift_mtfa)
     token = _auth_token(auth_token_env)
     read = read_bundle(bundle)
     if expert_url is not None or not no_expert:
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
+    read.check_cap(max_delegation_rate)
     log_path = log or read.layout.decisions
     _check_log_path(log_path)
     raise_open_file_limit(max_connections)
@@ -181,6 +259,7 @@ def monitor_serve(
                 max_delegation_rate=max_delegation_rate,
                 max_batch=max_batch,
                 max_wait=max_wait_ms / 1e3,
+                drift_mtfa=mtfa,
             )
         )
     finally:

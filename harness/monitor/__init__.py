@@ -3,7 +3,8 @@ API (`await Monitor.load(bundle)`, `await monitor.check(conversation)` -> `Decis
 watch and the HTTP server (`ctd monitor serve`). Importing this package does not load the model:
 `Monitor.load` does (and imports the probe side then)."""
 
-from ._bundle import BUNDLE_VERSION, CONTROL_MODES, Bundle, ControlMode, calibrate_bundle, read_bundle
+from ._bundle import BUNDLE_VERSION, CONTROL_MODES, Bundle, ControlMode, read_bundle
+from ._certify import BundleWritten, calibrate_bundle
 from ._drift import Alarm, DelegationCap, RateWatch
 from ._monitor import Decision, Latency, Monitor
 
@@ -12,6 +13,7 @@ __all__ = [
     "CONTROL_MODES",
     "Alarm",
     "Bundle",
+    "BundleWritten",
     "ControlMode",
     "Decision",
     "DelegationCap",

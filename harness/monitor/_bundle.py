@@ -1,42 +1,53 @@
-"""A monitor bundle: the calibrated cascade out of its run folder. `calibrate_bundle` calibrates one
-threshold for deployment on a run's whole test split and writes the bundle; `read_bundle` reads it
-back, checked, for `Monitor.load`.
-
-Calibration follows the paper and SPEC section 4 with no evaluation half: the test split of one
-probe seed is cut at random into D_est (30%: the threshold grid, the Pareto filter and the
-selection) and D_cal (70%: fixed-sequence testing from integer counts), by calibrate's own
-`threshold_candidates` and `budget_control` / `performance_control`.
-"""
+"""A monitor bundle: the calibrated cascade out of its run folder (written by
+`harness.monitor._certify.calibrate_bundle`). `read_bundle` reads one back, checked against the
+content hashes it records, for `Monitor.load`; the rest keeps bundle folders safe: one plain name
+each, written beside and swapped in, never deleted to make room."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
+import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import numpy as np
-
 import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data._scores import BINARY_SUFFIX, read_scores
-from ..data._tables import read_json, write_json
-from ..run._config import load_run_config
-from ..run._layout import BundleLayout, RunLayout
-from ..stages._query import pick_expert
+from ..data._tables import read_json
+from ..run._layout import BundleLayout
+from ..run._log import file_sha256
 
-__all__ = ["BUNDLE_VERSION", "CONTROL_MODES", "Bundle", "ControlMode", "calibrate_bundle", "read_bundle"]
+__all__ = [
+    "BUNDLE_VERSION",
+    "CONTROL_MODES",
+    "Bundle",
+    "ControlMode",
+    "check_bundle_name",
+    "check_replaceable",
+    "install_bundle",
+    "read_bundle",
+]
 
-BUNDLE_VERSION = 1
+BUNDLE_VERSION = 2  # 2: content hashes of what was certified, and the test order and selection named
 ControlMode = Literal["budget", "performance"]
 CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
-EST_FRACTION = 0.3  # of the test split for D_est; the rest is D_cal (SPEC section 4)
 # What the expert entry keeps: where and how to ask, never a key (api_key_env names a variable).
 EXPERT_FIELDS = ("name", "base_urls", "model", "method", "template", "top_logprobs", "api_key_env")
+# One plain folder name: no separator, no '.'/'..', nothing hidden (staging folders start with '.').
+BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What each mode tests in order and selects by (calibrate's budget_control / performance_control).
+PROCEDURE: dict[str, dict[str, str]] = {
+    "budget": {"test_order": "est_budget", "selection": "est_objective"},
+    "performance": {"test_order": "est_error", "selection": "est_budget"},
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,20 @@ class Bundle:
     def alpha(self) -> float:
         return float(self.record["alpha"])
 
+    def check_cap(self, max_delegation_rate: float | None) -> None:
+        """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation
+        rate) but voids an accuracy bundle's: the certified error is the uncapped cascade's."""
+        if max_delegation_rate is None:
+            return
+        if self.mode != "budget":
+            raise InputError(
+                f"--max-delegation-rate: {self.layout.root.name} certifies accuracy (error at most "
+                f"{self.alpha:g}) for the uncapped cascade, and a cap on expert calls would void that; "
+                "the cap is for budget bundles (or calibrate one with --budget)"
+            )
+        if not 0 < max_delegation_rate <= 1:
+            raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+
     def expert_spec(self, url: str | None = None) -> ExpertSpec:
         """The expert entry as a spec, its base URL replaced by `url` when given."""
         entry = dict(self.record["expert"])
@@ -84,147 +109,109 @@ def read_bundle(folder: Path) -> Bundle:
     record = read_json(layout.record)
     if record.get("version") != BUNDLE_VERSION:
         raise InputError(
-            f"{layout.record}: bundle version {record.get('version')!r}, expected {BUNDLE_VERSION}"
+            f"{layout.record}: bundle version {record.get('version')!r}, expected {BUNDLE_VERSION} "
+            "(recalibrate it with `ctd monitor calibrate --force`)"
         )
-    for key in ("threshold", "merge", "mode", "alpha", "expert", "ltt"):
+    for key in ("threshold", "merge", "mode", "alpha", "expert", "ltt", "sources"):
         if key not in record:
             raise InputError(f"{layout.record}: missing key {key!r}")
     if record["merge"] not in calibrate.MERGE_RULES or record["mode"] not in CONTROL_MODES:
         raise InputError(f"{layout.record}: merge {record['merge']!r} / mode {record['mode']!r} unknown")
-    for stem in (layout.safety_probe, layout.dv_probe):
+    for part, stem in (("safety", layout.safety_probe), ("dv", layout.dv_probe)):
         for suffix in (".safetensors", ".json"):
-            if not stem.with_suffix(suffix).is_file():
-                raise InputError(f"{stem.with_suffix(suffix)}: missing from the bundle")
+            path = stem.with_suffix(suffix)
+            if not path.is_file():
+                raise InputError(f"{path}: missing from the bundle")
+            if file_sha256(path) != record["sources"].get(part, {}).get(suffix[1:]):
+                raise InputError(
+                    f"{path}: its content is not what was certified (its sha256 differs from "
+                    f"{layout.record.name}'s): the file was changed or damaged; copy the bundle again"
+                )
     return Bundle(layout, record)
 
 
-def _test_rows(layout: RunLayout, arch: str, seed: int | None) -> tuple[int, np.ndarray, calibrate.Scores]:
-    """(seed, ids, scores) of the test split of one probe seed of the run's scores table."""
-    if not layout.scores.is_file():
+def check_bundle_name(name: str) -> str:
+    """`name` if it is one plain folder name (letters, digits, '.', '_', '-'; not starting with
+    '.' or '-'; at most 100 characters), else InputError naming --name: a bundle name is joined to
+    the run's monitor/ folder, so '..', '.', 'a/b' or an absolute path would reach outside it."""
+    if not BUNDLE_NAME.fullmatch(name):
         raise InputError(
-            f"--run {layout.name}: {layout.scores} does not exist (has the run reached the dv stage?)"
+            f"--name {name!r}: must be one plain folder name (letters, digits, '.', '_', '-', not "
+            "starting with '.' or '-', at most 100 characters)"
         )
-    table = read_scores(layout.scores)
-    if arch not in table.archs:
-        raise InputError(f"--arch {arch}: not in {layout.scores} (it has {', '.join(table.archs)})")
-    seed = table.seeds[0] if seed is None else seed
-    if seed not in table.seeds:
-        raise InputError(f"--seed {seed}: not in {layout.scores} (it has {', '.join(map(str, table.seeds))})")
-    rows = (table.split == "test") & (table.arch == arch) & (table.seed == seed)
-    scores = calibrate.Scores(
-        label=table.label[rows], probe=table.probe[rows], expert=table.expert[rows], dv=table.dv[rows]
-    )
-    return seed, table.id[rows], scores
+    return name
 
 
-def deploy_splits(n: int, split_seed: int) -> calibrate.Splits:
-    """One random cut of range(n) into D_est (EST_FRACTION) and D_cal, with no evaluation half."""
-    n_est = int(calibrate.split_sizes(n, 1.0, EST_FRACTION)[0])
-    order = np.random.default_rng(split_seed).permutation(n).astype(np.int64)
-    return calibrate.Splits(order[None, :n_est], order[None, n_est:], np.zeros((1, 0), np.int64))
-
-
-def calibrate_bundle(
-    layout: RunLayout,
-    *,
-    name: str,
-    mode: ControlMode,
-    alpha: float,
-    delta: float = 0.1,
-    arch: str | None = None,
-    seed: int | None = None,
-    split_seed: int = 0,
-    objective: calibrate.Objective = "auroc",
-) -> tuple[Path | None, calibrate.ControlResult]:
-    """Calibrate the CTD policy of the run for deployment and write the bundle `monitor/NAME/`.
-    Returns (bundle folder, LTT result); the folder is None when performance control certified
-    nothing (then nothing is written)."""
-    if not layout.root.is_dir():
-        raise InputError(f"--run {layout.name}: no run folder {layout.root}")
-    if mode not in CONTROL_MODES:
-        raise InputError(f"mode {mode!r}: choose from {', '.join(CONTROL_MODES)}")
-    for option, value in (("--budget" if mode == "budget" else "--accuracy", alpha), ("--delta", delta)):
-        if not 0 < value < 1:
-            raise InputError(f"{option} {value:g}: must lie in (0, 1)")
-    config = load_run_config(layout.config, {}) if layout.config.is_file() else None
-    if config is None:
-        raise InputError(f"--run {layout.name}: {layout.config} is missing")
-    arch = arch or config.archs[0]
-    base, target = (arch[: -len(BINARY_SUFFIX)], "binary") if arch.endswith(BINARY_SUFFIX) else (arch, None)
-    if target is None:
-        target = "continuous" if config.dv_target == "both" else config.dv_target
-    seed, ids, scores = _test_rows(layout, arch, seed)
-    splits = deploy_splits(scores.n, split_seed)
-    need = calibrate.min_calibration_size(alpha, delta)
-    if splits.cal.shape[1] < need:
+def check_replaceable(target: BundleLayout, *, force: bool) -> None:
+    """Nothing is replaced by accident: an existing bundle only with --force, and a path that
+    holds something other than a bundle never."""
+    if not target.root.exists() and not target.root.is_symlink():
+        return
+    if target.root.is_symlink() or not target.record.is_file():
         raise InputError(
-            f"--run {layout.name}: the test split of seed {seed} has {scores.n} rows, so D_cal holds "
-            f"{splits.cal.shape[1]}; level {alpha:g} at --delta {delta:g} needs at least {need}"
+            f"--name {target.root.name}: {target.root} exists and is not a monitor bundle: "
+            "choose another name"
         )
-    signal = calibrate.policy_signal(scores, POLICY, splits)
-    (candidates,) = calibrate.threshold_candidates(
-        scores, signal, splits, merge=POLICY.merge, objective=objective
-    )
-    control = calibrate.budget_control if mode == "budget" else calibrate.performance_control
-    result = control(candidates, alpha=alpha, delta=delta)
-    if not result.has_policy:
-        return None, result
+    if not force:
+        raise InputError(
+            f"--name {target.root.name}: the bundle {target.root} exists; give --force to replace it "
+            "(the old one is kept beside it, with its decision log)"
+        )
 
-    spec = pick_expert(config.expert, None, config.expert_model)  # a registered name or a URL
-    expert = {key: getattr(spec, key) for key in EXPERT_FIELDS}
-    expert["base_urls"] = list(spec.base_urls)  # as registered: a $VAR override is not resolved into it
-    bundle = layout.bundle(name)
-    selected = int(result.selected) if result.selected is not None else None
-    record = {
-        "version": BUNDLE_VERSION,
-        "run": str(layout.root.resolve()),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "policy": POLICY.name,
-        "signal": POLICY.signal,
-        "merge": POLICY.merge,
-        "mode": mode,
-        "alpha": alpha,
-        "delta": delta,
-        "objective": objective,
-        "threshold": "inf" if np.isposinf(result.threshold) else float(result.threshold),
-        "arch": arch,
-        "dv_target": target,
-        "seed": seed,
-        "split_seed": split_seed,
-        "n_test": scores.n,
-        # What D_est saw at the chosen threshold: the expected delegation rate and error.
-        "est_budget": None if selected is None else float(candidates.est_budget[selected]),
-        "est_error": None if selected is None else float(candidates.est_error[selected]),
-        "expert": expert,
-        "ltt": result.to_dict(),
-        # The candidates the LTT record's indices point into, with their D_est statistics.
-        "candidates": {
-            "thresholds": ["inf" if np.isposinf(t) else float(t) for t in candidates.thresholds],
-            "est_budget": candidates.est_budget.tolist(),
-            "est_objective": candidates.est_objective.tolist(),
-        },
-        # Which test examples tested the thresholds and which chose them: the audit can be redone.
-        "cal_ids": [str(i) for i in ids[splits.cal[0]]],
-        "est_ids": [str(i) for i in ids[splits.est[0]]],
-    }
-    staging = bundle.root.with_name(f".{name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    staged = type(bundle)(staging)
-    for source, stem in (
-        (layout.probe_artifact(base, seed), staged.safety_probe),
-        (layout.dv_artifact(target, base, seed), staged.dv_probe),
-    ):
-        for suffix in (".safetensors", ".json"):
-            if not source.with_suffix(suffix).is_file():
-                shutil.rmtree(staging, ignore_errors=True)
-                raise InputError(
-                    f"--run {layout.name}: {source.with_suffix(suffix)} is missing (run `ctd eval` again: "
-                    "runs from before probes were saved retrain them)"
-                )
-            shutil.copyfile(source.with_suffix(suffix), stem.with_suffix(suffix))
-    write_json(staged.record, record)
-    if bundle.root.exists():
-        shutil.rmtree(bundle.root)
-    staging.rename(bundle.root)
-    return bundle.root, result
+
+def stage_bundle(monitor: Path, name: str) -> BundleLayout:
+    """A new, empty, hidden folder beside the bundle `name`, on the same file system, to write the
+    new bundle into before it takes the name."""
+    monitor.mkdir(parents=True, exist_ok=True)
+    return BundleLayout(Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=monitor)))
+
+
+def install_bundle(staged: BundleLayout, target: BundleLayout) -> Path | None:
+    """Give the staged bundle its name. A bundle already there is swapped out in one atomic step
+    where the system can (Linux renameat2 RENAME_EXCHANGE), else by two renames, and kept as
+    NAME.replaced-TIME (a server may still be writing its decision log). Returns where the old
+    bundle was kept, or None when there was none."""
+    if not target.root.exists():
+        staged.root.rename(target.root)  # fails if a concurrent writer took the name meanwhile
+        return None
+    kept = target.root.with_name(
+        f"{target.root.name}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    )
+    while kept.exists():
+        kept = kept.with_name(kept.name + "_")
+    if _exchange(staged.root, target.root):
+        try:
+            staged.root.rename(kept)  # the staged path now holds the old bundle
+        except OSError as error:
+            raise InputError(
+                f"{target.root} is the new bundle; the old one is at {staged.root} ({error.strerror})"
+            ) from None
+        return kept
+    target.root.rename(kept)
+    try:
+        staged.root.rename(target.root)
+    except OSError:
+        kept.rename(target.root)  # put the old bundle back rather than leave no bundle
+        raise
+    return kept
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where the system or
+    the file system cannot, so the caller falls back to two renames."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def remove_staged(staged: BundleLayout) -> None:
+    """Remove a staged folder that was never installed (a failed attempt's)."""
+    shutil.rmtree(staged.root, ignore_errors=True)

@@ -1,28 +1,227 @@
-"""The decision log: one JSON line per decision, feedback and alarm of a running monitor."""
+"""The decision log: one JSON line per decision, feedback and alarm of a running monitor.
+
+The contract: **a request is answered only once its record is in the log, written and synced to
+disk.** So that a log that cannot take records never costs an expert call for a request that is
+then refused, the space for a record is reserved before the expert is asked (`reserve`): blocks
+are allocated past the end of the file (Linux fallocate with FALLOC_FL_KEEP_SIZE, so the file
+still reads as plain JSONL), and the process's file-size limit is checked. A full disk is then a
+refusal (`LogUnavailable`, a 503) before anything is paid. A write that fails anyway (an I/O
+error) is cut back to the end of the last whole record, so no torn line is left to swallow the
+next record; a torn tail found when the log is opened (a crash mid-write) is cut off and kept in
+PATH.torn. Records are written by one writer that syncs once per group of records (group commit).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ctypes
+import errno
 import json
+import logging
+import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DecisionLog"]
+from ._errors import LogUnavailable
+
+__all__ = ["RECORD_BYTES", "DecisionLog", "record_bound"]
+
+log = logging.getLogger("ctd.monitor")
+RECORD_BYTES = 2048  # a decision record without its text is about 400 bytes: room to spare
+RESERVE_CHUNK = 1 << 20  # blocks are reserved a MiB at a time
+FALLOC_FL_KEEP_SIZE = 1
+
+
+def record_bound(text: object | None) -> int:
+    """Bytes a record may take at most: RECORD_BYTES, plus 6 bytes per character of the text when
+    it is logged (a control character is written as a 6-byte escape, any other as at most 4)."""
+    if text is None:
+        return RECORD_BYTES
+    return RECORD_BYTES + 6 * len(json.dumps(text, ensure_ascii=False))
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps({"time": round(time.time(), 3), **record}, ensure_ascii=False) + "\n").encode()
+
+
+def _fallocate(fd: int, offset: int, length: int) -> None:
+    """Reserve blocks for [offset, offset + length) without changing the file's size; OSError
+    when there is no room (ENOSPC) or the system cannot (EOPNOTSUPP, ENOSYS)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (AttributeError, OSError):
+        raise OSError(errno.ENOSYS, "fallocate is not available") from None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    if function(fd, FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 class DecisionLog:
-    """Append-only JSONL, one line per decision (and per feedback); opened in append mode, so a
-    restart adds to it. The text is written only with `text=True`."""
+    """Append-only JSONL (see the module docstring for the contract). `text=True` also logs each
+    conversation's text. `healthy` is False from a failed reservation or write until one succeeds;
+    `problem` says what failed, in one line."""
 
     def __init__(self, path: Path, *, text: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self.path.open("a", encoding="utf-8")
         self.text = text
+        if self.path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a folder, not a log file", str(self.path))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._end = self._recover()  # the end of the last whole record
+        self._reserved_to = self._end  # blocks are allocated up to here
+        self._promised = 0  # bytes reserved for records not yet written
+        self._can_reserve = True  # False where fallocate is not supported: statvfs is the check
+        self._queue: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.healthy = True
+        self.problem: str | None = None
+        self._failed_writing = False
+        self.records = 0  # written since the log was opened
+        self.failures = 0  # records refused or lost to a failed write
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
-        self._handle.flush()
+    def _recover(self) -> int:
+        """Cut a torn last line (no newline: a crash mid-write) and keep its bytes in PATH.torn."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return 0
+        tail_start = max(0, size - RESERVE_CHUNK)
+        while True:
+            tail = os.pread(self._fd, size - tail_start, tail_start)
+            newline = tail.rfind(b"\n")
+            if newline >= 0 or tail_start == 0:
+                break
+            tail_start = max(0, tail_start - RESERVE_CHUNK)
+        end = tail_start + newline + 1  # 0 when the file holds no newline at all
+        if end < size:
+            torn = self.path.with_name(self.path.name + ".torn")
+            with torn.open("ab") as handle:
+                handle.write(tail[newline + 1 :] + b"\n")
+            os.ftruncate(self._fd, end)
+            log.warning(
+                "%s: cut a torn last record of %d bytes (kept in %s)", self.path, size - end, torn.name
+            )
+        return end
+
+    def _fail(self, error: OSError, what: str) -> None:
+        self.healthy = False
+        self.problem = f"{self.path.name}: {what}: {error.strerror or error}"
+        self._failed_writing = what == "cannot write"
+
+    def _ok(self, *, wrote: bool) -> None:
+        """A success clears a failure of its own kind (a reservation does not vouch for writes)."""
+        if wrote or not self._failed_writing:
+            self.healthy, self.problem, self._failed_writing = True, None, False
+
+    def reserve(self, nbytes: int) -> None:
+        """Make sure a record of up to `nbytes` can be written, or raise LogUnavailable; release
+        it with `write` (or `release` when the request ends without a record)."""
+        need = self._end + self._promised + nbytes
+        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit != resource.RLIM_INFINITY and need > limit:
+            self._fail(OSError(errno.EFBIG, "the file-size limit (ulimit -f) is reached"), "cannot grow")
+            raise LogUnavailable(f"decision log full: {self.problem}", retry_after=30)
+        if need > self._reserved_to:
+            grow = need - self._reserved_to
+            try:
+                if not self._can_reserve:
+                    self._check_free(grow)
+                else:
+                    try:  # a MiB ahead, so that most records reserve nothing
+                        _fallocate(self._fd, self._reserved_to, max(grow, RESERVE_CHUNK))
+                        grow = max(grow, RESERVE_CHUNK)
+                    except OSError as error:
+                        if error.errno != errno.ENOSPC:
+                            raise
+                        _fallocate(self._fd, self._reserved_to, grow)  # just what this record needs
+            except OSError as error:
+                if error.errno in (errno.EOPNOTSUPP, errno.ENOSYS) and self._can_reserve:
+                    self._can_reserve = False  # this file system cannot: fall back to free space
+                    return self.reserve(nbytes)
+                self._fail(error, "cannot reserve space")
+                self.failures += 1
+                raise LogUnavailable(f"decision log unavailable: {self.problem}", retry_after=30) from None
+            self._reserved_to += grow
+        self._promised += nbytes
+        self._ok(wrote=False)
+        return None
+
+    def _check_free(self, nbytes: int) -> None:
+        stat = os.statvfs(self.path.parent)
+        if stat.f_bavail * stat.f_frsize < nbytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def release(self, nbytes: int) -> None:
+        self._promised = max(0, self._promised - nbytes)
+
+    async def write(self, record: dict[str, Any], *, reserved: int = 0) -> None:
+        """Append `record` and return once it is on disk; LogUnavailable when it could not be
+        written (nothing of it is left in the file then)."""
+        line = _line(record)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((line, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="decision-log")
+        try:
+            await asyncio.shield(future)
+        finally:
+            self.release(reserved)
+
+    async def _drain(self) -> None:
+        """Write what is queued, a group at a time, each group synced once."""
+        while self._queue:
+            group, self._queue = self._queue, []
+            data = b"".join(line for line, _ in group)
+            try:
+                await asyncio.to_thread(self._append, data)
+            except OSError as error:
+                self._fail(error, "cannot write")
+                self.failures += len(group)
+                refusal = LogUnavailable(f"decision log unavailable: {self.problem}", retry_after=30)
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(refusal)
+                continue
+            self._ok(wrote=True)
+            self.records += len(group)
+            for _, future in group:
+                if not future.done():
+                    future.set_result(None)
+
+    def _append(self, data: bytes) -> None:
+        """All of `data` at the end of the file and synced, or none of it (cut back on error)."""
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._end)  # no torn line: the next record starts clean
+            except OSError as cut:
+                log.error("%s: could not cut a failed write back (%s)", self.path, cut.strerror)
+            raise
+        self._end += len(data)
+        self._reserved_to = max(self._reserved_to, self._end)
+
+    def write_sync(self, record: dict[str, Any]) -> None:
+        """Append one record from synchronous code (tests, tools); the same all-or-nothing write."""
+        self._append(
+            (json.dumps({"time": round(time.time(), 3), **record}, ensure_ascii=False) + "\n").encode()
+        )
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        self.close()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._end)  # give back the blocks reserved past the end
+            os.close(self._fd)
+            self._fd = -1

@@ -38,6 +38,7 @@ class MonitorMetrics:
     expert_scores: int = 0
     capped: int = 0  # delegated, but skipped by --max-delegation-rate
     bad_requests: int = 0
+    feedback_uncertified: int = 0  # labels of decisions served without the expert score delegated
     expert_failures: Counter[str] = field(default_factory=Counter)  # by reason
     latency: dict[str, Histogram] = field(
         default_factory=lambda: {part: Histogram() for part in ("probe", "expert", "total")}
@@ -81,6 +82,12 @@ def exposition(metrics: MonitorMetrics, gauges: list[tuple[str, str, float, dict
             metrics.capped,
         ),
         ("bad_requests_total", "Requests refused with a 4xx.", metrics.bad_requests),
+        (
+            "feedback_uncertified_total",
+            "Labels posted for decisions served without the expert score the policy delegated for "
+            "(not counted by the error watch).",
+            metrics.feedback_uncertified,
+        ),
         ("forward_batches_total", "Micro-batched forward passes run.", metrics.batches),
         ("forward_items_total", "Conversations in those forward passes.", metrics.batched_items),
     ):

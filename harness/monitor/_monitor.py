@@ -21,8 +21,9 @@ from experts import Item
 from .._errors import InputError
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
-from ._decisions import DecisionLog
-from ._drift import Alarm, DelegationCap, RateWatch
+from ._decisions import DecisionLog, record_bound
+from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
+from ._errors import LogUnavailable
 from ._expert import ExpertGate
 from ._metrics import MonitorMetrics, exposition
 
@@ -33,6 +34,7 @@ __all__ = ["Decision", "Latency", "Monitor", "request_id"]
 
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
+PAID_MEMORY = 10_000  # expert answers of refused requests kept for their retry
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        drift_mtfa: float = DEFAULT_MTFA,
     ) -> None:
+        bundle.check_cap(max_delegation_rate)
         self.bundle = bundle
         self.scorer = scorer
         self.gate = gate
@@ -97,11 +101,16 @@ class Monitor:
         )
         # The certified risk is watched: the delegation rate in budget mode, the cascade's error
         # (from labels posted back) in performance mode; the other is counted and shown.
-        # The uncertified one gets a target of 1, which no lower bound passes: it never alarms.
+        # The uncertified one gets a target of 1, which no rate exceeds: it only counts.
         alpha = bundle.alpha
-        self.delegation = RateWatch("delegation", alpha if bundle.mode == "budget" else 1.0)
-        self.errors = RateWatch("error", alpha if bundle.mode == "performance" else 1.0)
-        self._labels: OrderedDict[str, int] = OrderedDict()  # request id -> the label decided
+        budget = bundle.mode == "budget"
+        self.delegation = RateWatch("delegation", alpha if budget else 1.0, mtfa=drift_mtfa)
+        self.errors = RateWatch("error", 1.0 if budget else alpha, mtfa=drift_mtfa)
+        # request id -> (the label decided, whether the certified cascade decided it)
+        self._labels: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        # request id -> the expert's answer, kept until its decision is logged: a request refused
+        # because the log failed after the expert answered does not pay again when retried
+        self._paid: OrderedDict[str, tuple[float | None, str | None]] = OrderedDict()
         self._seq = 0
 
     @classmethod
@@ -118,12 +127,17 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        drift_mtfa: float = DEFAULT_MTFA,
     ) -> Monitor:
         """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
-        ready to check. `expert=False` never asks the expert (the probe-only cascade)."""
+        ready to check. `expert=False` never asks the expert (the probe-only cascade).
+        `drift_mtfa`: the drift detector's mean number of requests to a false alarm."""
         from ._scorer import ProbeScorer  # torch is imported here, not at start-up
 
+        check_mtfa(drift_mtfa)  # a bad setting is one line before the model loads
+
         read = read_bundle(Path(bundle))
+        read.check_cap(max_delegation_rate)  # before the model loads
         spec = read.expert_spec(expert_url) if expert else None
         scorer = await asyncio.to_thread(
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
@@ -138,6 +152,7 @@ class Monitor:
             max_delegation_rate=max_delegation_rate,
             max_batch=max_batch,
             max_wait=max_wait,
+            drift_mtfa=drift_mtfa,
         )
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
@@ -145,7 +160,34 @@ class Monitor:
 
     async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
         """The decision for one conversation (a string is one user turn). A conversation the
-        model's chat template rejects is an InputError; an expert failure is never raised."""
+        model's chat template rejects is an InputError; an expert failure is never raised. With a
+        decision log, the answer comes once its record is on disk, and a log that cannot take the
+        record refuses the request (LogUnavailable) before the expert is asked."""
+        reserved = 0
+        if self.decisions is not None:
+            reserved = record_bound(conversation if self.decisions.text else None)
+            self.decisions.reserve(reserved)
+        try:
+            decision, called = await self._decide(conversation)
+            if self.decisions is not None:
+                record = {"event": "decision", **decision.to_json()}
+                if self.decisions.text:
+                    record["text"] = conversation
+                try:
+                    await self.decisions.write(record, reserved=reserved)
+                finally:
+                    reserved = 0  # released by the write, whatever happened
+        except LogUnavailable:
+            raise
+        finally:
+            if reserved and self.decisions is not None:
+                self.decisions.release(reserved)
+        self._paid.pop(decision.request_id, None)
+        await self._record(decision, called)
+        return decision
+
+    async def _decide(self, conversation: str | list[dict[str, str]]) -> tuple[Decision, bool]:
+        """(the decision, whether the expert was called for it)."""
         started = time.perf_counter()
         from ._scorer import check_conversation
 
@@ -162,9 +204,14 @@ class Monitor:
             reason = "expert-disabled"
         elif not call:
             reason = "delegation-cap"
+        elif rid in self._paid:  # answered before, but its decision could not be logged
+            expert, reason = self._paid[rid]
         else:
             self._seq += 1  # item ids unique per call: the same text asked twice is two items
             expert, reason = await self.gate.ask(Item(f"{rid}-{self._seq}", conversation))
+            self._paid[rid] = (expert, reason)  # until the decision is logged and answered
+            while len(self._paid) > PAID_MEMORY:
+                self._paid.popitem(last=False)
         answered = time.perf_counter()
         score = probe if expert is None else float(calibrate.merge_scores(probe, expert, self.bundle.merge))
         decision = Decision(
@@ -183,10 +230,10 @@ class Monitor:
                 total_ms=(answered - started) * 1e3,
             ),
         )
-        self._record(decision, conversation, call)
-        return decision
+        return decision, call
 
-    def _record(self, decision: Decision, conversation: object, called: bool) -> None:
+    async def _record(self, decision: Decision, called: bool) -> None:
+        """Count an answered decision and feed the drift watch."""
         m = self.metrics
         m.requests += 1
         m.delegated += decision.delegated
@@ -199,37 +246,53 @@ class Monitor:
                 m.expert_failures[str(decision.reason)] += 1
         for part, ms in asdict(decision.latency).items():
             m.latency[part.removesuffix("_ms")].observe(ms / 1e3)
-        self._alarm(self.delegation.add(decision.delegated))
-        self._labels[decision.request_id] = decision.label
+        await self._alarm(self.delegation.add(decision.delegated))
+        # The error watch scores the certified cascade: a delegated decision served without an
+        # expert score (cap, outage, failure) is not what was certified.
+        certified = not decision.delegated or decision.expert is not None
+        self._labels[decision.request_id] = (decision.label, certified)
         self._labels.move_to_end(decision.request_id)
         while len(self._labels) > FEEDBACK_MEMORY:
             self._labels.popitem(last=False)
-        if self.decisions is not None:
-            record = {"event": "decision", **decision.to_json()}
-            if self.decisions.text:
-                record["text"] = conversation
-            self.decisions.write(record)
 
-    def _alarm(self, alarm: Alarm | None) -> None:
+    async def _alarm(self, alarm: Alarm | None) -> None:
         if alarm is None:
             return
         log.warning(alarm.describe())
         if self.decisions is not None:
-            self.decisions.write({"event": "alarm", **asdict(alarm)})
+            try:  # an alarm is logged here and in the process log; a full disk must not hide it
+                await self.decisions.write({"event": "alarm", **asdict(alarm)})
+            except LogUnavailable as error:
+                log.error("%s; the alarm above is not in the decision log", error)
 
-    def feedback(self, rid: str, label: int) -> bool:
-        """The true label of a checked conversation: feeds the error watch. False when the request
-        id is unknown (never checked, or older than the last FEEDBACK_MEMORY decisions)."""
+    async def feedback(self, rid: str, label: int) -> bool:
+        """The true label of a checked conversation: feeds the error watch when the decision was the
+        certified cascade's. False when the request id is unknown (never checked, or older than the
+        last FEEDBACK_MEMORY decisions). With a decision log, it returns once the record is on disk."""
         if label not in (0, 1):
             raise InputError(f"label {label!r}: must be 0 or 1")
         decided = self._labels.get(rid)
         if decided is None:
             return False
-        self._alarm(self.errors.add(decided != label))
+        decided_label, certified = decided
+        error = decided_label != label
         if self.decisions is not None:
-            self.decisions.write(
-                {"event": "feedback", "request_id": rid, "label": label, "error": decided != label}
+            reserved = record_bound(None)
+            self.decisions.reserve(reserved)
+            await self.decisions.write(
+                {
+                    "event": "feedback",
+                    "request_id": rid,
+                    "label": label,
+                    "error": error,
+                    "certified": certified,
+                },
+                reserved=reserved,
             )
+        if certified:
+            await self._alarm(self.errors.add(error))
+        else:
+            self.metrics.feedback_uncertified += 1
         return True
 
     def prometheus(self) -> str:
@@ -251,15 +314,16 @@ class Monitor:
                     ("rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk),
                     ("rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk),
                 ]
-            if watch.risk == certified and watch.last is not None:
-                last = watch.last
+            if watch.risk == certified:  # the e-detector's evidence (harness/monitor/_drift.py)
+                now = watch.last
                 gauges += [
-                    ("drift_alarm", "1 when the last look's exact lower bound passed the certified level.",
-                     float(last.raised), risk),
-                    ("drift_lower_bound", "The last look's one-sided exact lower bound of the window's rate.",
-                     last.lower, risk),
-                    ("drift_window_events", "Events in the last look's window.", last.k, risk),
-                    ("drift_window_size", "Requests in the last look's window.", last.n, risk),
+                    ("drift_alarm", "1 once the drift detector alarmed (latched).", float(watch.alarm), risk),
+                    ("drift_alarms", "Drift alarms so far (the evidence restarts from 0 after each).",
+                     watch.alarms, risk),
+                    ("drift_evidence", "e-SR statistic since the last restart.", now.statistic, risk),
+                    ("drift_threshold", "Alarm threshold: the guaranteed mean requests to a false alarm.",
+                     now.threshold, risk),
+                    ("drift_requests_since_restart", "Outcomes the evidence covers.", now.since, risk),
                 ]  # fmt: skip
         if self.gate is not None:
             gauges.append(
@@ -272,4 +336,4 @@ class Monitor:
         if self.gate is not None:
             await self.gate.aclose()
         if self.decisions is not None:
-            self.decisions.close()
+            await self.decisions.aclose()

@@ -229,7 +229,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
             return refuse(error)
         except InputError as error:  # the chat template rejects the conversation
             return refuse(BadRequest(422, str(error).splitlines()[0]))
-        except Unavailable as error:
+        except Unavailable as error:  # refused before anything was paid: come back later
             return unavailable(error)
         return JSONResponse(decision.to_json())
 
@@ -238,7 +238,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
         try:
             authorise(request)
             rid, label = parse_feedback(await body_of(request))
-            matched = monitor.feedback(rid, label)
+            matched = await monitor.feedback(rid, label)
         except BadRequest as error:
             return refuse(error)
         except Unavailable as error:
@@ -253,15 +253,20 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
+        log_problem = (
+            None if monitor.decisions is None or monitor.decisions.healthy else monitor.decisions.problem
+        )
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if log_problem is None else "unavailable",
+                "log": log_problem or "ok",
                 "bundle": monitor.bundle.layout.root.name,  # never the absolute path
                 "bundle_id": health_id,
                 "threshold": monitor.bundle.record["threshold"],
                 "expert": None if monitor.gate is None else ("down" if monitor.gate.down else "up"),
                 "drift_alarm": monitor.delegation.alarm or monitor.errors.alarm,
-            }
+            },
+            status_code=200 if log_problem is None else 503,  # a load balancer stops sending here
         )
 
     return app

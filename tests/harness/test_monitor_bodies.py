@@ -156,10 +156,10 @@ def test_a_monitor_that_cannot_take_a_request_answers_503_with_retry_after(
     runner, client = app_client.runner, app_client.client
     monitor = app_client.monitor
 
-    def full_disk(record: dict) -> None:
+    def full_disk(nbytes: int) -> None:
         raise LogUnavailable("the decision log cannot be written: No space left on device", retry_after=2.5)
 
-    monkeypatch.setattr(monitor.decisions, "write", full_disk)
+    monkeypatch.setattr(monitor.decisions, "reserve", full_disk)
     answer = runner.run(
         client.post("/v1/check", json={"input": "a new text"}, headers={"content-type": "application/json"})
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 from ctd_cli import CTD, assert_one_line_error, free_port, run_ctd, start_ctd
-from monitor_bundle import write_untrained_bundle
+from monitor_bundle import seal, write_untrained_bundle
 
 TOKEN = "t0ken-for-tests-8f3a"  # given to the server through the environment
 TOKEN_ENV = {"CTD_TEST_MONITOR_TOKEN": TOKEN}
@@ -142,8 +142,10 @@ def test_slow_clients_are_closed_and_normal_requests_are_still_answered(served: 
             timeout=ANSWER_WITHIN_S,
         )
         answered_in = time.monotonic() - started
-        # A trickler: a byte now and then never completes a head, so the timeout still applies.
-        clients[1].sendall(b"n")
+        # A trickler: a byte now and then never completes a head, so the timeout still applies
+        # (the newest half-head client; an older one may have been closed already to make room).
+        with contextlib.suppress(ConnectionError):
+            clients[-1].sendall(b"n")
         closed = [_closed_by_server(c, within=HEAD_TIMEOUT_S + 5) for c in clients]
     finally:
         for client in clients:
@@ -324,6 +326,7 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(bundle: Path, tmp_path
 def test_a_corrupt_probe_is_one_line(bundle: Path, tmp_path: Path) -> None:
     broken = _copy(bundle, tmp_path / "broken")
     (broken / "dv.safetensors").write_bytes(b"not a safetensors file")
+    seal(broken)  # its recorded hash too: the probe loader, not the hash check, must refuse it
     result = run_ctd("monitor", "serve", str(broken), "--no-expert", "--port", str(free_port()), cwd=tmp_path)
     assert_one_line_error(result, "dv.safetensors: not a safetensors file")
 
@@ -335,6 +338,7 @@ def test_a_missing_model_is_one_line(bundle: Path, tmp_path: Path) -> None:
             (elsewhere / name).read_text().replace('"model": "smollm2"', '"model": "/nowhere/model.gguf"')
         )
         (elsewhere / name).write_text(record)
+    seal(elsewhere)
     result = run_ctd(
         "monitor", "serve", str(elsewhere), "--no-expert", "--port", str(free_port()), cwd=tmp_path
     )

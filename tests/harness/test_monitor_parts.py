@@ -1,4 +1,4 @@
-"""The monitor's parts that need no model: micro-batching, the drift watch and its exact bound, the
+"""The monitor's parts that need no model: micro-batching, the drift detector, the
 delegation cap, request parsing (malformed bodies), the Prometheus text and the decision log."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 
+from harness._errors import InputError
 from harness.monitor._batcher import MicroBatcher
 from harness.monitor._decisions import DecisionLog
-from harness.monitor._drift import ALARM_LEVEL, DelegationCap, RateWatch
+from harness.monitor._drift import DEFAULT_MTFA, DelegationCap, RateWatch
 from harness.monitor._metrics import MonitorMetrics, exposition
 from harness.monitor._server import MAX_BODY_BYTES, BadRequest, parse_check, parse_feedback, read_json_body
 
@@ -57,39 +57,41 @@ def test_an_idle_item_waits_at_most_max_wait_and_a_failed_batch_fails_every_call
     assert all(isinstance(o, RuntimeError) for o in outcomes)  # none left waiting, none dropped
 
 
-def _first_alarm(stream: np.ndarray, watch: RateWatch) -> int | None:
-    for number, event in enumerate(stream, start=1):
-        if watch.add(bool(event)):
-            return number
-    return None
-
-
-@pytest.mark.parametrize(("alpha", "within"), [(0.1, 500), (0.3, 150)])
-def test_twice_the_certified_rate_raises_the_alarm_within_a_stated_number_of_requests(
+@pytest.mark.parametrize(("alpha", "within"), [(0.1, 800), (0.3, 250)])
+def test_twice_the_certified_rate_raises_the_alarm_with_its_evidence_and_latches_it(
     alpha: float, within: int
 ) -> None:
     for seed in range(20):
         stream = np.random.default_rng(seed).random(5000) < 2 * alpha
         watch = RateWatch("delegation", alpha)
-        at = _first_alarm(stream, watch)
-        assert at is not None and at <= within, (seed, at)
-        alarm = watch.first_raised
-        assert alarm is not None and alarm.lower > alpha and alarm.k <= alarm.n
-        # The evidence is the exact one-sided bound: P(Binomial(n, lower) >= k) = level.
-        assert stats.binom.sf(alarm.k - 1, alarm.n, alarm.lower) == pytest.approx(ALARM_LEVEL, rel=1e-6)
-        assert "drift: the delegation rate over the last" in alarm.describe()
+        alarm = next((a for a in (watch.add(bool(x)) for x in stream) if a is not None), None)
+        assert alarm is not None and alarm.seen <= within, (seed, alarm)
+        # The evidence: the e-SR statistic reached the threshold A over the requests since start.
+        assert alarm.raised and alarm.statistic >= alarm.threshold == DEFAULT_MTFA
+        assert alarm.since == alarm.seen and alarm.since_events / alarm.since > alpha and alarm.alarms == 1
+        assert "drift: the delegation rate is above the certified" in alarm.describe()
+        assert watch.first_raised == alarm and watch.alarm  # latched after the restart:
+        assert watch.last.statistic < DEFAULT_MTFA and watch.alarms >= 1
 
 
-def test_traffic_at_the_certified_rate_raises_no_alarm_over_2000_requests() -> None:
+def test_traffic_at_the_certified_rate_raises_no_alarm_and_an_uncertified_watch_never_does() -> None:
     for seed in range(20):
         stream = np.random.default_rng(100 + seed).random(2000) < 0.3  # the worst case: exactly alpha
         watch = RateWatch("delegation", 0.3)
-        assert _first_alarm(stream, watch) is None, seed
-        assert watch.last is not None and watch.last.n == 1000 and not watch.alarm
-    # The check can fail: a watch that reads the point estimate (a bound at level ~0.5) instead
-    # of the exact lower bound alarms on this same calibration-like traffic.
+        assert not watch.extend(stream) and not watch.alarm, seed
+        assert watch.last.seen == 2000 and 0 < watch.last.statistic < DEFAULT_MTFA
+    # The check can fail: at a threshold of 100 requests the same traffic alarms.
     stream = np.random.default_rng(100).random(2000) < 0.3
-    assert _first_alarm(stream, RateWatch("delegation", 0.3, level=0.49)) is not None
+    assert RateWatch("delegation", 0.3, mtfa=100).extend(stream)
+    # A target of 1 cannot be exceeded: the watch counts, even 100,000 events in a row.
+    uncertified = RateWatch("error", 1.0, mtfa=100)
+    assert not uncertified.extend(np.ones(100_000, bool)) and uncertified.interval().proportion == 1
+
+
+@pytest.mark.parametrize("mtfa", [99.0, 2e12, float("inf"), float("nan")])
+def test_a_mean_time_to_false_alarm_out_of_bounds_is_refused_in_one_line(mtfa: float) -> None:
+    with pytest.raises(InputError, match=r"^--drift-mtfa .*must lie in \[100, 1e\+12\]$"):
+        RateWatch("delegation", 0.1, mtfa=mtfa)
 
 
 def test_the_delegation_cap_holds_over_every_window_and_counts_what_it_skipped() -> None:
@@ -196,10 +198,10 @@ def test_prometheus_text_is_well_formed_with_cumulative_histograms() -> None:
 def test_the_decision_log_appends_across_restarts_and_keeps_no_text_unless_asked(tmp_path: Path) -> None:
     path = tmp_path / "decisions.jsonl"
     first = DecisionLog(path)
-    first.write({"event": "decision", "request_id": "a"})
+    first.write_sync({"event": "decision", "request_id": "a"})
     first.close()
     second = DecisionLog(path, text=True)
-    second.write({"event": "decision", "request_id": "b", "text": "hello"})
+    second.write_sync({"event": "decision", "request_id": "b", "text": "hello"})
     second.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["request_id"] for r in records] == ["a", "b"] and "text" not in records[0]
@@ -213,7 +215,7 @@ def test_serve_refuses_a_missing_bundle_and_bad_options_in_one_line(tmp_path: Pa
     )
     bundle = tmp_path / "b"
     bundle.mkdir()
-    (bundle / "bundle.json").write_text(json.dumps({"version": 1, "threshold": 0.1}))
+    (bundle / "bundle.json").write_text(json.dumps({"version": 2, "threshold": 0.1}))
     assert_one_line_error(run_ctd("monitor", "serve", str(bundle), cwd=tmp_path), "missing key 'merge'")
     assert_one_line_error(
         run_ctd("monitor", "calibrate", "--run", "t", "--budget", "0.2", "--accuracy", "0.9", cwd=tmp_path),

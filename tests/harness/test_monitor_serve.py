@@ -16,49 +16,19 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import fault_server
 import httpx
 import numpy as np
 import pytest
-from ctd_cli import assert_one_line_error, free_port, run_ctd, start_ctd
-from eval_data import FAST, eval_env, write_tagged_data
+from ctd_cli import assert_one_line_error, free_port, run_ctd
 from fault_server import RunningServer
+from monitor_run import conversations_of, labels_of, replay, serve, stop
 
 import calibrate
 from harness.data._tables import read_table
 
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A finished run and a budget bundle whose threshold delegates something."""
-    tmp = tmp_path_factory.mktemp("monitor")
-    env = eval_env(tmp)
-    data = write_tagged_data(tmp / "data")
-    with RunningServer() as server:
-        args = ["eval", "--name", "t", "--expert", server.url, "--expert-model", "fault-model", *FAST]
-        for token in data:
-            args += ["--data", token]
-        done = run_ctd(*args, cwd=tmp, env=env, timeout=1200)
-        assert done.returncode == 0, done.stderr
-    # The run's test split is small (D_est 19 rows): on some cuts the Pareto front is "never
-    # delegate" alone; take the first cut whose certified threshold delegates.
-    for split_seed in range(20):
-        out = run_ctd(
-            "monitor", "calibrate", "--run", "t", "--budget", "0.5", "--split-seed", str(split_seed),
-            cwd=tmp, env=env, timeout=300,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        bundle = Path(out.stdout.strip().splitlines()[-1])
-        record = json.loads((bundle / "bundle.json").read_text())
-        if record["threshold"] != "inf":
-            break
-    else:
-        pytest.fail("no cut of the test split certified a threshold that delegates")
-    return {"tmp": tmp, "env": env, "bundle": bundle, "record": record}
 
 
 def test_calibrate_writes_a_bundle_with_its_audit_record_or_says_why_not(made: dict) -> None:
@@ -106,56 +76,9 @@ def test_calibrate_writes_a_bundle_with_its_audit_record_or_says_why_not(made: d
         )
 
 
-def _conversations(data: Path) -> tuple[list[str], list[object]]:
-    rows = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
-    convs = [json.loads(r["inputs"]) if r["inputs"].startswith("[") else r["inputs"] for r in rows]
-    return [r["ids"] for r in rows], convs
-
-
-def _labels(data: Path) -> list[int]:
-    rows = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
-    return [int(r["labels"] == "high-stakes") for r in rows]
-
-
-def _serve(bundle: Path, port: int, *extra: str, cwd: Path, env: dict) -> subprocess.Popen[str]:
-    process = start_ctd("monitor", "serve", str(bundle), "--port", str(port), *extra, cwd=cwd, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    pytest.fail("the monitor did not start")
-
-
-def _stop(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
-async def _replay(port: int, conversations: list[object], concurrency: int) -> list[httpx.Response]:
-    gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
-
-        async def one(conversation: object) -> httpx.Response:
-            body = {"input": conversation} if isinstance(conversation, str) else {"messages": conversation}
-            async with gate:
-                return await client.post("/v1/check", json=body)
-
-        return list(await asyncio.gather(*(one(c) for c in conversations)))
-
-
 def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: dict) -> None:
     tmp, record = made["tmp"], made["record"]
-    ids, conversations = _conversations(tmp / "data")
+    ids, conversations = conversations_of(tmp / "data")
     scores = read_table(tmp / "runs" / "t" / "scores.parquet").columns
     rows = (
         (scores["split"] == "test") & (scores["seed"] == record["seed"]) & (scores["arch"] == record["arch"])
@@ -169,10 +92,10 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
     threshold = float(record["threshold"])
     port = free_port()
     with RunningServer() as expert:  # the same deterministic expert as the run's, on a new port
-        process = _serve(made["bundle"], port, "--expert-url", expert.url, cwd=tmp, env=made["env"])
+        process = serve(made["bundle"], port, "--expert-url", expert.url, cwd=tmp, env=made["env"])
         try:
-            answers = asyncio.run(_replay(port, conversations, concurrency=16))
-            labels = _labels(tmp / "data")
+            answers = asyncio.run(replay(port, conversations, concurrency=16))
+            labels = labels_of(tmp / "data")
             fed = [
                 httpx.post(
                     f"http://127.0.0.1:{port}/v1/feedback",
@@ -187,7 +110,7 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
                 f"http://127.0.0.1:{port}/v1/check", json={"input": "still here?"}, timeout=600
             )
         finally:
-            _stop(process)
+            stop(process)
     assert [a.status_code for a in answers] == [200] * len(answers)
     decisions = [a.json() for a in answers]
     delegated_count = 0
@@ -269,18 +192,18 @@ def test_killing_the_expert_mid_load_loses_no_request_and_says_why(made: dict) -
             assert time.monotonic() < deadline and expert.poll() is None
             time.sleep(0.05)
         expert_url = f"http://127.0.0.1:{int(port_file.read_text())}/v1"
-        _, conversations = _conversations(tmp / "data")
+        _, conversations = conversations_of(tmp / "data")
         conversations = conversations[:24]
         port = free_port()
-        process = _serve(everything, port, "--expert-url", expert_url, cwd=tmp, env=made["env"])
+        process = serve(everything, port, "--expert-url", expert_url, cwd=tmp, env=made["env"])
         try:
-            before = asyncio.run(_replay(port, conversations[:8], concurrency=4))
+            before = asyncio.run(replay(port, conversations[:8], concurrency=4))
             expert.kill()  # mid-load: the monitor has answered some requests with the expert's help
             expert.wait(10)
-            after = asyncio.run(_replay(port, conversations[8:], concurrency=8))
+            after = asyncio.run(replay(port, conversations[8:], concurrency=8))
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
         finally:
-            _stop(process)
+            stop(process)
     finally:
         if expert.poll() is None:
             expert.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -195,22 +194,6 @@ def test_a_cache_that_is_not_sqlite_is_one_line(workdir: Path, make, fragment: s
         assert item_requests(running) == 0
     assert_one_line_error(result, f"{cache}: {fragment}")
     assert sorted(p.name for p in workdir.rglob("*")) == before
-
-
-@pytest.fixture()
-def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A real 256 KiB file system (tmpfs), so the cache meets a genuinely full disk."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_full_disk_stops_the_run_in_one_line_after_committing_what_fits(

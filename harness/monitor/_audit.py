@@ -1,0 +1,141 @@
+"""`ctd monitor audit BUNDLE`: redo a bundle's certification from its run's files and say whether
+it matches. Each check compares content: the run's scores table and the probes it was certified
+on (sha256), the bundle's own probe copies, and the LTT record itself, recomputed from the scores
+of the D_est and D_cal examples the bundle names."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import calibrate
+
+from .._errors import InputError
+from ..data._tables import dumps, read_json
+from ..run._layout import BundleLayout, RunLayout
+from ..run._log import file_sha256
+from ._bundle import BUNDLE_VERSION
+from ._certify import PROBE_SUFFIXES, certify, test_rows
+
+__all__ = ["Audit", "AuditCheck", "audit_bundle"]
+
+
+@dataclass(frozen=True)
+class AuditCheck:
+    """One comparison: what was compared, whether it matched, and what was found."""
+
+    what: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Audit:
+    bundle: Path
+    run: Path
+    checks: tuple[AuditCheck, ...]
+
+    @property
+    def matches(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle),
+            "run": str(self.run),
+            "matches": self.matches,
+            "checks": [{"what": c.what, "ok": c.ok, "detail": c.detail} for c in self.checks],
+        }
+
+
+def _same_content(what: str, path: Path, recorded: str | None) -> AuditCheck:
+    if not path.is_file():
+        return AuditCheck(what, False, f"{path} is missing")
+    found = file_sha256(path)
+    if found != recorded:
+        return AuditCheck(what, False, f"{path} changed: sha256 {found[:12]}, certified {str(recorded)[:12]}")
+    return AuditCheck(what, True, f"{path.name} sha256 {found[:12]}")
+
+
+def _as_json(value: object) -> object:
+    """`value` as it reads back from the bundle's JSON, so numbers compare exactly as recorded."""
+    return json.loads(dumps(value))
+
+
+def _recompute(record: dict[str, Any], layout: RunLayout) -> AuditCheck:
+    """The LTT record recomputed from the run's scores of the examples the bundle names."""
+    rows = test_rows(layout, record["arch"], int(record["seed"]))
+    position = {str(example): i for i, example in enumerate(rows.ids)}
+    missing = [e for e in (*record["est_ids"], *record["cal_ids"]) if e not in position]
+    if missing:
+        return AuditCheck(
+            "LTT record", False, f"example {missing[0]!r} of the bundle is not in the run's test split"
+        )
+    est = np.array([position[e] for e in record["est_ids"]], dtype=np.int64)
+    cal = np.array([position[e] for e in record["cal_ids"]], dtype=np.int64)
+    splits = calibrate.Splits(est[None, :], cal[None, :], np.zeros((1, 0), np.int64))
+    candidates, result = certify(
+        rows.scores,
+        splits,
+        mode=record["mode"],
+        alpha=float(record["alpha"]),
+        delta=float(record["delta"]),
+        objective=record["objective"],
+    )
+    recomputed = {
+        "ltt": result.to_dict(),
+        "candidates": {
+            "thresholds": ["inf" if np.isposinf(t) else float(t) for t in candidates.thresholds],
+            "est_budget": candidates.est_budget.tolist(),
+            "est_objective": candidates.est_objective.tolist(),
+        },
+        "threshold": "inf" if np.isposinf(result.threshold) else float(result.threshold),
+    }
+    for key, value in recomputed.items():
+        if _as_json(value) != record[key]:
+            return AuditCheck("LTT record", False, f"recomputed {key!r} differs from the bundle's")
+    ltt = record["ltt"]
+    return AuditCheck(
+        "LTT record",
+        True,
+        f"recomputed on {ltt['n_est']} D_est and {ltt['n_cal']} D_cal examples: {len(ltt['certified'])} "
+        f"of {len(ltt['order'])} thresholds certified, threshold {record['threshold']}",
+    )
+
+
+def audit_bundle(folder: Path, run: RunLayout | None = None) -> Audit:
+    """Audit the bundle in `folder` against `run` (default: the run folder it records)."""
+    bundle = BundleLayout(Path(folder))
+    if not bundle.record.is_file():
+        raise InputError(f"{folder}: not a monitor bundle (no {bundle.record.name})")
+    record = read_json(bundle.record)
+    if record.get("version") != BUNDLE_VERSION or "sources" not in record:
+        raise InputError(
+            f"{bundle.record}: bundle version {record.get('version')!r} records no content hashes to audit "
+            f"(version {BUNDLE_VERSION} does): recalibrate it with `ctd monitor calibrate --force`"
+        )
+    layout = run or RunLayout(Path(record["run"]))
+    if not layout.root.is_dir():
+        raise InputError(f"{layout.root}: the bundle's run folder is not there (name it with --run)")
+    sources = record["sources"]
+    checks = [
+        _same_content("scores table", layout.root / sources["scores"]["path"], sources["scores"]["sha256"])
+    ]
+    for part in ("safety", "dv"):
+        for suffix in PROBE_SUFFIXES:
+            recorded = sources[part][suffix[1:]]
+            stem = layout.root / sources[part]["path"]
+            checks.append(_same_content(f"run's {part} probe", stem.with_suffix(suffix), recorded))
+            own = bundle.safety_probe if part == "safety" else bundle.dv_probe
+            checks.append(_same_content(f"bundle's {part} probe", own.with_suffix(suffix), recorded))
+    if checks[0].ok:
+        checks.append(_recompute(record, layout))
+    else:
+        checks.append(
+            AuditCheck("LTT record", False, "not recomputed: the scores table is not the one certified")
+        )
+    return Audit(bundle.root, layout.root, tuple(checks))

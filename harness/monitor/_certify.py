@@ -1,0 +1,242 @@
+"""`calibrate_bundle`: calibrate one threshold for deployment on a run's whole test split and write
+the bundle; `certify`: the LTT step itself, shared with `ctd monitor audit`, which redoes it.
+
+Calibration follows the paper and SPEC section 4 with no evaluation half: the test split of one
+probe seed is cut at random into D_est (30%: the threshold grid, the Pareto filter and the
+selection) and D_cal (70%: fixed-sequence testing from integer counts), by calibrate's own
+`threshold_candidates` and `budget_control` / `performance_control`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import calibrate
+
+from .._errors import InputError
+from ..data._scores import BINARY_SUFFIX, read_scores
+from ..data._tables import write_json
+from ..run._config import load_run_config
+from ..run._layout import RunLayout
+from ..run._log import file_sha256
+from ..stages._query import pick_expert
+from ._bundle import (
+    BUNDLE_VERSION,
+    CONTROL_MODES,
+    EXPERT_FIELDS,
+    POLICY,
+    PROCEDURE,
+    ControlMode,
+    check_bundle_name,
+    check_replaceable,
+    install_bundle,
+    remove_staged,
+    stage_bundle,
+)
+
+__all__ = ["BundleWritten", "TestRows", "calibrate_bundle", "certify", "deploy_splits", "test_rows"]
+
+EST_FRACTION = 0.3  # of the test split for D_est; the rest is D_cal (SPEC section 4)
+PROBE_SUFFIXES = (".safetensors", ".json")
+
+
+@dataclass(frozen=True)
+class TestRows:
+    """The test split of one probe seed and configuration of a run's scores table."""
+
+    seed: int
+    ids: np.ndarray
+    scores: calibrate.Scores
+
+
+@dataclass(frozen=True)
+class BundleWritten:
+    """What `calibrate_bundle` did: the LTT result, the bundle folder (None when performance
+    control certified nothing, and then nothing is written) and where a replaced bundle was kept."""
+
+    result: calibrate.ControlResult
+    folder: Path | None
+    replaced: Path | None = None
+
+
+def test_rows(layout: RunLayout, arch: str, seed: int | None) -> TestRows:
+    """The test rows of `arch` and `seed` (default: the table's first seed) of the run's table."""
+    if not layout.scores.is_file():
+        raise InputError(
+            f"--run {layout.name}: {layout.scores} does not exist (has the run reached the dv stage?)"
+        )
+    table = read_scores(layout.scores)
+    if arch not in table.archs:
+        raise InputError(f"--arch {arch}: not in {layout.scores} (it has {', '.join(table.archs)})")
+    seed = table.seeds[0] if seed is None else seed
+    if seed not in table.seeds:
+        raise InputError(f"--seed {seed}: not in {layout.scores} (it has {', '.join(map(str, table.seeds))})")
+    rows = (table.split == "test") & (table.arch == arch) & (table.seed == seed)
+    scores = calibrate.Scores(
+        label=table.label[rows], probe=table.probe[rows], expert=table.expert[rows], dv=table.dv[rows]
+    )
+    return TestRows(seed, table.id[rows], scores)
+
+
+def deploy_splits(n: int, split_seed: int) -> calibrate.Splits:
+    """One random cut of range(n) into D_est (EST_FRACTION) and D_cal, with no evaluation half."""
+    n_est = int(calibrate.split_sizes(n, 1.0, EST_FRACTION)[0])
+    order = np.random.default_rng(split_seed).permutation(n).astype(np.int64)
+    return calibrate.Splits(order[None, :n_est], order[None, n_est:], np.zeros((1, 0), np.int64))
+
+
+def certify(
+    scores: calibrate.Scores,
+    splits: calibrate.Splits,
+    *,
+    mode: ControlMode,
+    alpha: float,
+    delta: float,
+    objective: calibrate.Objective,
+) -> tuple[calibrate.Candidates, calibrate.ControlResult]:
+    """The candidates on D_est and the LTT result on D_cal of the CTD policy. Performance control
+    tests in order of D_est error and selects by D_est budget; its candidates carry the error as
+    their objective, so the record says what the order used (`objective` is budget control's)."""
+    signal = calibrate.policy_signal(scores, POLICY, splits)
+    (candidates,) = calibrate.threshold_candidates(
+        scores, signal, splits, merge=POLICY.merge, objective=objective if mode == "budget" else "accuracy"
+    )
+    control = calibrate.budget_control if mode == "budget" else calibrate.performance_control
+    return candidates, control(candidates, alpha=alpha, delta=delta)
+
+
+def _number(value: float) -> float | str:
+    return "inf" if np.isposinf(value) else float(value)
+
+
+def calibrate_bundle(
+    layout: RunLayout,
+    *,
+    name: str,
+    mode: ControlMode,
+    alpha: float,
+    delta: float = 0.1,
+    arch: str | None = None,
+    seed: int | None = None,
+    split_seed: int = 0,
+    objective: calibrate.Objective = "auroc",
+    force: bool = False,
+) -> BundleWritten:
+    """Calibrate the CTD policy of the run for deployment and write the bundle `monitor/NAME/`,
+    replacing one already there only with `force` (the old one is kept beside it)."""
+    target = layout.bundle(check_bundle_name(name))
+    if not layout.root.is_dir():
+        raise InputError(f"--run {layout.name}: no run folder {layout.root}")
+    if mode not in CONTROL_MODES:
+        raise InputError(f"mode {mode!r}: choose from {', '.join(CONTROL_MODES)}")
+    for option, value in (("--budget" if mode == "budget" else "--accuracy", alpha), ("--delta", delta)):
+        if not 0 < value < 1:
+            raise InputError(f"{option} {value:g}: must lie in (0, 1)")
+    check_replaceable(target, force=force)
+    if not layout.config.is_file():
+        raise InputError(f"--run {layout.name}: {layout.config} is missing")
+    config = load_run_config(layout.config, {})
+    arch = arch or config.archs[0]
+    base, target_kind = (
+        (arch[: -len(BINARY_SUFFIX)], "binary") if arch.endswith(BINARY_SUFFIX) else (arch, None)
+    )
+    if target_kind is None:
+        target_kind = "continuous" if config.dv_target == "both" else config.dv_target
+    rows = test_rows(layout, arch, seed)
+    splits = deploy_splits(rows.scores.n, split_seed)
+    need = calibrate.min_calibration_size(alpha, delta)
+    if splits.cal.shape[1] < need:
+        raise InputError(
+            f"--run {layout.name}: the test split of seed {rows.seed} has {rows.scores.n} rows, so D_cal "
+            f"holds {splits.cal.shape[1]}; level {alpha:g} at --delta {delta:g} needs at least {need}"
+        )
+    sources = {
+        "safety": layout.probe_artifact(base, rows.seed),
+        "dv": layout.dv_artifact(target_kind, base, rows.seed),
+    }
+    for source in sources.values():
+        for suffix in PROBE_SUFFIXES:
+            if not source.with_suffix(suffix).is_file():
+                raise InputError(
+                    f"--run {layout.name}: {source.with_suffix(suffix)} is missing (run `ctd eval` again: "
+                    "runs from before probes were saved retrain them)"
+                )
+    scores_sha256 = file_sha256(layout.scores)  # before certifying: what the counts were read from
+    candidates, result = certify(
+        rows.scores, splits, mode=mode, alpha=alpha, delta=delta, objective=objective
+    )
+    if not result.has_policy:
+        return BundleWritten(result, None)
+
+    spec = pick_expert(config.expert, None, config.expert_model)  # a registered name or a URL
+    expert = {key: getattr(spec, key) for key in EXPERT_FIELDS}
+    expert["base_urls"] = list(spec.base_urls)  # as registered: a $VAR override is not resolved into it
+    selected = int(result.selected) if result.selected is not None else None
+    record = {
+        "version": BUNDLE_VERSION,
+        "run": str(layout.root.resolve()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "policy": POLICY.name,
+        "signal": POLICY.signal,
+        "merge": POLICY.merge,
+        "mode": mode,
+        "alpha": alpha,
+        "delta": delta,
+        # Budget control: Pareto over (budget, objective), test by D_est budget, select by the
+        # objective. Performance control: Pareto over (budget, error), test by D_est error,
+        # select by D_est budget; its objective is the error.
+        "objective": objective if mode == "budget" else "accuracy",
+        **PROCEDURE[mode],
+        "threshold": _number(result.threshold),
+        "arch": arch,
+        "dv_target": target_kind,
+        "seed": rows.seed,
+        "split_seed": split_seed,
+        "n_test": rows.scores.n,
+        # What D_est saw at the chosen threshold: the expected delegation rate and error.
+        "est_budget": None if selected is None else float(candidates.est_budget[selected]),
+        "est_error": None if selected is None else float(candidates.est_error[selected]),
+        "expert": expert,
+        "ltt": result.to_dict(),
+        # The candidates the LTT record's indices point into, with their D_est statistics.
+        "candidates": {
+            "thresholds": [_number(t) for t in candidates.thresholds],
+            "est_budget": candidates.est_budget.tolist(),
+            "est_objective": candidates.est_objective.tolist(),
+        },
+        # What was certified, by content: the run's scores table and each probe's files (paths
+        # relative to the run folder), so that `ctd monitor audit` can tell a changed run.
+        "sources": {
+            "scores": {"path": str(layout.scores.relative_to(layout.root)), "sha256": scores_sha256},
+            **{
+                part: {
+                    "path": str(stem.relative_to(layout.root)),
+                    **{suffix[1:]: file_sha256(stem.with_suffix(suffix)) for suffix in PROBE_SUFFIXES},
+                }
+                for part, stem in sources.items()
+            },
+        },
+        # Which test examples tested the thresholds and which chose them: the audit can be redone.
+        "cal_ids": [str(i) for i in rows.ids[splits.cal[0]]],
+        "est_ids": [str(i) for i in rows.ids[splits.est[0]]],
+    }
+    staged = stage_bundle(layout.monitor, target.root.name)
+    try:
+        for part, stem in (("safety", staged.safety_probe), ("dv", staged.dv_probe)):
+            for suffix in PROBE_SUFFIXES:
+                shutil.copyfile(sources[part].with_suffix(suffix), stem.with_suffix(suffix))
+                if file_sha256(stem.with_suffix(suffix)) != record["sources"][part][suffix[1:]]:
+                    raise InputError(
+                        f"--run {layout.name}: {sources[part].with_suffix(suffix)} changed while it was "
+                        "copied (is another run writing it?); run the command again"
+                    )
+        write_json(staged.record, record)
+    except BaseException:
+        remove_staged(staged)  # only ever the new, half-written folder
+        raise
+    return BundleWritten(result, target.root, install_bundle(staged, target))

@@ -1,0 +1,126 @@
+"""The decision log's contract (harness/monitor/_decisions.py): a record is reserved before it is
+paid for, written whole or not at all, and a torn tail is cut when the log is opened. The full disk
+is a real one: a small tmpfs (the `small_disk` fixture); where it cannot be mounted, that test is skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from monitor_run import fill
+
+from harness.monitor import _decisions
+from harness.monitor._decisions import DecisionLog, record_bound
+from harness.monitor._errors import LogUnavailable
+
+RECORD = {"event": "decision", "request_id": "r" * 24, "probe": 0.25, "dv": 0.5, "reason": "not-delegated"}
+
+
+def _lines(path: Path) -> list[dict]:
+    """Every line of the log, each one whole JSON (a torn line fails here)."""
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+async def _write(log: DecisionLog, record: dict) -> None:
+    bound = record_bound(None)
+    log.reserve(bound)
+    await log.write(record, reserved=bound)
+
+
+def test_a_full_disk_refuses_before_the_record_and_space_coming_back_heals(small_disk: Path) -> None:
+    async def scenario() -> None:
+        log = DecisionLog(small_disk / "decisions.jsonl")
+        await _write(log, {**RECORD, "n": 0})
+        # Fill the disk but a few records' worth.
+        filler = small_disk / "filler"
+        fill(filler)
+        written, refused = 1, 0
+        bound = record_bound(None)
+        for n in range(1, 400):
+            try:
+                log.reserve(bound)  # the refusal comes here, before anything would be paid ...
+            except LogUnavailable as error:
+                refused += 1
+                assert "No space left on device" in str(error) and error.retry_after >= 1
+                continue
+            await log.write({**RECORD, "n": n, "pad": "p" * 600}, reserved=bound)  # ... never here
+            written += 1
+        assert refused > 0 and not log.healthy and "No space left" in str(log.problem)
+        assert [r["n"] for r in _lines(log.path)] == list(range(written))  # nothing torn, nothing lost
+        filler.unlink()  # space comes back
+        await _write(log, {**RECORD, "n": "after"})
+        assert log.healthy and log.problem is None
+        assert [r["n"] for r in _lines(log.path)] == [*range(written), "after"]
+        await log.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_leaves_no_torn_line_to_swallow_the_next_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    failures = {"left": 1}
+
+    def half_then_eio(fd: int, data: bytes) -> int:
+        if failures["left"]:
+            failures["left"] -= 1
+            real_write(fd, bytes(data[: len(data) // 2]))  # a partial write, then the device fails
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_write(fd, data)
+
+    async def scenario() -> None:
+        log = DecisionLog(tmp_path / "decisions.jsonl")
+        await _write(log, {**RECORD, "n": 0})
+        monkeypatch.setattr(_decisions.os, "write", half_then_eio)
+        with pytest.raises(LogUnavailable, match="Input/output error"):
+            await _write(log, {**RECORD, "n": 1})
+        assert not log.healthy
+        await _write(log, {**RECORD, "n": 2})
+        assert log.healthy
+        await log.aclose()
+
+    asyncio.run(scenario())
+    assert [r["n"] for r in _lines(tmp_path / "decisions.jsonl")] == [0, 2]
+
+
+def test_a_torn_tail_from_a_crash_is_cut_at_open_and_kept_aside(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    path.write_text(json.dumps({"n": 0}) + "\n" + '{"n": 1, "probe": 0.')  # died mid-write
+    log = DecisionLog(path)
+    log.write_sync({"n": 2})
+    log.close()
+    assert [r["n"] for r in _lines(path)] == [0, 2]
+    assert (tmp_path / "decisions.jsonl.torn").read_text() == '{"n": 1, "probe": 0.\n'
+
+
+def test_reserving_past_the_file_size_limit_refuses_at_once(tmp_path: Path) -> None:
+    """The process's own limit (ulimit -f) is a full disk too, checked before anything is paid."""
+    script = (
+        "import resource, signal, asyncio\n"
+        "from harness.monitor._decisions import DecisionLog\n"
+        "from harness.monitor._errors import LogUnavailable\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+        f"log = DecisionLog({str(tmp_path / 'd.jsonl')!r})\n"
+        "log.reserve(2048); log.write_sync({'n': 0}); log.release(2048)\n"
+        "try:\n    log.reserve(4096)\nexcept LogUnavailable as e:\n    print('refused:', e)\n"
+    )
+    done = subprocess.run(
+        ["python", "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: decision log full" in done.stdout and "ulimit -f" in done.stdout
+
+
+def test_a_log_path_that_is_a_folder_is_an_os_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError) as raised:
+        DecisionLog(tmp_path)
+    assert raised.value.filename == str(tmp_path)
