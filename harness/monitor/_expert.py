@@ -6,6 +6,7 @@ nothing is raised to the caller."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from experts import (
     ItemResult,
     RetryPolicy,
     ScoreCache,
+    StorageError,
     Timeout,
 )
 
@@ -99,7 +101,10 @@ class ExpertGate:
         try:
             await self.batcher.aclose()
         finally:
-            await self.client.__aexit__(None, None, None)
+            # A cache that cannot store the last answers at shutdown changes nothing the
+            # requests were told (the cache is an optional saving): the shutdown goes on.
+            with contextlib.suppress(StorageError):
+                await self.client.__aexit__(None, None, None)
 
 
 def _answer(result: ItemResult) -> ExpertAnswer:
