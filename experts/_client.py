@@ -21,7 +21,7 @@ from ._failure import FailureKind
 from ._prompts import Conversation, PromptTemplate, load_template
 from ._registry import ExpertSpec
 from ._resources import ClientResources
-from ._scoring import Request, build_request, parse_response
+from ._scoring import Request, build_request, parse_response, total_usage
 
 __all__ = ["ExpertClient", "Item", "ItemResult", "ProgressSink", "RunStats", "score_items"]
 
@@ -190,11 +190,18 @@ class ExpertClient:
     async def _score(self, items: Sequence[Item], held: ClientResources) -> tuple[list[ItemResult], RunStats]:
         stats = RunStats(total=len(items))
         results: list[ItemResult | None] = [None] * len(items)
-        claimed: list[_Pending] = []  # this call's claims, released at the end if left unanswered
+        # Keys this call claimed and has not answered yet (a count per key: an input may come
+        # twice): released at the end if the call fails. Keys only, so memory stays flat.
+        unanswered: Counter[str] = Counter()
         n_workers = max(1, min(self.spec.rate.concurrency, len(items)))
         queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * n_workers)
-        workers = [asyncio.create_task(self._worker(queue, held, results, stats)) for _ in range(n_workers)]
-        producer = asyncio.create_task(self._produce(items, results, stats, queue, n_workers, held, claimed))
+        workers = [
+            asyncio.create_task(self._worker(queue, held, results, stats, unanswered))
+            for _ in range(n_workers)
+        ]
+        producer = asyncio.create_task(
+            self._produce(items, results, stats, queue, n_workers, held, unanswered)
+        )
         tasks = [producer, *workers]
         try:
             # If the workers die (a disk error on commit, say), the producer must not wait on a
@@ -208,7 +215,7 @@ class ExpertClient:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            left = [p.key for p in claimed if results[p.index] is None]
+            left = list(unanswered)
             if left and held.ledger is not None:  # a call that failed frees its items at once
                 await held.ledger.release(left)
             self._report(stats)
@@ -222,7 +229,7 @@ class ExpertClient:
         queue: asyncio.Queue[_Pending | None],
         n_workers: int,
         held: ClientResources,
-        claimed: list[_Pending],
+        unanswered: Counter[str],
     ) -> None:
         """Queue the misses, claiming them a batch at a time just before they are queued: the
         claims a run holds beyond its items in flight stay few, so a second run finds most
@@ -236,7 +243,7 @@ class ExpertClient:
         for misses in self._misses(items, results, stats):
             for start in range(0, len(misses), batch_size):
                 mine, others = await self._claim(misses[start : start + batch_size], results, stats, ledger)
-                claimed += mine
+                unanswered.update(p.key for p in mine)
                 waiting += others
                 for pending in mine:
                     await queue.put(pending)
@@ -245,7 +252,7 @@ class ExpertClient:
             self._report(stats)
             await asyncio.sleep(self._lease.poll)
             mine, waiting = await self._claim(waiting, results, stats, ledger)
-            claimed += mine
+            unanswered.update(p.key for p in mine)
             for pending in mine:
                 await queue.put(pending)
         stats.waiting = 0
@@ -304,9 +311,13 @@ class ExpertClient:
         held: ClientResources,
         results: list[ItemResult | None],
         stats: RunStats,
+        unanswered: Counter[str],
     ) -> None:
         while (pending := await queue.get()) is not None:
             results[pending.index] = await self._query(pending, held, stats)
+            unanswered[pending.key] -= 1  # its score or failure is stored: the claim is gone
+            if unanswered[pending.key] <= 0:
+                del unanswered[pending.key]
             self._report(stats)
 
     async def _query(self, pending: _Pending, held: ClientResources, stats: RunStats) -> ItemResult:
@@ -356,7 +367,7 @@ class ExpertClient:
                 await self._sleep(delay)
                 continue
             breaker.answered(probe=probe)
-            usage = _total_usage(payloads)
+            usage = total_usage(payloads)
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
             stats.prompt_tokens += prompt_tokens or 0
@@ -426,17 +437,6 @@ class ExpertClient:
     def _report(self, stats: RunStats) -> None:
         if self._progress is not None:
             self._progress.update(stats)
-
-
-def _total_usage(payloads: Sequence[Any]) -> dict[str, int]:
-    """Token usage summed over the answers that report it ({} if none does)."""
-    total: dict[str, int] = {}
-    for payload in payloads:
-        usage = payload.get("usage") if isinstance(payload, dict) else None
-        for name in ("prompt_tokens", "completion_tokens"):
-            if isinstance(usage, dict) and isinstance(usage.get(name), int):
-                total[name] = total.get(name, 0) + usage[name]
-    return total
 
 
 def score_items(

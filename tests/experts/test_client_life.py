@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 from fault_server import FaultServer, item_score
 
-from experts import ExpertClient, ExpertSpec, Item, RateLimit
+from experts import ConfigError, ExpertClient, ExpertSpec, Item, RateLimit, ScoreCache, list_claims
 
 CONCURRENCY = 3
 
@@ -110,3 +111,21 @@ def test_a_closed_client_refuses_use_and_an_unopened_one_opens_per_call() -> Non
 
     asyncio.run(main())
     assert sum(server.counts.successes.values()) == 6
+
+
+def test_a_failed_call_frees_its_claims_while_the_client_stays_open(tmp_path: Path) -> None:
+    """A call that ends in an error (here every request is over the whole TPM budget, refused
+    before anything is sent) leaves no claim behind for the rest of the client's life: another
+    run on the cache would otherwise wait for items nobody is asking about."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    spec = ExpertSpec(
+        name="tight", base_urls=("http://unused.test/v1",), model="m", rate=RateLimit(concurrency=2, tpm=1)
+    )
+
+    async def main() -> None:
+        async with ExpertClient(spec, cache=cache) as client:
+            with pytest.raises(ConfigError, match="tpm"):
+                await client.score(calls(1, 10)[0])
+            assert list_claims(cache) == []
+
+    asyncio.run(main())
