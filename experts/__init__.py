@@ -20,6 +20,7 @@ import importlib
 # Every public name and the module that defines it: the one list of this package's API.
 _EXPORTS: dict[str, str] = {
     "BUILTIN_EXPERTS": "._registry",
+    "BreakerState": "._breaker",
     "SCORING_METHODS": "._scoring",
     "ConfigError": "._errors",
     "Conversation": "._prompts",
@@ -28,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "ExpertClient": "._client",
     "ExpertError": "._errors",
     "ExpertSpec": "._registry",
+    "FailureKind": "._failure",
     "InvalidSetting": "._errors",
     "Item": "._client",
     "ItemResult": "._client",

@@ -318,6 +318,10 @@ class CacheWriter:
         await self._submit("failure", row)
 
     async def _submit(self, kind: str, row: dict[str, Any]) -> None:
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            died = self._task.exception()
+            if isinstance(died, StorageError):  # a long-lived client's later calls hear it too
+                raise StorageError(str(died))
         if self._task is None or self._task.done():
             raise RuntimeError("the cache writer is not running")
         committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -1,11 +1,12 @@
 """Claims on items in flight, so that two runs on one cache never pay twice for an item.
 
-A run (one `ExpertClient.score` call) is an owner: a uuid, with its host and pid. Before it
-queries a batch of items it claims their keys in one transaction: keys nobody holds (or whose
-claim is stale) become its own, keys already scored are cache hits, and keys a live run holds
-are left to that run; the client waits for their scores, or for the claim to go stale and then
-takes the item over. A claim is released in the transaction that commits its item's score or
-failure (`ScoreCache.put_many`), so another run always sees an item as claimed or as stored.
+A run (one open `ExpertClient`: one `score` call, or all calls of an `async with` block) is an
+owner: a uuid, with its host and pid. Before it queries a batch of items it claims their keys in
+one transaction: keys nobody holds (or whose claim is stale) become its own, keys already scored
+are cache hits, and keys a live run holds are left to that run; the client waits for their
+scores, or for the claim to go stale and then takes the item over. A claim is released in the
+transaction that commits its item's score or failure (`ScoreCache.put_many`), so another run
+always sees an item as claimed or as stored.
 
 A claim is stale when its lease has run out (the holder stopped renewing it: it was killed,
 suspended, or its host went away) or, at once, when its holder was a process on this host that
@@ -158,6 +159,21 @@ class ClaimLedger:
         """Drop every claim this run still holds (the run is over: its items are free)."""
         with _immediate(self.cache) as cursor:
             cursor.execute("DELETE FROM claims WHERE owner = ?", (self.owner,))
+
+    async def release(self, keys: Sequence[str]) -> None:
+        """Drop this run's claims on `keys` (a call of a long-lived client ended without
+        answering them), if the database lets us; if not, they go stale like `close`'s."""
+
+        def drop() -> None:
+            with _immediate(self.cache) as cursor:
+                for chunk in _chunks(list(keys)):
+                    marks = ",".join("?" * len(chunk))
+                    cursor.execute(
+                        f"DELETE FROM claims WHERE owner = ? AND key IN ({marks})", [self.owner, *chunk]
+                    )
+
+        with suppress(StorageError):
+            await asyncio.to_thread(drop)
 
     async def close(self) -> None:
         """Release every claim this run still holds, if the database lets us. If it does not

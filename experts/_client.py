@@ -13,16 +13,17 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from ._breaker import BreakerState
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
 from ._claims import ClaimLedger, Lease
-from ._endpoint import Endpoint
-from ._errors import EndpointDown, ExpertError, HTTPStatusError, TransportError
-from ._limiter import Limiter
+from ._errors import EndpointDown, ExpertError, HTTPStatusError
+from ._failure import FailureKind
 from ._prompts import Conversation, PromptTemplate, load_template
 from ._registry import ExpertSpec
-from ._scoring import Request, build_request, parse_response
+from ._resources import ClientResources
+from ._scoring import Request, build_request, parse_response, total_usage
 
-__all__ = ["ExpertClient", "Item", "ItemResult", "Outage", "ProgressSink", "RunStats", "score_items"]
+__all__ = ["ExpertClient", "Item", "ItemResult", "ProgressSink", "RunStats", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
 _CLAIM_BATCH_MAX = 512  # items claimed in one transaction at most (see `_produce`)
@@ -39,7 +40,8 @@ class Item:
 @dataclass(frozen=True)
 class ItemResult:
     """The outcome for one item, in input order. `score` is None when `source` is "failed",
-    and `reason` then says why (the last error's tag, e.g. "http-429", "timeout", "no-label-mass")."""
+    and `reason` then says why (the last error's tag, e.g. "http-429", "timeout", "no-label-mass",
+    as stored in the cache's failures table) and `failure` what kind of failure that is."""
 
     id: str
     score: float | None
@@ -47,6 +49,7 @@ class ItemResult:
     source: Literal["cache", "expert", "failed"]
     reason: str | None = None
     attempts: int = 0
+    failure: FailureKind | None = None  # the typed kind of `reason`, for decisions (not display)
 
 
 @dataclass
@@ -84,36 +87,19 @@ class _Pending:
     key: str
 
 
-class Outage:
-    """Counts the items that failed at the endpoint in a row (a transport error or a 5xx after
-    every retry) with no answer between them. At `limit` it raises EndpointDown: a server that
-    died or went away would otherwise cost each remaining item its full retry schedule."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.streak = 0
-
-    def answered(self) -> None:
-        self.streak = 0
-
-    def failed(self, exc: ExpertError) -> None:
-        server_error = isinstance(exc, HTTPStatusError) and exc.status >= 500
-        if not (isinstance(exc, TransportError) or server_error):  # it answered: it is up
-            self.streak = 0
-            return
-        self.streak += 1
-        if self.streak >= self.limit:
-            raise EndpointDown(
-                f"the expert stopped answering: {self.streak} items in a row failed after their "
-                f"retries, the last with {exc}"
-            )
-
-
 class ExpertClient:
     """Scores items with one expert. The transport, clock, sleep and random source can be
     injected (tests use them to avoid real waiting); by default httpx over aiohttp. With a
     cache, items in flight are claimed in it under `lease`, so that runs sharing the cache
-    never query the same item at once (see `experts._claims`)."""
+    never query the same item at once (see `experts._claims`).
+
+    Life, like httpx's clients: `async with ExpertClient(...) as client:` opens one endpoint
+    (connection pool), limiter (concurrency, RPM, TPM), breaker and, with a cache, one claims
+    ledger and writer (`experts._resources`); `await client.score(items)` may then be called any
+    number of times, concurrently too, and all calls share them: at most `rate.concurrency`
+    requests in flight in all, one RPM/TPM budget, one breaker. `score` called outside `async
+    with` opens them around that one call and closes them after (a script's or a batch run's
+    single call). Once the `async with` block has ended the client refuses use (RuntimeError)."""
 
     def __init__(
         self,
@@ -137,6 +123,36 @@ class ExpertClient:
         self._rng = rng or random.Random(0)
         self._progress = progress
         self._lease = lease or Lease()
+        self._held: ClientResources | None = None  # open between __aenter__ and __aexit__
+        self._closed = False
+
+    async def _open(self) -> ClientResources:
+        if self._closed:
+            raise RuntimeError("this ExpertClient has been closed: open a new one")
+        return await ClientResources.open(
+            self.spec,
+            cache=self.cache,
+            transport=self._transport,
+            clock=self._clock,
+            sleep=self._sleep,
+            lease=self._lease,
+        )
+
+    async def __aenter__(self) -> ExpertClient:
+        if self._held is not None:
+            raise RuntimeError("this ExpertClient is already open")
+        self._held = await self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        held, self._held, self._closed = self._held, None, True
+        if held is not None:
+            await held.aclose()
+
+    @property
+    def breaker_state(self) -> BreakerState:
+        """The shared breaker's state while open; CLOSED when the client is not open."""
+        return self._held.breaker.state if self._held is not None else BreakerState.CLOSED
 
     def request_for(self, item: Item) -> tuple[Request, str]:
         """The request an item sends and its cache key."""
@@ -160,53 +176,49 @@ class ExpertClient:
     async def score(self, items: Sequence[Item]) -> tuple[list[ItemResult], RunStats]:
         """One result per item, aligned with `items`. Items with a cached score send nothing;
         the others are queried; failures after the retry cap are recorded, never raised, unless
-        so many come in a row that the endpoint is down (EndpointDown; answers so far are kept).
+        so many come in a row that the endpoint is down (EndpointDown; answers so far are kept;
+        with `retry.cooldown` set the breaker opens instead and items fail as endpoint-down).
         Items another run on the same cache is asking about are waited for, not paid twice."""
+        if self._held is not None:
+            return await self._score(items, self._held)
+        held = await self._open()
+        try:
+            return await self._score(items, held)
+        finally:
+            await held.aclose()
+
+    async def _score(self, items: Sequence[Item], held: ClientResources) -> tuple[list[ItemResult], RunStats]:
         stats = RunStats(total=len(items))
         results: list[ItemResult | None] = [None] * len(items)
-        limiter = Limiter(self.spec.rate, clock=self._clock, sleep=self._sleep)
-        outage = Outage(self.spec.effective_down_after)
-        ledger = ClaimLedger(self.cache, lease=self._lease) if self.cache is not None else None
-        writer = CacheWriter(ledger.cache, release_owner=ledger.owner) if ledger is not None else None
-        if ledger is not None:
-            await asyncio.to_thread(ledger.sweep)  # claims of runs that died: tidiness, not needed
-        queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * self.spec.rate.concurrency)
-        endpoint = Endpoint(
-            self.spec.resolved_urls(),
-            api_key_env=self.spec.api_key_env,
-            timeout=self.spec.timeout,
-            max_connections=self.spec.rate.concurrency,
-            transport=self._transport,
-        )
-        heartbeat = [asyncio.create_task(ledger.heartbeat(), name="claims-heartbeat")] if ledger else []
-        if writer is not None:
-            writer.start()
+        # Keys this call claimed and has not answered yet (a count per key: an input may come
+        # twice): released at the end if the call fails. Keys only, so memory stays flat.
+        unanswered: Counter[str] = Counter()
+        n_workers = max(1, min(self.spec.rate.concurrency, len(items)))
+        queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * n_workers)
         workers = [
-            asyncio.create_task(self._worker(queue, endpoint, limiter, writer, outage, results, stats))
-            for _ in range(self.spec.rate.concurrency)
+            asyncio.create_task(self._worker(queue, held, results, stats, unanswered))
+            for _ in range(n_workers)
         ]
-        producer = asyncio.create_task(self._produce(items, results, stats, queue, len(workers), ledger))
+        producer = asyncio.create_task(
+            self._produce(items, results, stats, queue, n_workers, held, unanswered)
+        )
         tasks = [producer, *workers]
         try:
             # If the workers die (a disk error on commit, say), the producer must not wait on a
-            # full queue forever: the first exception anywhere ends the run.
+            # full queue forever: the first exception anywhere ends the call.
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             await asyncio.gather(*tasks)
         finally:
-            for task in [*tasks, *heartbeat]:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, *heartbeat, return_exceptions=True)
-            try:
-                if writer is not None:
-                    await writer.close()  # commits what was handed over (re-raises a disk error)
-            finally:
-                if ledger is not None:
-                    await ledger.close()  # after the writer: an item handed over is stored first
-                await endpoint.aclose()
-                self._report(stats)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            left = list(unanswered)
+            if left and held.ledger is not None:  # a call that failed frees its items at once
+                await held.ledger.release(left)
+            self._report(stats)
         return [r for r in results if r is not None], stats
 
     async def _produce(
@@ -216,7 +228,8 @@ class ExpertClient:
         stats: RunStats,
         queue: asyncio.Queue[_Pending | None],
         n_workers: int,
-        ledger: ClaimLedger | None,
+        held: ClientResources,
+        unanswered: Counter[str],
     ) -> None:
         """Queue the misses, claiming them a batch at a time just before they are queued: the
         claims a run holds beyond its items in flight stay few, so a second run finds most
@@ -225,18 +238,21 @@ class ExpertClient:
         (the other run answered it) or is claimed and queried here (its claim went stale, or
         the other run failed it and let it go)."""
         batch_size = min(_CLAIM_BATCH_MAX, 2 * n_workers)
-        held: list[_Pending] = []
+        ledger = held.ledger
+        waiting: list[_Pending] = []
         for misses in self._misses(items, results, stats):
             for start in range(0, len(misses), batch_size):
                 mine, others = await self._claim(misses[start : start + batch_size], results, stats, ledger)
-                held += others
+                unanswered.update(p.key for p in mine)
+                waiting += others
                 for pending in mine:
                     await queue.put(pending)
-        while held:
-            stats.waiting = len(held)
+        while waiting:
+            stats.waiting = len(waiting)
             self._report(stats)
             await asyncio.sleep(self._lease.poll)
-            mine, held = await self._claim(held, results, stats, ledger)
+            mine, waiting = await self._claim(waiting, results, stats, ledger)
+            unanswered.update(p.key for p in mine)
             for pending in mine:
                 await queue.put(pending)
         stats.waiting = 0
@@ -292,28 +308,37 @@ class ExpertClient:
     async def _worker(
         self,
         queue: asyncio.Queue[_Pending | None],
-        endpoint: Endpoint,
-        limiter: Limiter,
-        writer: CacheWriter | None,
-        outage: Outage,
+        held: ClientResources,
         results: list[ItemResult | None],
         stats: RunStats,
+        unanswered: Counter[str],
     ) -> None:
         while (pending := await queue.get()) is not None:
-            results[pending.index] = await self._query(pending, endpoint, limiter, writer, outage, stats)
+            results[pending.index] = await self._query(pending, held, stats)
+            unanswered[pending.key] -= 1  # its score or failure is stored: the claim is gone
+            if unanswered[pending.key] <= 0:
+                del unanswered[pending.key]
             self._report(stats)
 
-    async def _query(
-        self,
-        pending: _Pending,
-        endpoint: Endpoint,
-        limiter: Limiter,
-        writer: CacheWriter | None,
-        outage: Outage,
-        stats: RunStats,
+    async def _query(self, pending: _Pending, held: ClientResources, stats: RunStats) -> ItemResult:
+        """One item through the breaker and the retry loop (the only retry layer in the stage).
+        A half-open breaker's probe gets one attempt: its outcome is what closes or reopens it."""
+        breaker, writer = held.breaker, held.writer
+        try:
+            probe = breaker.admit()
+        except EndpointDown as exc:  # open: nothing is sent
+            return await self._failed(pending, exc, 0, writer, stats)
+        try:
+            return await self._attempts(pending, held, stats, probe=probe)
+        finally:
+            breaker.abandon(probe=probe)  # a no-op once the probe's outcome is in
+
+    async def _attempts(
+        self, pending: _Pending, held: ClientResources, stats: RunStats, *, probe: bool
     ) -> ItemResult:
-        """One item through the retry loop: the only retry layer in the stage."""
+        endpoint, limiter, writer, breaker = held.endpoint, held.limiter, held.writer, held.breaker
         policy = self.spec.retry
+        max_attempts = 1 if probe else policy.max_attempts
         deadline = self._clock() + policy.deadline
         request = pending.request
         attempt = 0
@@ -334,15 +359,15 @@ class ExpertClient:
                 if isinstance(exc, HTTPStatusError) and exc.status == 429:
                     stats.rate_limited += 1
                 delay = max(getattr(exc, "retry_after", None) or 0.0, policy.backoff(attempt, self._rng))
-                if not exc.retryable or attempt >= policy.max_attempts or self._clock() + delay > deadline:
+                if not exc.retryable or attempt >= max_attempts or self._clock() + delay > deadline:
                     failed = await self._failed(pending, exc, attempt, writer, stats)
-                    outage.failed(exc)  # after the failure is in the ledger
+                    breaker.failed(exc, probe=probe)  # after the failure is in the ledger
                     return failed
                 stats.retries += 1
                 await self._sleep(delay)
                 continue
-            outage.answered()
-            usage = _total_usage(payloads)
+            breaker.answered(probe=probe)
+            usage = total_usage(payloads)
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
             stats.prompt_tokens += prompt_tokens or 0
@@ -399,22 +424,19 @@ class ExpertClient:
                     "created": now(),
                 }
             )
-        return ItemResult(pending.item.id, None, None, "failed", reason=exc.reason, attempts=attempts)
+        return ItemResult(
+            pending.item.id,
+            None,
+            None,
+            "failed",
+            reason=exc.reason,
+            attempts=attempts,
+            failure=FailureKind.of(exc),
+        )
 
     def _report(self, stats: RunStats) -> None:
         if self._progress is not None:
             self._progress.update(stats)
-
-
-def _total_usage(payloads: Sequence[Any]) -> dict[str, int]:
-    """Token usage summed over the answers that report it ({} if none does)."""
-    total: dict[str, int] = {}
-    for payload in payloads:
-        usage = payload.get("usage") if isinstance(payload, dict) else None
-        for name in ("prompt_tokens", "completion_tokens"):
-            if isinstance(usage, dict) and isinstance(usage.get(name), int):
-                total[name] = total.get(name, 0) + usage[name]
-    return total
 
 
 def score_items(

@@ -139,12 +139,18 @@ class RetryPolicy:
     # End the run once this many items in a row have failed at the endpoint (transport errors,
     # 5xx) with no answer between them; 0 means twice the concurrency, at least 8.
     down_after: int = 0
+    # None (a batch run): those failures end the run with EndpointDown. Seconds (a service): the
+    # breaker opens instead; items fail at once as endpoint-down for this long, then one probe
+    # item goes out and its answer closes the breaker (see `experts._breaker`).
+    cooldown: float | None = None
 
     def __post_init__(self) -> None:
         _whole("max_attempts", self.max_attempts, 1)
         _whole("down_after", self.down_after, 0)
         for name in ("initial", "maximum", "deadline"):
             _at_least(name, getattr(self, name), 0, "a number of seconds")
+        if self.cooldown is not None:
+            _positive("cooldown", self.cooldown, "a number of seconds")
         _at_least("multiplier", self.multiplier, 1)
         if not _is_real(self.jitter) or not 0 <= self.jitter <= 1:
             raise InvalidSetting("jitter", repr(self.jitter), "must lie in [0, 1]")

@@ -19,6 +19,7 @@ __all__ = [
     "build_request",
     "parse_response",
     "top_logprobs",
+    "total_usage",
 ]
 
 ScoringMethod = Literal["next-token", "likelihood"]
@@ -185,3 +186,14 @@ def top_logprobs(response: str) -> list[tuple[str, float]]:
         return [(str(t["token"]), float(t["logprob"])) for t in top]
     except (json.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
         return []
+
+
+def total_usage(payloads: Sequence[Any]) -> dict[str, int]:
+    """Token usage summed over the answers that report it ({} if none does)."""
+    total: dict[str, int] = {}
+    for payload in payloads:
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        for name in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage, dict) and isinstance(usage.get(name), int):
+                total[name] = total.get(name, 0) + usage[name]
+    return total

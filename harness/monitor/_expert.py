@@ -1,22 +1,28 @@
-"""The expert side of the monitor: delegated conversations go to the expert through the existing
-`ExpertClient` (limiter, retries, optional cache, outage breaker), micro-batched, with an online
-retry policy (a request waits seconds, not the batch stage's minutes). When the expert fails or is
-down, the answer is "no expert score" with the reason; nothing is raised to the caller."""
+"""The expert side of the monitor: delegated conversations go to the expert through one long-lived
+`ExpertClient` (one connection pool, limiter, retries, optional cache, and one breaker shared by
+every micro-batch), with an online retry policy (a request waits seconds, not the batch stage's
+minutes). When the expert fails or is down, the answer is "no expert score" with the reason;
+nothing is raised to the caller."""
 
 from __future__ import annotations
 
-import time
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
+
 from experts import (
-    EndpointDown,
+    BreakerState,
     ExpertClient,
     ExpertError,
     ExpertSpec,
+    FailureKind,
     Item,
+    ItemResult,
     RetryPolicy,
     ScoreCache,
+    StorageError,
     Timeout,
 )
 
@@ -24,18 +30,23 @@ from ._batcher import MicroBatcher
 
 __all__ = ["ONLINE_RETRY", "ONLINE_TIMEOUT", "ExpertAnswer", "ExpertGate"]
 
-# Two attempts within 10 s; the breaker opens after 4 items in a row fail at the endpoint.
-ONLINE_RETRY = RetryPolicy(max_attempts=2, initial=0.05, maximum=0.5, deadline=10.0, down_after=4)
+# Two attempts within 10 s; after 4 items in a row fail at the endpoint the breaker opens for
+# `cooldown` seconds (ExpertGate's), then lets one probe item through.
+ONLINE_RETRY = RetryPolicy(
+    max_attempts=2, initial=0.05, maximum=0.5, deadline=10.0, down_after=4, cooldown=5.0
+)
 ONLINE_TIMEOUT = Timeout(connect=2.0, read=30.0, write=5.0, pool=10.0)
-DOWN_REASONS = ("transport", "timeout", "endpoint-down")  # failures that say the endpoint is gone
 
 ExpertAnswer = tuple[float | None, str | None]  # (score, why there is none)
 
 
 class ExpertGate:
-    """`await ask(item)` -> (score, None) or (None, reason). After the expert is found down (the
-    client's breaker, or `down_batches` batches in a row failing at the endpoint) it is not asked
-    for `cooldown` seconds: those requests answer at once with reason "expert-down"."""
+    """`await ask(item)` -> (score, None) or (None, reason), reason "expert-down" or
+    "expert-failed: TAG". Open it (`await gate.open()` or `async with`) before use: its client's
+    resources then live until `aclose`. While the client's breaker is open (the expert found
+    down) requests answer at once with "expert-down", and nothing is sent; after `cooldown`
+    seconds one probe item goes out and its answer closes the breaker. `transport` is for tests
+    (counting the requests that really go out)."""
 
     def __init__(
         self,
@@ -46,21 +57,30 @@ class ExpertGate:
         max_wait: float = 0.002,
         concurrency: int = 8,
         cooldown: float = 5.0,
-        down_batches: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.spec = replace(spec, retry=ONLINE_RETRY, timeout=ONLINE_TIMEOUT)
-        self.client = ExpertClient(self.spec, cache=ScoreCache(cache) if cache is not None else None)
+        self.spec = replace(spec, retry=replace(ONLINE_RETRY, cooldown=cooldown), timeout=ONLINE_TIMEOUT)
+        self.client = ExpertClient(
+            self.spec, cache=ScoreCache(cache) if cache is not None else None, transport=transport
+        )
         self.batcher: MicroBatcher[Item, ExpertAnswer] = MicroBatcher(
             self._run, max_batch=max_batch, max_wait=max_wait, concurrency=concurrency
         )
-        self.cooldown = cooldown
-        self.down_batches = down_batches
-        self._down_until = 0.0
-        self._failing_batches = 0
+
+    async def open(self) -> None:
+        await self.client.__aenter__()
+
+    async def __aenter__(self) -> ExpertGate:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @property
     def down(self) -> bool:
-        return time.monotonic() < self._down_until
+        """Whether the breaker is open (cooling down): half-open is not down, a probe may go."""
+        return self.client.breaker_state is BreakerState.OPEN
 
     async def ask(self, item: Item) -> ExpertAnswer:
         if self.down:
@@ -73,28 +93,23 @@ class ExpertGate:
     async def _run(self, items: list[Item]) -> list[ExpertAnswer]:
         try:
             results, _stats = await self.client.score(items)
-        except EndpointDown:
-            self._open()
-            return [(None, "expert-down")] * len(items)
         except ExpertError as error:  # the cache's disk, a setting: still no request is lost
             return [(None, f"expert-failed: {error.reason}")] * len(items)
-        answers: list[ExpertAnswer] = [
-            (r.score, None) if r.score is not None else (None, f"expert-failed: {r.reason}") for r in results
-        ]
-        if all(
-            r.score is None and (r.reason in DOWN_REASONS or str(r.reason).startswith("http-5"))
-            for r in results
-        ):
-            self._failing_batches += 1
-            if self._failing_batches >= self.down_batches:
-                self._open()
-        else:
-            self._failing_batches = 0
-        return answers
-
-    def _open(self) -> None:
-        self._down_until = time.monotonic() + self.cooldown
-        self._failing_batches = 0
+        return [_answer(result) for result in results]
 
     async def aclose(self) -> None:
-        await self.batcher.aclose()
+        try:
+            await self.batcher.aclose()
+        finally:
+            # A cache that cannot store the last answers at shutdown changes nothing the
+            # requests were told (the cache is an optional saving): the shutdown goes on.
+            with contextlib.suppress(StorageError):
+                await self.client.__aexit__(None, None, None)
+
+
+def _answer(result: ItemResult) -> ExpertAnswer:
+    if result.score is not None:
+        return result.score, None
+    if result.failure is FailureKind.ENDPOINT_DOWN:  # refused by the open breaker: nothing sent
+        return None, "expert-down"
+    return None, f"expert-failed: {result.reason}"

@@ -143,6 +143,8 @@ class Monitor:
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
         )
         gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
+        if gate is not None:
+            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
         return cls(
             read,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -216,6 +216,14 @@ def query_dataset(
     return replace(summary, dropped=dataset.dropped)
 
 
+async def _score_once(
+    client: experts.ExpertClient, items: Sequence[experts.Item]
+) -> tuple[list[experts.ItemResult], experts.RunStats]:
+    """The run's one `score` call inside the client's life (pool, limiter, breaker, claims)."""
+    async with client:
+        return await client.score(items)
+
+
 def query_items(
     items: list[Item],
     labels: list[int | None],
@@ -244,7 +252,9 @@ def query_items(
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
-        results, stats = asyncio.run(experts.ExpertClient(spec, cache=cache, progress=sink).score(items))
+        results, stats = asyncio.run(
+            _score_once(experts.ExpertClient(spec, cache=cache, progress=sink), items)
+        )
         top = {"top_tokens": _top_tokens(items, spec, cache)} if with_top_tokens else {}
     finally:
         cache.close()

@@ -18,7 +18,7 @@ from expert_fakes import FakeTime
 from experts import ConfigError, EndpointDown, InvalidSetting, RateLimit, RetryPolicy, Timeout
 
 # Private: the limiter, outage counter, errors and interrupt holding, unit-tested.
-from experts._client import Outage
+from experts._breaker import Breaker
 from experts._errors import HTTPStatusError, ResponseError, TransportError
 from experts._limiter import Limiter
 from experts._serve import _interrupts_held
@@ -99,7 +99,7 @@ def test_a_request_larger_than_the_tpm_is_refused_not_paced() -> None:
 
 
 def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
-    outage = Outage(limit=3)
+    outage = Breaker(limit=3)
     refused = TransportError("refused", reason="connection")
     for _ in range(2):
         outage.failed(refused)
