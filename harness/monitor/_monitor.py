@@ -142,10 +142,10 @@ class Monitor:
         scorer = await asyncio.to_thread(
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
         )
-        gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
-        if gate is not None:
-            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
+        gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
+        if gate is not None:  # last: nothing after it can fail and leave its client open
+            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
         return cls(
             read,
             scorer,
