@@ -15,6 +15,11 @@ from ._common import clean_errors
 
 __all__ = ["register"]
 
+# The queue bounds a user may set: below 10 ms nearly every check is shed, above 10 minutes the
+# bound no longer protects anything; a count above 100,000 is memory, not a queue.
+MIN_QUEUE_MS, MAX_QUEUE_MS = 10.0, 600_000.0
+MAX_PENDING_CAP = 100_000
+
 monitor_app = typer.Typer(
     help="Deploy a run's calibrated cascade: calibrate a bundle, serve it over HTTP.", no_args_is_help=True
 )
@@ -111,10 +116,23 @@ def monitor_serve(
     max_wait_ms: Annotated[
         float, typer.Option("--max-wait-ms", help="How long a forward batch waits to fill.")
     ] = 5.0,
+    max_queue_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--max-queue-ms",
+            help="Shed a check (503, Retry-After) when its expected wait in the queue is longer "
+            "(default 1000).",
+        ),
+    ] = None,
+    max_pending: Annotated[
+        int | None,
+        typer.Option("--max-pending", help="Shed a check when this many are already queued (default 512)."),
+    ] = None,
 ) -> None:
     """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
     import uvicorn
 
+    from ..monitor._admission import MAX_PENDING, MAX_QUEUE_SECONDS
     from ..monitor._bundle import read_bundle
     from ..monitor._monitor import Monitor
     from ..monitor._server import create_app
@@ -126,6 +144,12 @@ def monitor_serve(
         raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
     if max_batch < 1 or max_wait_ms < 0 or not 0 < port < 65536:
         raise InputError("--max-batch must be at least 1, --max-wait-ms at least 0, --port in 1..65535")
+    max_queue_ms = MAX_QUEUE_SECONDS * 1e3 if max_queue_ms is None else max_queue_ms
+    max_pending = MAX_PENDING if max_pending is None else max_pending
+    if not MIN_QUEUE_MS <= max_queue_ms <= MAX_QUEUE_MS:
+        raise InputError(f"--max-queue-ms {max_queue_ms:g}: must lie in [{MIN_QUEUE_MS:g}, {MAX_QUEUE_MS:g}]")
+    if not 1 <= max_pending <= MAX_PENDING_CAP:
+        raise InputError(f"--max-pending {max_pending}: must lie in [1, {MAX_PENDING_CAP}]")
 
     async def load() -> Monitor:
         return await Monitor.load(
@@ -139,6 +163,8 @@ def monitor_serve(
             max_delegation_rate=max_delegation_rate,
             max_batch=max_batch,
             max_wait=max_wait_ms / 1e3,
+            max_queue=max_queue_ms / 1e3,
+            max_pending=max_pending,
         )
 
     print(f"ctd monitor: loading {bundle}; serving on http://{host}:{port} once ready", file=sys.stderr)

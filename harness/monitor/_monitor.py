@@ -1,7 +1,11 @@
 """The Python API: `monitor = await Monitor.load(bundle)`, then `await monitor.check(conversation)`
 returns a frozen `Decision`, one per conversation and without batch context: the probe and DV
 scores from one micro-batched forward pass, delegation iff DV > the bundle's threshold, the expert
-asked only then, the merged score, and why there is no expert score when there is none."""
+asked only then, the merged score, and why there is no expert score when there is none.
+
+A check is admitted first (`_admission`: refused with `Overloaded` when the queue's expected wait
+is too long, before anything is paid for), then tokenised in a small thread pool (a huge
+conversation never stalls the event loop), then joins a micro-batch."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,12 +25,14 @@ import calibrate
 from experts import Item
 
 from .._errors import InputError
+from ._admission import MAX_PENDING, MAX_QUEUE_SECONDS, Admission
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
 from ._decisions import DecisionLog
 from ._drift import Alarm, DelegationCap, RateWatch
+from ._errors import Overloaded
 from ._expert import ExpertGate
-from ._metrics import MonitorMetrics, exposition
+from ._metrics import GaugeValue, MonitorMetrics
 
 if TYPE_CHECKING:
     from ._scorer import ProbeScorer, Tokens
@@ -33,11 +41,14 @@ __all__ = ["Decision", "Latency", "Monitor", "request_id"]
 
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
+# Threads that render chat templates and tokenise: two, so that one huge conversation does not hold
+# up the others, and no more, since on a small machine they compete with the forward pass for CPU.
+TOKENIZER_THREADS = 2
 
 
 @dataclass(frozen=True)
 class Latency:
-    probe_ms: float  # queueing and the micro-batched forward pass
+    probe_ms: float  # admission, tokenising, queueing and the micro-batched forward pass
     expert_ms: float  # 0 when the expert was not asked
     total_ms: float
 
@@ -85,13 +96,17 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        max_queue: float = MAX_QUEUE_SECONDS,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         self.bundle = bundle
         self.scorer = scorer
         self.gate = gate
         self.decisions = decisions
         self.cap = DelegationCap(max_delegation_rate) if max_delegation_rate is not None else None
-        self.metrics = MonitorMetrics()
+        self.metrics = MonitorMetrics(self._gauges)
+        self.admission = Admission(max_queue=max_queue, max_pending=max_pending)
+        self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ctd-tokenize")
         self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
             self._forward, max_batch=max_batch, max_wait=max_wait
         )
@@ -118,6 +133,8 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        max_queue: float = MAX_QUEUE_SECONDS,
+        max_pending: int = MAX_PENDING,
     ) -> Monitor:
         """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
         ready to check. `expert=False` never asks the expert (the probe-only cascade)."""
@@ -128,6 +145,9 @@ class Monitor:
         scorer = await asyncio.to_thread(
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
         )
+        # One forward pass now: the first one pays for allocation (seconds on a CPU), and the queue's
+        # cost estimate should start from a warm model, not from that.
+        await asyncio.to_thread(scorer.score, [scorer.tokens("warm-up")])
         gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
         return cls(
@@ -138,19 +158,40 @@ class Monitor:
             max_delegation_rate=max_delegation_rate,
             max_batch=max_batch,
             max_wait=max_wait,
+            max_queue=max_queue,
+            max_pending=max_pending,
         )
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
-        return await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
+        started = time.perf_counter()
+        scores = await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
+        self.admission.served(len(batch), time.perf_counter() - started)
+        self.metrics.batches.inc()
+        self.metrics.batched_items.inc(len(batch))
+        return scores
+
+    async def _probe(self, conversation: str | list[dict[str, str]]) -> tuple[Tokens, float, float]:
+        """Tokens, probe and DV of one admitted conversation (Overloaded when it is not admitted)."""
+        from ._scorer import check_conversation
+
+        try:
+            with self.admission.admitted():
+                loop = asyncio.get_running_loop()
+                tokens = await loop.run_in_executor(
+                    self._tokenizer_pool, check_conversation, self.scorer, conversation
+                )
+                probe, dv = await self.forward.submit(tokens)
+        except Overloaded:
+            self.metrics.shed.inc()
+            raise
+        return tokens, probe, dv
 
     async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
         """The decision for one conversation (a string is one user turn). A conversation the
-        model's chat template rejects is an InputError; an expert failure is never raised."""
+        model's chat template rejects is an InputError; a check that would wait longer than the
+        queue bound is refused with Overloaded before any work; an expert failure is never raised."""
         started = time.perf_counter()
-        from ._scorer import check_conversation
-
-        tokens = check_conversation(self.scorer, conversation)
-        probe, dv = await self.forward.submit(tokens)
+        tokens, probe, dv = await self._probe(conversation)
         probed = time.perf_counter()
         delegated = bool(dv > self.bundle.threshold)
         call = self.cap.allow(delegated) if self.cap is not None else delegated
@@ -188,17 +229,17 @@ class Monitor:
 
     def _record(self, decision: Decision, conversation: object, called: bool) -> None:
         m = self.metrics
-        m.requests += 1
-        m.delegated += decision.delegated
-        m.capped += decision.reason == "delegation-cap"
+        m.requests.inc()
+        m.delegated.inc(decision.delegated)
+        m.capped.inc(decision.reason == "delegation-cap")
         if decision.delegated and called and self.gate is not None:
-            m.expert_calls += 1
+            m.expert_calls.inc()
             if decision.expert is not None:
-                m.expert_scores += 1
+                m.expert_scores.inc()
             else:
-                m.expert_failures[str(decision.reason)] += 1
+                m.expert_failures.labels(reason=str(decision.reason)).inc()
         for part, ms in asdict(decision.latency).items():
-            m.latency[part.removesuffix("_ms")].observe(ms / 1e3)
+            m.latency.labels(part=part.removesuffix("_ms")).observe(ms / 1e3)
         self._alarm(self.delegation.add(decision.delegated))
         self._labels[decision.request_id] = decision.label
         self._labels.move_to_end(decision.request_id)
@@ -233,42 +274,69 @@ class Monitor:
         return True
 
     def prometheus(self) -> str:
-        """/metrics: the counters, the latency histograms, the realised delegation rate and error
-        rate with their exact 95% intervals, and the drift alarms with their evidence."""
-        m = self.metrics
-        m.batches, m.batched_items = self.forward.batches, self.forward.items
+        """/metrics: the counters, the latency histograms, the queue, the realised delegation rate
+        and error rate with their exact 95% intervals, and the drift alarms with their evidence."""
+        return self.metrics.exposition()
+
+    def _gauges(self) -> Iterator[GaugeValue]:
+        """The gauges computed at scrape time (the metrics' collector calls this)."""
         certified = "delegation" if self.bundle.mode == "budget" else "error"
-        gauges: list[tuple[str, str, float, dict[str, str] | None]] = [
-            ("certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}),
-            ("threshold", "Delegate when DV is above this.", self.bundle.threshold, None),
-        ]
+        yield GaugeValue(
+            "certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}
+        )
+        yield GaugeValue("threshold", "Delegate when DV is above this.", self.bundle.threshold)
         for watch in (self.delegation, self.errors):
-            risk = {"risk": watch.risk}
             if watch.seen:
-                ci = watch.interval()
-                gauges += [
-                    ("rate", "Realised rate over every request so far.", ci.proportion, risk),
-                    ("rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk),
-                    ("rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk),
-                ]
-            if watch.risk == certified and watch.last is not None:
-                last = watch.last
-                gauges += [
-                    ("drift_alarm", "1 when the last look's exact lower bound passed the certified level.",
-                     float(last.raised), risk),
-                    ("drift_lower_bound", "The last look's one-sided exact lower bound of the window's rate.",
-                     last.lower, risk),
-                    ("drift_window_events", "Events in the last look's window.", last.k, risk),
-                    ("drift_window_size", "Requests in the last look's window.", last.n, risk),
-                ]  # fmt: skip
-        if self.gate is not None:
-            gauges.append(
-                ("expert_down", "1 while the expert is considered down.", float(self.gate.down), None)
+                ci, risk = watch.interval(), {"risk": watch.risk}
+                yield GaugeValue("rate", "Realised rate over every request so far.", ci.proportion, risk)
+                yield GaugeValue(
+                    "rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk
+                )
+                yield GaugeValue(
+                    "rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk
+                )
+        yield from self._drift_gauges(certified)
+        queue = self.admission.state()
+        yield GaugeValue("queue_pending", "Admitted checks not yet through the forward pass.", queue.pending)
+        yield GaugeValue(
+            "queue_max_seconds", "Expected-wait bound above which checks are shed.", self.admission.max_queue
+        )
+        if queue.seconds_per_item is not None and queue.expected_wait is not None:
+            yield GaugeValue(
+                "forward_seconds_per_item",
+                "Measured forward cost per conversation (recent batches).",
+                queue.seconds_per_item,
             )
-        return exposition(m, gauges)
+            yield GaugeValue(
+                "queue_expected_wait_seconds", "Pending checks times the measured cost.", queue.expected_wait
+            )
+        if self.gate is not None:
+            yield GaugeValue("expert_down", "1 while the expert is considered down.", float(self.gate.down))
+
+    def _drift_gauges(self, certified: str) -> Iterator[GaugeValue]:
+        """The drift watch's evidence: the certified risk's watch exposes its state, read here."""
+        for watch in (self.delegation, self.errors):
+            if watch.risk != certified or watch.last is None:
+                continue
+            last, risk = watch.last, {"risk": watch.risk}
+            yield GaugeValue(
+                "drift_alarm",
+                "1 when the last look's exact lower bound passed the certified level.",
+                float(last.raised),
+                risk,
+            )
+            yield GaugeValue(
+                "drift_lower_bound",
+                "The last look's one-sided exact lower bound of the window's rate.",
+                last.lower,
+                risk,
+            )
+            yield GaugeValue("drift_window_events", "Events in the last look's window.", last.k, risk)
+            yield GaugeValue("drift_window_size", "Requests in the last look's window.", last.n, risk)
 
     async def aclose(self) -> None:
         await self.forward.aclose()
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         if self.gate is not None:
             await self.gate.aclose()
         if self.decisions is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .._errors import InputError
+from ._errors import Unavailable
+from ._metrics import CONTENT_TYPE
 from ._monitor import Monitor
 
 __all__ = ["MAX_BODY_BYTES", "ROLES", "create_app", "parse_check", "parse_feedback"]
@@ -121,7 +124,7 @@ def create_app(load: Any) -> FastAPI:
     app = FastAPI(title="ctd monitor", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     def refuse(error: BadRequest) -> JSONResponse:
-        state["monitor"].metrics.bad_requests += 1
+        state["monitor"].metrics.bad_requests.inc()
         return JSONResponse({"error": str(error)}, status_code=error.status)
 
     async def body_of(request: Request) -> Any:
@@ -145,6 +148,9 @@ def create_app(load: Any) -> FastAPI:
             return refuse(error)
         except InputError as error:  # the chat template rejects the conversation
             return refuse(BadRequest(422, str(error)))
+        except Unavailable as error:  # shed or unable to log: nothing was paid for it
+            retry = str(math.ceil(error.retry_after))
+            return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": retry})
         return JSONResponse(decision.to_json())
 
     @app.post("/v1/feedback")
@@ -160,7 +166,7 @@ def create_app(load: Any) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(state["monitor"].prometheus(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(state["monitor"].prometheus(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
