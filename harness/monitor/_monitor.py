@@ -105,7 +105,7 @@ class Monitor:
         self.decisions = decisions
         self.cap = DelegationCap(max_delegation_rate) if max_delegation_rate is not None else None
         self.metrics = MonitorMetrics(self._gauges)
-        self.admission = Admission(max_queue=max_queue, max_pending=max_pending)
+        self.admission = Admission(max_queue=max_queue, max_pending=max_pending, max_batch=max_batch)
         self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ctd-tokenize")
         self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
             self._forward, max_batch=max_batch, max_wait=max_wait
@@ -145,12 +145,9 @@ class Monitor:
         scorer = await asyncio.to_thread(
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
         )
-        # One forward pass now: the first one pays for allocation (seconds on a CPU), and the queue's
-        # cost estimate should start from a warm model, not from that.
-        await asyncio.to_thread(scorer.score, [scorer.tokens("warm-up")])
         gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
-        return cls(
+        monitor = cls(
             read,
             scorer,
             gate=gate,
@@ -161,6 +158,16 @@ class Monitor:
             max_queue=max_queue,
             max_pending=max_pending,
         )
+        await monitor.warm_up()
+        return monitor
+
+    async def warm_up(self, passes: int = 2) -> None:
+        """Forward passes before serving: the first one pays for allocation (seconds on a CPU),
+        and the later ones give the queue a measured cost, so it sheds from the first burst on."""
+        tokens = self.scorer.tokens("warm-up")
+        await asyncio.to_thread(self.scorer.score, [tokens])
+        for _ in range(passes - 1):
+            await self._forward([tokens])
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
         started = time.perf_counter()
@@ -301,14 +308,20 @@ class Monitor:
         yield GaugeValue(
             "queue_max_seconds", "Expected-wait bound above which checks are shed.", self.admission.max_queue
         )
-        if queue.seconds_per_item is not None and queue.expected_wait is not None:
+        if queue.seconds_per_item is not None and queue.seconds_per_batch is not None:
             yield GaugeValue(
-                "forward_seconds_per_item",
-                "Measured forward cost per conversation (recent batches).",
-                queue.seconds_per_item,
+                "forward_seconds_per_batch",
+                "Fitted forward cost per batch (recent batches).",
+                queue.seconds_per_batch,
             )
             yield GaugeValue(
-                "queue_expected_wait_seconds", "Pending checks times the measured cost.", queue.expected_wait
+                "forward_seconds_per_item", "Fitted forward cost per conversation.", queue.seconds_per_item
+            )
+        if queue.expected_wait is not None:
+            yield GaugeValue(
+                "queue_expected_wait_seconds",
+                "A new check's expected wait for its forward result.",
+                queue.expected_wait,
             )
         if self.gate is not None:
             yield GaugeValue("expert_down", "1 while the expert is considered down.", float(self.gate.down))

@@ -157,9 +157,9 @@ def test_admission_bounds_the_expected_wait_and_the_count() -> None:
     with counted.admitted(), counted.admitted(), counted.admitted(), pytest.raises(Overloaded):
         _enter(counted)
     assert counted.shed == 1 and counted.pending == 0
-    timed = Admission(max_queue=1.0, max_pending=100)
-    timed.served(items=4, seconds=2.0)  # 0.5 s per conversation
-    with timed.admitted(), timed.admitted(), timed.admitted():  # expected waits 0, 0.5 and 1.0 s
+    timed = Admission(max_queue=1.0, max_pending=100, max_batch=4)
+    timed.served(items=4, seconds=2.0)  # one size seen: 0.5 s per conversation, no overhead
+    with timed.admitted(), timed.admitted():  # done after 0.5 s and 1.0 s
         assert timed.expected_wait() == pytest.approx(1.5)
         with pytest.raises(Overloaded) as refused:  # 1.5 s: over the bound
             _enter(timed)
@@ -168,6 +168,17 @@ def test_admission_bounds_the_expected_wait_and_the_count() -> None:
         assert timed.pending == 1
     with pytest.raises(ValueError):
         Admission(max_queue=float("inf"))
+
+
+def test_the_forward_cost_is_fitted_as_overhead_plus_per_item() -> None:
+    admission = Admission(max_queue=1.0, max_batch=32)
+    for items in (1, 8, 32, 3, 16, 1):  # batches that cost 0.2 s + 0.1 s per conversation
+        admission.served(items=items, seconds=0.2 + 0.1 * items)
+    assert admission.cost() == pytest.approx((0.2, 0.1))
+    # Behind 7 others a check waits for one batch of 8: 0.2 + 8 x 0.1 = 1.0 s; the 9th is refused.
+    assert admission.expected_wait(ahead=7) == pytest.approx(1.0)
+    assert admission.expected_wait(ahead=8) == pytest.approx(1.1)
+    # Charging the overhead to each conversation of batches of 1 would allow only 3 (0.3 s each).
 
 
 def test_metrics_are_prometheus_client_exposition_per_monitor(bundle: Path, scorer: ProbeScorer) -> None:
