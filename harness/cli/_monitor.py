@@ -22,6 +22,10 @@ MAX_BATCH = 1024  # conversations in one forward pass
 MAX_WAIT_MS = 1000.0  # a batch waits at most a second to fill
 MAX_TIMEOUT_S = 600.0  # head and body timeouts
 MAX_CONNECTIONS = 65536
+# The queue bounds a user may set: below 10 ms nearly every check is shed, above 10 minutes the
+# bound no longer protects anything; a count above 100,000 is memory, not a queue.
+MIN_QUEUE_MS, MAX_QUEUE_MS = 10.0, 600_000.0
+MAX_PENDING_CAP = 100_000
 
 monitor_app = typer.Typer(
     help="Deploy a run's calibrated cascade: calibrate a bundle, serve it over HTTP.", no_args_is_help=True
@@ -211,10 +215,23 @@ def monitor_serve(
     max_connections: Annotated[
         int, typer.Option("--max-connections", help="Open connections at most (idle ones are closed first).")
     ] = ServeLimits.max_connections,
+    max_queue_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--max-queue-ms",
+            help="Shed a check (503, Retry-After) when its expected wait in the queue is longer "
+            "(default 1000).",
+        ),
+    ] = None,
+    max_pending: Annotated[
+        int | None,
+        typer.Option("--max-pending", help="Shed a check when this many are already queued (default 512)."),
+    ] = None,
 ) -> None:
     """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
     import asyncio
 
+    from ..monitor._admission import MAX_PENDING, MAX_QUEUE_SECONDS
     from ..monitor._bundle import read_bundle
     from ..monitor._drift import DEFAULT_MTFA, check_mtfa
     from ..monitor._http import bind_listener, raise_open_file_limit
@@ -234,6 +251,12 @@ def monitor_serve(
     if expert_url is not None or not no_expert:
         read.expert_spec(expert_url)  # a URL that cannot work is one line now, not at start-up
     read.check_cap(max_delegation_rate)
+    max_queue_ms = MAX_QUEUE_SECONDS * 1e3 if max_queue_ms is None else max_queue_ms
+    max_pending = MAX_PENDING if max_pending is None else max_pending
+    if not MIN_QUEUE_MS <= max_queue_ms <= MAX_QUEUE_MS:
+        raise InputError(f"--max-queue-ms {max_queue_ms:g}: must lie in [{MIN_QUEUE_MS:g}, {MAX_QUEUE_MS:g}]")
+    if not 1 <= max_pending <= MAX_PENDING_CAP:
+        raise InputError(f"--max-pending {max_pending}: must lie in [1, {MAX_PENDING_CAP}]")
     log_path = log or read.layout.decisions
     _check_log_path(log_path)
     raise_open_file_limit(max_connections)
@@ -260,6 +283,8 @@ def monitor_serve(
                 max_batch=max_batch,
                 max_wait=max_wait_ms / 1e3,
                 drift_mtfa=mtfa,
+                max_queue=max_queue_ms / 1e3,
+                max_pending=max_pending,
             )
         )
     finally:

@@ -1,7 +1,11 @@
 """The Python API: `monitor = await Monitor.load(bundle)`, then `await monitor.check(conversation)`
 returns a frozen `Decision`, one per conversation and without batch context: the probe and DV
 scores from one micro-batched forward pass, delegation iff DV > the bundle's threshold, the expert
-asked only then, the merged score, and why there is no expert score when there is none."""
+asked only then, the merged score, and why there is no expert score when there is none.
+
+A check is admitted first (`_admission`: refused with `Overloaded` when the queue's expected wait
+is too long, before anything is paid for), then tokenised in a small thread pool (a huge
+conversation never stalls the event loop), then joins a micro-batch."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,13 +25,14 @@ import calibrate
 from experts import Item
 
 from .._errors import InputError
+from ._admission import MAX_PENDING, MAX_QUEUE_SECONDS, Admission
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
 from ._decisions import DecisionLog, record_bound
 from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
-from ._errors import LogUnavailable
+from ._errors import LogUnavailable, Overloaded
 from ._expert import ExpertGate
-from ._metrics import MonitorMetrics, exposition
+from ._metrics import GaugeValue, MonitorMetrics
 
 if TYPE_CHECKING:
     from ._scorer import ProbeScorer, Tokens
@@ -35,11 +42,14 @@ __all__ = ["Decision", "Latency", "Monitor", "request_id"]
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
 PAID_MEMORY = 10_000  # expert answers of refused requests kept for their retry
+# Threads that render chat templates and tokenise: two, so that one huge conversation does not hold
+# up the others, and no more, since on a small machine they compete with the forward pass for CPU.
+TOKENIZER_THREADS = 2
 
 
 @dataclass(frozen=True)
 class Latency:
-    probe_ms: float  # queueing and the micro-batched forward pass
+    probe_ms: float  # admission, tokenising, queueing and the micro-batched forward pass
     expert_ms: float  # 0 when the expert was not asked
     total_ms: float
 
@@ -88,6 +98,8 @@ class Monitor:
         max_batch: int = 32,
         max_wait: float = 0.005,
         drift_mtfa: float = DEFAULT_MTFA,
+        max_queue: float = MAX_QUEUE_SECONDS,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         bundle.check_cap(max_delegation_rate)
         self.bundle = bundle
@@ -95,7 +107,9 @@ class Monitor:
         self.gate = gate
         self.decisions = decisions
         self.cap = DelegationCap(max_delegation_rate) if max_delegation_rate is not None else None
-        self.metrics = MonitorMetrics()
+        self.metrics = MonitorMetrics(self._gauges)
+        self.admission = Admission(max_queue=max_queue, max_pending=max_pending, max_batch=max_batch)
+        self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ctd-tokenize")
         self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
             self._forward, max_batch=max_batch, max_wait=max_wait
         )
@@ -128,6 +142,8 @@ class Monitor:
         max_batch: int = 32,
         max_wait: float = 0.005,
         drift_mtfa: float = DEFAULT_MTFA,
+        max_queue: float = MAX_QUEUE_SECONDS,
+        max_pending: int = MAX_PENDING,
     ) -> Monitor:
         """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
         ready to check. `expert=False` never asks the expert (the probe-only cascade).
@@ -144,9 +160,7 @@ class Monitor:
         )
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
         gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
-        if gate is not None:  # last: nothing after it can fail and leave its client open
-            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
-        return cls(
+        monitor = cls(
             read,
             scorer,
             gate=gate,
@@ -155,16 +169,54 @@ class Monitor:
             max_batch=max_batch,
             max_wait=max_wait,
             drift_mtfa=drift_mtfa,
+            max_queue=max_queue,
+            max_pending=max_pending,
         )
+        await monitor.warm_up()
+        if gate is not None:  # last: nothing after it can fail and leave its client open
+            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
+        return monitor
+
+    async def warm_up(self, passes: int = 2) -> None:
+        """Forward passes before serving: the first one pays for allocation (seconds on a CPU),
+        and the later ones give the queue a measured cost, so it sheds from the first burst on."""
+        tokens = self.scorer.tokens("warm-up")
+        await asyncio.to_thread(self.scorer.score, [tokens])
+        for _ in range(passes - 1):  # measured for the queue, not counted in /metrics
+            started = time.perf_counter()
+            await asyncio.to_thread(self.scorer.score, [tokens])
+            self.admission.served(1, time.perf_counter() - started)
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
-        return await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
+        started = time.perf_counter()
+        scores = await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
+        self.admission.served(len(batch), time.perf_counter() - started)
+        self.metrics.batches.inc()
+        self.metrics.batched_items.inc(len(batch))
+        return scores
+
+    async def _probe(self, conversation: str | list[dict[str, str]]) -> tuple[Tokens, float, float]:
+        """Tokens, probe and DV of one admitted conversation (Overloaded when it is not admitted)."""
+        from ._scorer import check_conversation
+
+        try:
+            with self.admission.admitted():
+                loop = asyncio.get_running_loop()
+                tokens = await loop.run_in_executor(
+                    self._tokenizer_pool, check_conversation, self.scorer, conversation
+                )
+                probe, dv = await self.forward.submit(tokens)
+        except Overloaded:
+            self.metrics.shed.inc()
+            raise
+        return tokens, probe, dv
 
     async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
         """The decision for one conversation (a string is one user turn). A conversation the
-        model's chat template rejects is an InputError; an expert failure is never raised. With a
-        decision log, the answer comes once its record is on disk, and a log that cannot take the
-        record refuses the request (LogUnavailable) before the expert is asked."""
+        model's chat template rejects is an InputError; an expert failure is never raised. A check
+        that would wait longer than the queue bound is refused with Overloaded before any work.
+        With a decision log, the answer comes once its record is on disk, and a log that cannot
+        take the record refuses the request (LogUnavailable) before the expert is asked."""
         reserved = 0
         if self.decisions is not None:
             reserved = record_bound(conversation if self.decisions.text else None)
@@ -191,10 +243,7 @@ class Monitor:
     async def _decide(self, conversation: str | list[dict[str, str]]) -> tuple[Decision, bool]:
         """(the decision, whether the expert was called for it)."""
         started = time.perf_counter()
-        from ._scorer import check_conversation
-
-        tokens = check_conversation(self.scorer, conversation)
-        probe, dv = await self.forward.submit(tokens)
+        tokens, probe, dv = await self._probe(conversation)
         probed = time.perf_counter()
         delegated = bool(dv > self.bundle.threshold)
         call = self.cap.allow(delegated) if self.cap is not None else delegated
@@ -237,17 +286,17 @@ class Monitor:
     async def _record(self, decision: Decision, called: bool) -> None:
         """Count an answered decision and feed the drift watch."""
         m = self.metrics
-        m.requests += 1
-        m.delegated += decision.delegated
-        m.capped += decision.reason == "delegation-cap"
+        m.requests.inc()
+        m.delegated.inc(decision.delegated)
+        m.capped.inc(decision.reason == "delegation-cap")
         if decision.delegated and called and self.gate is not None:
-            m.expert_calls += 1
+            m.expert_calls.inc()
             if decision.expert is not None:
-                m.expert_scores += 1
+                m.expert_scores.inc()
             else:
-                m.expert_failures[str(decision.reason)] += 1
+                m.expert_failures.labels(reason=str(decision.reason)).inc()
         for part, ms in asdict(decision.latency).items():
-            m.latency[part.removesuffix("_ms")].observe(ms / 1e3)
+            m.latency.labels(part=part.removesuffix("_ms")).observe(ms / 1e3)
         await self._alarm(self.delegation.add(decision.delegated))
         # The error watch scores the certified cascade: a delegated decision served without an
         # expert score (cap, outage, failure) is not what was certified.
@@ -294,47 +343,82 @@ class Monitor:
         if certified:
             await self._alarm(self.errors.add(error))
         else:
-            self.metrics.feedback_uncertified += 1
+            self.metrics.feedback_uncertified.inc()
         return True
 
     def prometheus(self) -> str:
-        """/metrics: the counters, the latency histograms, the realised delegation rate and error
-        rate with their exact 95% intervals, and the drift alarms with their evidence."""
-        m = self.metrics
-        m.batches, m.batched_items = self.forward.batches, self.forward.items
+        """/metrics: the counters, the latency histograms, the queue, the realised delegation rate
+        and error rate with their exact 95% intervals, and the drift alarms with their evidence."""
+        return self.metrics.exposition()
+
+    def _gauges(self) -> Iterator[GaugeValue]:
+        """The gauges computed at scrape time (the metrics' collector calls this)."""
         certified = "delegation" if self.bundle.mode == "budget" else "error"
-        gauges: list[tuple[str, str, float, dict[str, str] | None]] = [
-            ("certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}),
-            ("threshold", "Delegate when DV is above this.", self.bundle.threshold, None),
-        ]
+        yield GaugeValue(
+            "certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}
+        )
+        yield GaugeValue("threshold", "Delegate when DV is above this.", self.bundle.threshold)
         for watch in (self.delegation, self.errors):
-            risk = {"risk": watch.risk}
             if watch.seen:
-                ci = watch.interval()
-                gauges += [
-                    ("rate", "Realised rate over every request so far.", ci.proportion, risk),
-                    ("rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk),
-                    ("rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk),
-                ]
-            if watch.risk == certified:  # the e-detector's evidence (harness/monitor/_drift.py)
-                now = watch.last
-                gauges += [
-                    ("drift_alarm", "1 once the drift detector alarmed (latched).", float(watch.alarm), risk),
-                    ("drift_alarms", "Drift alarms so far (the evidence restarts from 0 after each).",
-                     watch.alarms, risk),
-                    ("drift_evidence", "e-SR statistic since the last restart.", now.statistic, risk),
-                    ("drift_threshold", "Alarm threshold: the guaranteed mean requests to a false alarm.",
-                     now.threshold, risk),
-                    ("drift_requests_since_restart", "Outcomes the evidence covers.", now.since, risk),
-                ]  # fmt: skip
-        if self.gate is not None:
-            gauges.append(
-                ("expert_down", "1 while the expert is considered down.", float(self.gate.down), None)
+                ci, risk = watch.interval(), {"risk": watch.risk}
+                yield GaugeValue("rate", "Realised rate over every request so far.", ci.proportion, risk)
+                yield GaugeValue(
+                    "rate_ci95_low", "Exact (Clopper-Pearson) 95% interval, low end.", ci.low, risk
+                )
+                yield GaugeValue(
+                    "rate_ci95_high", "Exact (Clopper-Pearson) 95% interval, high end.", ci.high, risk
+                )
+        yield from self._drift_gauges(certified)
+        queue = self.admission.state()
+        yield GaugeValue("queue_pending", "Admitted checks not yet through the forward pass.", queue.pending)
+        yield GaugeValue(
+            "queue_max_seconds", "Expected-wait bound above which checks are shed.", self.admission.max_queue
+        )
+        if queue.seconds_per_item is not None and queue.seconds_per_batch is not None:
+            yield GaugeValue(
+                "forward_seconds_per_batch",
+                "Fitted forward cost per batch (recent batches).",
+                queue.seconds_per_batch,
             )
-        return exposition(m, gauges)
+            yield GaugeValue(
+                "forward_seconds_per_item", "Fitted forward cost per conversation.", queue.seconds_per_item
+            )
+        if queue.expected_wait is not None:
+            yield GaugeValue(
+                "queue_expected_wait_seconds",
+                "A new check's expected wait for its forward result.",
+                queue.expected_wait,
+            )
+        if self.gate is not None:
+            yield GaugeValue("expert_down", "1 while the expert is considered down.", float(self.gate.down))
+
+    def _drift_gauges(self, certified: str) -> Iterator[GaugeValue]:
+        """The e-detector's evidence for the certified risk (harness/monitor/_drift.py)."""
+        for watch in (self.delegation, self.errors):
+            if watch.risk != certified:
+                continue
+            now, risk = watch.last, {"risk": watch.risk}
+            yield GaugeValue(
+                "drift_alarm", "1 once the drift detector alarmed (latched).", float(watch.alarm), risk
+            )
+            yield GaugeValue(
+                "drift_alarms",
+                "Drift alarms so far (the evidence restarts from 0 after each).",
+                watch.alarms,
+                risk,
+            )
+            yield GaugeValue("drift_evidence", "e-SR statistic since the last restart.", now.statistic, risk)
+            yield GaugeValue(
+                "drift_threshold",
+                "Alarm threshold: the guaranteed mean requests to a false alarm.",
+                now.threshold,
+                risk,
+            )
+            yield GaugeValue("drift_requests_since_restart", "Outcomes the evidence covers.", now.since, risk)
 
     async def aclose(self) -> None:
         await self.forward.aclose()
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         if self.gate is not None:
             await self.gate.aclose()
         if self.decisions is not None:

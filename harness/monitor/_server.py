@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 
 from .._errors import InputError
 from ._errors import Unavailable
+from ._metrics import CONTENT_TYPE
 from ._monitor import Monitor
 
 __all__ = [
@@ -183,7 +184,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
         return JSONResponse({"error": "internal error: the server logged it"}, status_code=500)
 
     def refuse(error: BadRequest) -> JSONResponse:
-        monitor.metrics.bad_requests += 1
+        monitor.metrics.bad_requests.inc()
         headers = {"www-authenticate": "Bearer"} if error.status == 401 else None
         return JSONResponse({"error": str(error)}, status_code=error.status, headers=headers)
 
@@ -249,7 +250,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(monitor.prometheus(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(monitor.prometheus(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

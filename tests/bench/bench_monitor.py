@@ -143,7 +143,12 @@ def main() -> None:
     print(f"offline extraction: {offline:.1f} conversations/s ({len(conversations)} texts, {tokens} tokens)")
     rows = []
     with RunningServer() as expert:
-        for mode, extra in (("disabled", ["--no-expert"]), ("enabled", ["--expert-url", expert.url])):
+        # Throughput at a fixed number of clients: no load shedding (bench_monitor_soak.py has it).
+        no_shedding = ["--max-queue-ms", "600000", "--max-pending", "100000"]
+        for mode, extra in (
+            ("disabled", ["--no-expert", *no_shedding]),
+            ("enabled", ["--expert-url", expert.url, *no_shedding]),
+        ):
             port = free_port()
             process = serve(args.bundle, port, extra)
             try:

@@ -27,8 +27,14 @@ def labels_of(data: Path) -> list[int]:
     return [int(r["labels"] == "high-stakes") for r in rows]
 
 
+# These servers get whole splits at once and must answer every check: no load shedding here
+# (tests/harness/test_monitor_queue.py tests it).
+NO_SHEDDING = ("--max-queue-ms", "600000", "--max-pending", "100000")
+
+
 def serve(bundle: Path, port: int, *extra: str, cwd: Path, env: dict) -> subprocess.Popen[str]:
-    process = start_ctd("monitor", "serve", str(bundle), "--port", str(port), *extra, cwd=cwd, env=env)
+    args = ("monitor", "serve", str(bundle), "--port", str(port), *NO_SHEDDING, *extra)
+    process = start_ctd(*args, cwd=cwd, env=env)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness._errors import InputError
 from harness.monitor._batcher import MicroBatcher
 from harness.monitor._decisions import DecisionLog
 from harness.monitor._drift import DEFAULT_MTFA, DelegationCap, RateWatch
-from harness.monitor._metrics import MonitorMetrics, exposition
+from harness.monitor._metrics import GaugeValue, MonitorMetrics
 from harness.monitor._server import MAX_BODY_BYTES, BadRequest, parse_check, parse_feedback, read_json_body
 
 
@@ -175,24 +176,35 @@ def test_good_bodies_parse_and_feedback_is_checked() -> None:
 
 
 def test_prometheus_text_is_well_formed_with_cumulative_histograms() -> None:
-    metrics = MonitorMetrics(requests=3, delegated=1)
+    gauges = [
+        GaugeValue("drift_alarm", "Alarm.", 1.0, {"risk": "delegation"}),
+        GaugeValue("threshold", "T.", 0.25),
+    ]
+    metrics = MonitorMetrics(lambda: gauges)
+    metrics.requests.inc(3)
+    metrics.delegated.inc()
     for seconds in (0.003, 0.2, 40.0):
-        metrics.latency["total"].observe(seconds)
-    metrics.expert_failures["expert-down"] += 2
-    text = exposition(metrics, [("drift_alarm", "Alarm.", 1.0, {"risk": "delegation"})])
-    lines = text.splitlines()
-    assert "ctd_monitor_requests_total 3" in lines
-    assert 'ctd_monitor_expert_failures_total{reason="expert-down"} 2' in lines
-    assert 'ctd_monitor_drift_alarm{risk="delegation"} 1.0' in lines
-    buckets = [ln for ln in lines if ln.startswith('ctd_monitor_latency_seconds_bucket{part="total"')]
-    counts = [int(ln.rsplit(" ", 1)[1]) for ln in buckets]
-    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 3 and 'le="+Inf"' in buckets[-1]
-    for line in lines:  # every sample line: name{labels} value, with a HELP/TYPE before it
-        if not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
-            family = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-            assert f"# TYPE {family} " in text or f"# TYPE {name} " in text, line
-            float(line.rsplit(" ", 1)[1].replace("+Inf", "inf"))
+        metrics.latency.labels(part="total").observe(seconds)
+    metrics.expert_failures.labels(reason="expert-down").inc(2)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition())}
+    assert families["ctd_monitor_requests"].type == "counter"
+    assert families["ctd_monitor_latency_seconds"].type == "histogram"
+    assert families["ctd_monitor_drift_alarm"].type == "gauge"
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+    assert samples[("ctd_monitor_requests_total", ())] == 3
+    assert samples[("ctd_monitor_expert_failures_total", (("reason", "expert-down"),))] == 2
+    assert samples[("ctd_monitor_drift_alarm", (("risk", "delegation"),))] == 1.0
+    assert samples[("ctd_monitor_threshold", ())] == 0.25
+    buckets = sorted(
+        (float(s.labels["le"]), s.value)
+        for s in families["ctd_monitor_latency_seconds"].samples
+        if s.name.endswith("_bucket") and s.labels["part"] == "total"
+    )
+    counts = [value for _, value in buckets]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 3 and buckets[-1][0] == float("inf")
+    assert samples[("ctd_monitor_latency_seconds_count", (("part", "probe"),))] == 0  # shown from the start
 
 
 def test_the_decision_log_appends_across_restarts_and_keeps_no_text_unless_asked(tmp_path: Path) -> None:

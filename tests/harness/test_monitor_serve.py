@@ -24,6 +24,7 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 from fault_server import RunningServer
 from monitor_run import conversations_of, labels_of, replay, serve, stop
+from prometheus_client.parser import text_string_to_metric_families
 
 import calibrate
 from harness.data._tables import read_table
@@ -133,8 +134,9 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
             assert decision["expert"] is None and decision["reason"] == "not-delegated"
         assert set(decision["latency_ms"]) == {"probe_ms", "expert_ms", "total_ms"}
     assert delegated_count >= 1
-    assert f"ctd_monitor_requests_total {len(conversations)}" in metrics.splitlines()
-    assert f"ctd_monitor_delegated_total {delegated_count}" in metrics.splitlines()
+    counted = {s.name: s.value for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert counted["ctd_monitor_requests_total"] == len(conversations)
+    assert counted["ctd_monitor_delegated_total"] == delegated_count
     assert 'ctd_monitor_rate_ci95_high{risk="delegation"}' in metrics
     assert alive.status_code == 200
     # Labels posted back: the error rate /metrics shows is the offline cascade's on this split.
@@ -215,9 +217,10 @@ def test_killing_the_expert_mid_load_loses_no_request_and_says_why(made: dict) -
         assert decision["reason"] in ("expert-down", "expert-failed: connection")
         assert decision["score"] == pytest.approx(decision["probe"])  # the fallback is the probe score
     failures = sum(
-        int(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("ctd_monitor_expert_failures_total{")
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "ctd_monitor_expert_failures_total"
     )
     assert failures == len(after)
     # The breaker is the client's, shared by every micro-batch: once 4 delegated requests in a
