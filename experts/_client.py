@@ -242,8 +242,8 @@ class ExpertClient:
         waiting: list[_Pending] = []
         for misses in self._misses(items, results, stats):
             for start in range(0, len(misses), batch_size):
-                mine, others = await self._claim(misses[start : start + batch_size], results, stats, ledger)
-                unanswered.update(p.key for p in mine)
+                batch = misses[start : start + batch_size]
+                mine, others = await self._claim(batch, results, stats, ledger, unanswered)
                 waiting += others
                 for pending in mine:
                     await queue.put(pending)
@@ -251,8 +251,7 @@ class ExpertClient:
             stats.waiting = len(waiting)
             self._report(stats)
             await asyncio.sleep(self._lease.poll)
-            mine, waiting = await self._claim(waiting, results, stats, ledger)
-            unanswered.update(p.key for p in mine)
+            mine, waiting = await self._claim(waiting, results, stats, ledger, unanswered)
             for pending in mine:
                 await queue.put(pending)
         stats.waiting = 0
@@ -287,12 +286,25 @@ class ExpertClient:
         results: list[ItemResult | None],
         stats: RunStats,
         ledger: ClaimLedger | None,
+        unanswered: Counter[str],
     ) -> tuple[list[_Pending], list[_Pending]]:
-        """Split `batch` into the items this run now holds and those another run holds; items
-        another run answered since they were looked up become cache hits."""
+        """Split `batch` into the items this run now holds (counted in `unanswered`) and those
+        another run holds; items another run answered since they were looked up become cache
+        hits. A claim under way when the call is cancelled is waited for and counted all the
+        same (its thread runs on), so that the call's end can release it."""
         if ledger is None:
             return batch, []
-        claimed = await asyncio.to_thread(ledger.claim, self.spec.name, {p.key: p.item.id for p in batch})
+        work = asyncio.ensure_future(
+            asyncio.to_thread(ledger.claim, self.spec.name, {p.key: p.item.id for p in batch})
+        )
+        try:
+            claimed = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            claimed = await work
+            unanswered.update(
+                p.key for p in batch if p.key not in claimed.scored and p.key not in claimed.held
+            )
+            raise
         mine, others = [], []
         for pending in batch:
             hit = claimed.scored.get(pending.key)
@@ -303,6 +315,7 @@ class ExpertClient:
                 others.append(pending)
             else:
                 mine.append(pending)
+        unanswered.update(p.key for p in mine)
         return mine, others
 
     async def _worker(
