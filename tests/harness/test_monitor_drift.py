@@ -137,9 +137,9 @@ def test_metrics_show_the_certified_watch_evidence_threshold_and_latched_alarm(
     assert watch.extend(np.ones(100, bool)) and watch.extend(np.zeros(3, bool)) == []
     after = monitor.prometheus().splitlines()
     assert f'ctd_monitor_drift_alarm{{risk="{risk}"}} 1.0' in after
-    assert f'ctd_monitor_drift_alarms{{risk="{risk}"}} {watch.alarms}' in after and watch.alarms >= 1
+    assert f'ctd_monitor_drift_alarms{{risk="{risk}"}} {float(watch.alarms)!r}' in after and watch.alarms >= 1
     assert f'ctd_monitor_drift_evidence{{risk="{risk}"}} {watch.statistic!r}' in after
-    assert f'ctd_monitor_drift_requests_since_restart{{risk="{risk}"}} {watch.since}' in after
+    assert f'ctd_monitor_drift_requests_since_restart{{risk="{risk}"}} {float(watch.since)!r}' in after
     other = "error" if risk == "delegation" else "delegation"  # the uncertified watch only counts
     assert not any(line.startswith("ctd_monitor_drift_") and other in line for line in after)
 
