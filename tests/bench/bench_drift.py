@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the old alarm lives there, not in the product
+sys.path.insert(0, str(Path(__file__).parents[2]))  # first: tests/experts/ must not shadow experts
 from window_alarm import window_alarms
 
 from harness.monitor._drift import BETTING_FRACTIONS, DEFAULT_MTFA, RateWatch

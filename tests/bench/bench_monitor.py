@@ -33,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # first: tests/experts/ must not shadow the experts package
 
 from ctd_cli import CTD, free_port  # noqa: E402
 from fault_server import RunningServer  # noqa: E402

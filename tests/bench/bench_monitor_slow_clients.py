@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # first: tests/experts/ must not shadow experts
 from ctd_cli import CTD, free_port
 from monitor_bundle import write_untrained_bundle
 

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
+sys.path.insert(0, str(ROOT))  # first: tests/experts/ must not shadow the experts package
 
 from bench_monitor import serve, texts  # noqa: E402
 from ctd_cli import free_port, run_ctd  # noqa: E402
