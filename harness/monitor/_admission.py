@@ -18,6 +18,7 @@ one batch (B requests) is admitted: a burst that arrives first must not queue bl
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class Admission:
         self.max_batch = max_batch
         self.pending = 0
         self.shed = 0
+        self._spread = random.Random()
         # Exponentially weighted sums over batches: weight, n, n^2, seconds, n * seconds.
         self._weight = self._items = self._items_sq = self._seconds = self._items_seconds = 0.0
 
@@ -98,19 +100,32 @@ class Admission:
         self._seconds = keep * self._seconds + seconds
         self._items_seconds = keep * self._items_seconds + items * seconds
 
+    def refusal(self) -> Overloaded | None:
+        """The Overloaded a newcomer would meet now, or None when it would be admitted. Its
+        Retry-After is the expected wait stretched by a random factor in [1, 2): clients refused
+        together then come back spread out, not as one burst a second later."""
+        wait = self.expected_wait() if self.pending else 0.0  # an empty queue always admits
+        cap = self.max_pending if wait is not None else min(self.max_pending, self.max_batch)
+        if self.pending < cap and (wait is None or wait <= self.max_queue):
+            return None
+        retry = wait if wait is not None else self.max_queue
+        shown = "unknown" if wait is None else f"{wait:.1f} s"
+        return Overloaded(
+            f"overloaded: {self.pending} requests ahead (expected wait {shown}); retry later",
+            retry_after=math.ceil(retry * (1 + self._spread.random())),
+        )
+
+    def check(self) -> None:
+        """Raise the refusal a newcomer would meet now (the server asks before reading a body)."""
+        refusal = self.refusal()
+        if refusal is not None:
+            self.shed += 1
+            raise refusal
+
     @contextmanager
     def admitted(self) -> Iterator[None]:
         """Hold a place in the queue for the body's duration, or raise Overloaded at once."""
-        wait = self.expected_wait() if self.pending else 0.0  # an empty queue always admits
-        cap = self.max_pending if wait is not None else min(self.max_pending, self.max_batch)
-        if self.pending >= cap or (wait is not None and wait > self.max_queue):
-            self.shed += 1
-            retry = wait if wait is not None else self.max_queue
-            shown = "unknown" if wait is None else f"{wait:.1f} s"
-            raise Overloaded(
-                f"overloaded: {self.pending} requests ahead (expected wait {shown}); retry later",
-                retry_after=math.ceil(retry),
-            )
+        self.check()
         self.pending += 1
         try:
             yield

@@ -211,6 +211,15 @@ class Monitor:
             raise
         return tokens, probe, dv
 
+    def shed_if_full(self) -> None:
+        """Raise Overloaded now if a new check would be refused (counted as shed): the server asks
+        before it reads a request's body."""
+        try:
+            self.admission.check()
+        except Overloaded:
+            self.metrics.shed.inc()
+            raise
+
     async def check(self, conversation: str | list[dict[str, str]]) -> Decision:
         """The decision for one conversation (a string is one user turn). A conversation the
         model's chat template rejects is an InputError; an expert failure is never raised. A check

@@ -224,6 +224,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
     async def check(request: Request) -> Response:
         try:
             authorise(request)
+            monitor.shed_if_full()  # before the body is read: a refusal under load stays cheap
             conversation = parse_check(await body_of(request))
             decision = await monitor.check(conversation)
         except BadRequest as error:
