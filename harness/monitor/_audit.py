@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
-import calibrate
-
 from .._errors import InputError
 from ..data._tables import dumps, read_json
 from ..run._layout import BundleLayout, RunLayout
 from ..run._log import file_sha256
 from ._bundle import BUNDLE_VERSION
-from ._certify import PROBE_SUFFIXES, certify, test_rows
+from ._certify import PROBE_SUFFIXES, certify, deploy_splits, test_rows
 
 __all__ = ["Audit", "AuditCheck", "audit_bundle"]
 
@@ -67,17 +65,18 @@ def _as_json(value: object) -> object:
 
 
 def _recompute(record: dict[str, Any], layout: RunLayout) -> AuditCheck:
-    """The LTT record recomputed from the run's scores of the examples the bundle names."""
+    """The LTT record recomputed from the run's scores of the examples the bundle names, once
+    those are checked to be the cut its split seed gives."""
     rows = test_rows(layout, record["arch"], int(record["seed"]))
-    position = {str(example): i for i, example in enumerate(rows.ids)}
-    missing = [e for e in (*record["est_ids"], *record["cal_ids"]) if e not in position]
-    if missing:
+    # The cut itself: the one split_seed gives (so D_est and D_cal are disjoint and not hand-picked).
+    splits = deploy_splits(rows.scores.n, int(record["split_seed"]))
+    cut = ([str(i) for i in rows.ids[splits.est[0]]], [str(i) for i in rows.ids[splits.cal[0]]])
+    if rows.scores.n != record["n_test"] or cut != (record["est_ids"], record["cal_ids"]):
         return AuditCheck(
-            "LTT record", False, f"example {missing[0]!r} of the bundle is not in the run's test split"
+            "LTT record",
+            False,
+            f"its D_est/D_cal examples are not the cut of split seed {record['split_seed']}",
         )
-    est = np.array([position[e] for e in record["est_ids"]], dtype=np.int64)
-    cal = np.array([position[e] for e in record["cal_ids"]], dtype=np.int64)
-    splits = calibrate.Splits(est[None, :], cal[None, :], np.zeros((1, 0), np.int64))
     candidates, result = certify(
         rows.scores,
         splits,

@@ -147,7 +147,12 @@ def calibrate_bundle(
     )
     if target_kind is None:
         target_kind = "continuous" if config.dv_target == "both" else config.dv_target
+    scores_sha256 = file_sha256(layout.scores)
     rows = test_rows(layout, arch, seed)
+    if file_sha256(layout.scores) != scores_sha256:  # the hash must be of the table that was read
+        raise InputError(
+            f"--run {layout.name}: {layout.scores} changed while it was read; run the command again"
+        )
     splits = deploy_splits(rows.scores.n, split_seed)
     need = calibrate.min_calibration_size(alpha, delta)
     if splits.cal.shape[1] < need:
@@ -166,7 +171,6 @@ def calibrate_bundle(
                     f"--run {layout.name}: {source.with_suffix(suffix)} is missing (run `ctd eval` again: "
                     "runs from before probes were saved retrain them)"
                 )
-    scores_sha256 = file_sha256(layout.scores)  # before certifying: what the counts were read from
     candidates, result = certify(
         rows.scores, splits, mode=mode, alpha=alpha, delta=delta, objective=objective
     )

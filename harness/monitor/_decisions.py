@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._errors import InputError
 from ._errors import LogUnavailable
 
 __all__ = ["RECORD_BYTES", "DecisionLog", "record_bound"]
@@ -72,6 +74,13 @@ class DecisionLog:
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a log file", str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:  # one writer: another's records would be cut by this one's recovery and close
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise InputError(
+                f"{self.path}: another monitor is writing this decision log; give each replica its own --log"
+            ) from None
         self._end = self._recover()  # the end of the last whole record
         self._reserved_to = self._end  # blocks are allocated up to here
         self._promised = 0  # bytes reserved for records not yet written
@@ -120,6 +129,7 @@ class DecisionLog:
     def reserve(self, nbytes: int) -> None:
         """Make sure a record of up to `nbytes` can be written, or raise LogUnavailable; release
         it with `write` (or `release` when the request ends without a record)."""
+        self._reserved_to = max(self._reserved_to, self._end)  # written blocks are allocated
         need = self._end + self._promised + nbytes
         limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
         if limit != resource.RLIM_INFINITY and need > limit:
@@ -150,6 +160,24 @@ class DecisionLog:
         self._ok(wrote=False)
         return None
 
+    def recheck(self) -> bool:
+        """Whether the log can take a record now, tried rather than remembered (a health check
+        calls it: a replica taken out of service must come back once space does)."""
+        if self.healthy:
+            return True
+        try:
+            self.reserve(RECORD_BYTES)
+        except LogUnavailable:
+            return False
+        self.release(RECORD_BYTES)
+        if self._failed_writing:
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                return False
+            self._ok(wrote=True)
+        return self.healthy
+
     def _check_free(self, nbytes: int) -> None:
         stat = os.statvfs(self.path.parent)
         if stat.f_bavail * stat.f_frsize < nbytes:
@@ -161,12 +189,12 @@ class DecisionLog:
     async def write(self, record: dict[str, Any], *, reserved: int = 0) -> None:
         """Append `record` and return once it is on disk; LogUnavailable when it could not be
         written (nothing of it is left in the file then)."""
-        line = _line(record)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((line, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain(), name="decision-log")
         try:
+            line = _line(record)
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queue.append((line, future))
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._drain(), name="decision-log")
             await asyncio.shield(future)
         finally:
             self.release(reserved)
@@ -177,8 +205,11 @@ class DecisionLog:
             group, self._queue = self._queue, []
             data = b"".join(line for line, _ in group)
             try:
-                await asyncio.to_thread(self._append, data)
+                self._end = await asyncio.to_thread(self._append, data)
             except OSError as error:
+                # Cutting the file back frees the blocks reserved past its end (ext4, XFS):
+                # what was reserved must be reserved again before another expert is paid.
+                self._reserved_to = self._end
                 self._fail(error, "cannot write")
                 self.failures += len(group)
                 refusal = LogUnavailable(f"decision log unavailable: {self.problem}", retry_after=30)
@@ -192,8 +223,9 @@ class DecisionLog:
                 if not future.done():
                     future.set_result(None)
 
-    def _append(self, data: bytes) -> None:
-        """All of `data` at the end of the file and synced, or none of it (cut back on error)."""
+    def _append(self, data: bytes) -> int:
+        """All of `data` at the end of the file and synced, or none of it (cut back on error);
+        returns the new end (the caller keeps it, on its own thread)."""
         try:
             view = memoryview(data)
             while view:
@@ -205,14 +237,15 @@ class DecisionLog:
             except OSError as cut:
                 log.error("%s: could not cut a failed write back (%s)", self.path, cut.strerror)
             raise
-        self._end += len(data)
-        self._reserved_to = max(self._reserved_to, self._end)
+        return self._end + len(data)
 
     def write_sync(self, record: dict[str, Any]) -> None:
         """Append one record from synchronous code (tests, tools); the same all-or-nothing write."""
-        self._append(
-            (json.dumps({"time": round(time.time(), 3), **record}, ensure_ascii=False) + "\n").encode()
-        )
+        try:
+            self._end = self._append(_line(record))
+        except OSError:
+            self._reserved_to = self._end
+            raise
 
     async def aclose(self) -> None:
         if self._writer is not None:
@@ -221,7 +254,7 @@ class DecisionLog:
 
     def close(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._end)  # give back the blocks reserved past the end
+            with contextlib.suppress(OSError):  # give back the blocks reserved past the end
+                os.ftruncate(self._fd, max(self._end, os.fstat(self._fd).st_size))
             os.close(self._fd)
             self._fd = -1

@@ -120,8 +120,8 @@ class Monitor:
         budget = bundle.mode == "budget"
         self.delegation = RateWatch("delegation", alpha if budget else 1.0, mtfa=drift_mtfa)
         self.errors = RateWatch("error", 1.0 if budget else alpha, mtfa=drift_mtfa)
-        # request id -> (the label decided, whether the certified cascade decided it)
-        self._labels: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        # request id -> (the label decided, whether the certified cascade decided it, labelled yet)
+        self._labels: OrderedDict[str, tuple[int, bool, bool]] = OrderedDict()
         # request id -> the expert's answer, kept until its decision is logged: a request refused
         # because the log failed after the expert answered does not pay again when retried
         self._paid: OrderedDict[str, tuple[float | None, str | None]] = OrderedDict()
@@ -310,7 +310,7 @@ class Monitor:
         # The error watch scores the certified cascade: a delegated decision served without an
         # expert score (cap, outage, failure) is not what was certified.
         certified = not decision.delegated or decision.expert is not None
-        self._labels[decision.request_id] = (decision.label, certified)
+        self._labels[decision.request_id] = (decision.label, certified, False)
         self._labels.move_to_end(decision.request_id)
         while len(self._labels) > FEEDBACK_MEMORY:
             self._labels.popitem(last=False)
@@ -328,27 +328,25 @@ class Monitor:
     async def feedback(self, rid: str, label: int) -> bool:
         """The true label of a checked conversation: feeds the error watch when the decision was the
         certified cascade's. False when the request id is unknown (never checked, or older than the
-        last FEEDBACK_MEMORY decisions). With a decision log, it returns once the record is on disk."""
+        last FEEDBACK_MEMORY decisions); InputError when it was labelled already (a retried post
+        must not count twice). With a decision log, it returns once the record is on disk. The
+        error watch's guarantee needs labels for every decision or for a random sample of them:
+        labels posted only for complaints are not the certified error rate."""
         if label not in (0, 1):
             raise InputError(f"label {label!r}: must be 0 or 1")
         decided = self._labels.get(rid)
         if decided is None:
             return False
-        decided_label, certified = decided
+        decided_label, certified, labelled = decided
+        if labelled:
+            raise InputError(f"request_id {rid!r}: already labelled; a decision takes one label")
         error = decided_label != label
         if self.decisions is not None:
             reserved = record_bound(None)
             self.decisions.reserve(reserved)
-            await self.decisions.write(
-                {
-                    "event": "feedback",
-                    "request_id": rid,
-                    "label": label,
-                    "error": error,
-                    "certified": certified,
-                },
-                reserved=reserved,
-            )
+            record = {"event": "feedback", "request_id": rid, "label": label, "error": error}
+            await self.decisions.write({**record, "certified": certified}, reserved=reserved)
+        self._labels[rid] = (decided_label, certified, True)
         if certified:
             await self._alarm(self.errors.add(error))
         else:

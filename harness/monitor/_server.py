@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .._errors import InputError
 from ._errors import Unavailable
@@ -178,6 +179,11 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
             headers=error.headers,
         )
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, error: ClientDisconnect) -> Response:
+        """The client hung up before its body arrived: nothing to answer, nothing to log."""
+        return Response(status_code=400)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=error)
@@ -243,6 +249,8 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
             matched = await monitor.feedback(rid, label)
         except BadRequest as error:
             return refuse(error)
+        except InputError as error:  # a label posted twice for one decision
+            return refuse(BadRequest(409, str(error)))
         except Unavailable as error:
             return unavailable(error)
         if not matched:
@@ -255,8 +263,9 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
+        # Tried, not remembered: a replica out of service must come back once the disk has room.
         log_problem = (
-            None if monitor.decisions is None or monitor.decisions.healthy else monitor.decisions.problem
+            None if monitor.decisions is None or monitor.decisions.recheck() else monitor.decisions.problem
         )
         return JSONResponse(
             {

@@ -134,6 +134,17 @@ def test_audit_matches_and_tells_a_changed_run_a_damaged_copy_and_an_altered_rec
         run_ctd("monitor", "serve", str(damaged), cwd=tmp, env=env), "dv.safetensors", "certified"
     )
 
+    # A record whose D_est and D_cal were hand-picked (one example swapped) is not its seed's cut.
+    swapped = tmp / "swapped-bundle"
+    shutil.copytree(bundle, swapped, dirs_exist_ok=True)
+    forged = json.loads((swapped / "bundle.json").read_text())
+    forged["est_ids"][0], forged["cal_ids"][0] = forged["cal_ids"][0], forged["est_ids"][0]
+    (swapped / "bundle.json").write_text(json.dumps(forged))
+    audit = run_ctd("monitor", "audit", str(swapped), "--json", cwd=tmp, env=env)
+    assert audit.returncode == 1
+    details = [c["detail"] for c in json.loads(audit.stdout)["checks"] if not c["ok"]]
+    assert len(details) == 1 and "not the cut of split seed" in details[0]
+
     # An altered LTT record (one count) no longer recomputes.
     altered = tmp / "altered-bundle"
     shutil.copytree(bundle, altered, dirs_exist_ok=True)
@@ -202,13 +213,15 @@ def test_a_full_decision_log_refuses_checks_before_the_expert_is_paid_and_heals(
             paid_while_full = sum(expert.server.counts.requests.values())
             refused = httpx.post(f"{url}/v1/check", json={"input": "one more, item-9999"}, timeout=300)
             paid_after_refusal = sum(expert.server.counts.requests.values())
-            filler.unlink()  # space comes back
+            filler.unlink()  # space comes back: /healthz says so before any check arrives
+            recovered = httpx.get(f"{url}/healthz", timeout=30)
             healed = httpx.post(f"{url}/v1/check", json={"input": "after, item-9998"}, timeout=300)
         finally:
             stop(process)
     assert 503 in statuses and refused.status_code == 503 and "Retry-After" in refused.headers
     assert paid_after_refusal == paid_while_full  # a refused check paid nothing
     assert health.status_code == 503 and "log" in health.json()
+    assert recovered.status_code == 200 and recovered.json()["log"] == "ok"
     assert healed.status_code == 200
     lines = [json.loads(line) for line in log.read_text().splitlines()]  # no torn line
     decisions = [r for r in lines if r["event"] == "decision"]

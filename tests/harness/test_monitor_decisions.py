@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from monitor_run import fill
 
+from harness import InputError
 from harness.monitor import _decisions
 from harness.monitor._decisions import DecisionLog, record_bound
 from harness.monitor._errors import LogUnavailable
@@ -54,7 +55,8 @@ def test_a_full_disk_refuses_before_the_record_and_space_coming_back_heals(small
             written += 1
         assert refused > 0 and not log.healthy and "No space left" in str(log.problem)
         assert [r["n"] for r in _lines(log.path)] == list(range(written))  # nothing torn, nothing lost
-        filler.unlink()  # space comes back
+        filler.unlink()  # space comes back: the log says so when asked, before any record
+        assert log.recheck() and log.healthy
         await _write(log, {**RECORD, "n": "after"})
         assert log.healthy and log.problem is None
         assert [r["n"] for r in _lines(log.path)] == [*range(written), "after"]
@@ -83,7 +85,13 @@ def test_a_failed_write_leaves_no_torn_line_to_swallow_the_next_record(
         with pytest.raises(LogUnavailable, match="Input/output error"):
             await _write(log, {**RECORD, "n": 1})
         assert not log.healthy
+        # Cutting the failed write back freed what was reserved past the end: the next record
+        # reserves again (so a full disk still refuses before anything is paid).
+        reserved: list[int] = []
+        real = _decisions._fallocate
+        monkeypatch.setattr(_decisions, "_fallocate", lambda *a: (reserved.append(a[2]), real(*a)))
         await _write(log, {**RECORD, "n": 2})
+        assert reserved
         assert log.healthy
         await log.aclose()
 
@@ -124,3 +132,12 @@ def test_a_log_path_that_is_a_folder_is_an_os_error_naming_it(tmp_path: Path) ->
     with pytest.raises(IsADirectoryError) as raised:
         DecisionLog(tmp_path)
     assert raised.value.filename == str(tmp_path)
+
+
+def test_a_second_writer_of_one_log_is_refused_at_open(tmp_path: Path) -> None:
+    """Two monitors on one log would cut each other's records (recovery, close): one writer only."""
+    first = DecisionLog(tmp_path / "decisions.jsonl")
+    with pytest.raises(InputError, match="another monitor is writing this decision log"):
+        DecisionLog(tmp_path / "decisions.jsonl")
+    first.close()
+    DecisionLog(tmp_path / "decisions.jsonl").close()  # free again once the first is closed

@@ -105,6 +105,11 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
                 ).status_code
                 for a, label in zip(answers, labels, strict=True)
             ]
+            repeat = httpx.post(  # a retried post of a label must not count twice
+                f"http://127.0.0.1:{port}/v1/feedback",
+                json={"request_id": answers[0].json()["request_id"], "label": labels[0]},
+                timeout=30,
+            )
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
             bad = _malformed(port)
             alive = httpx.post(
@@ -141,6 +146,7 @@ def test_serving_the_test_split_reproduces_the_run_and_the_offline_policy(made: 
     assert alive.status_code == 200
     # Labels posted back: the error rate /metrics shows is the offline cascade's on this split.
     assert fed == [200] * len(answers)
+    assert repeat.status_code == 409 and "already labelled" in repeat.json()["error"]
     errors = sum(d["label"] != y for d, y in zip(decisions, labels, strict=True))
     shown = {
         ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in metrics.splitlines() if not ln.startswith("#")
