@@ -1,25 +1,31 @@
 """The calibrated cascade as a deployable monitor: a bundle (`ctd monitor calibrate`), the Python
 API (`await Monitor.load(bundle)`, `await monitor.check(conversation)` -> `Decision`), the drift
 watch and the HTTP server (`ctd monitor serve`). Importing this package does not load the model:
-`Monitor.load` does (and imports the probe side then)."""
+`Monitor.load` does (and imports the probe side then).
 
-from ._bundle import BUNDLE_VERSION, CONTROL_MODES, Bundle, ControlMode, read_bundle
-from ._certify import BundleWritten, calibrate_bundle
-from ._drift import Alarm, DelegationCap, RateWatch
-from ._monitor import Decision, Latency, Monitor
+Imported on first use (PEP 562): `ctd --help` reads the serve command's defaults from this package
+(`_limits`) and must not pay for the expert engine or the bundle code."""
 
-__all__ = [
-    "BUNDLE_VERSION",
-    "CONTROL_MODES",
-    "Alarm",
-    "Bundle",
-    "BundleWritten",
-    "ControlMode",
-    "Decision",
-    "DelegationCap",
-    "Latency",
-    "Monitor",
-    "RateWatch",
-    "calibrate_bundle",
-    "read_bundle",
-]
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+# Every public name and the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "BUNDLE_VERSION": "._bundle",
+    "CONTROL_MODES": "._bundle",
+    "Alarm": "._drift",
+    "Bundle": "._bundle",
+    "BundleWritten": "._certify",
+    "ControlMode": "._bundle",
+    "Decision": "._monitor",
+    "DelegationCap": "._drift",
+    "Latency": "._monitor",
+    "Monitor": "._monitor",
+    "RateWatch": "._drift",
+    "calibrate_bundle": "._certify",
+    "read_bundle": "._bundle",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
