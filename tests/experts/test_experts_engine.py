@@ -58,7 +58,7 @@ def make_spec(url: str, **changes: Any) -> ExpertSpec:
         base_urls=(url,),
         model="fault-model",
         rate=RateLimit(concurrency=32),
-        timeout=Timeout(read=0.5),
+        timeout=Timeout(read=1.0),  # under 1.5 s (a slow fault) yet far above a loaded answer
         retry=RetryPolicy(max_attempts=8, initial=0.001, multiplier=2.0, maximum=0.01, deadline=120.0),
     )
     return replace(spec, **changes)
