@@ -240,8 +240,6 @@ class Monitor:
                     await self.decisions.write(record, reserved=reserved)
                 finally:
                     reserved = 0  # released by the write, whatever happened
-        except LogUnavailable:
-            raise
         finally:
             if reserved and self.decisions is not None:
                 self.decisions.release(reserved)
