@@ -22,6 +22,7 @@ from calibrate import (
     ValidationMode,
 )
 
+from .._bounds import LIMITS
 from .._errors import InputError
 from ..data._simulate import Scenario
 from ..stages._calibrate import calibrate_scores, resolve_scores, simulate, validate_scores
@@ -90,15 +91,21 @@ def simulate_command(
             help="strong: the expert beats the probe on average; weak: it does not.",
         ),
     ],
-    n: Annotated[int, typer.Option("--n", min=2, help="Test examples per seed.")] = 1600,
+    n: Annotated[int, typer.Option("--n", min=2, max=LIMITS["--n"], help="Test examples per seed.")] = 1600,
     n_dev: Annotated[
-        int | None, typer.Option("--n-dev", min=0, help="Dev examples per seed (default: --n).")
+        int | None,
+        typer.Option("--n-dev", min=0, max=LIMITS["--n-dev"], help="Dev examples per seed (default: --n)."),
     ] = None,
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Probe training seeds.")] = 3,
+    seeds: Annotated[
+        int, typer.Option("--seeds", min=1, max=LIMITS["values"], help="Probe training seeds.")
+    ] = 3,
     out: Annotated[Path, typer.Option("--out", help="Output file: Parquet, or CSV when it ends .csv.")],
     random_state: Annotated[int, typer.Option("--random-state", help="Seed of the generator.")] = 0,
 ) -> None:
     """Write a synthetic scores table: four groups, a strong or weak expert, a noisy DV score."""
+    rows = seeds * (n + (n if n_dev is None else n_dev))
+    if rows > LIMITS["rows"]:
+        raise InputError(f"--n/--n-dev x --seeds: {rows:,} rows in all, at most {LIMITS['rows']:,}")
     path = simulate(scenario, n, seeds, out, n_dev=n_dev, random_state=random_state)
     stdout.print(f"wrote {path} ({seeds} seeds x {n} test + {n if n_dev is None else n_dev} dev rows)")
 
@@ -250,7 +257,8 @@ def validate_command(
     alpha: Annotated[float, typer.Option("--alpha", help="Risk target in (0, 1).")] = 0.3,
     delta: DeltaOption = 0.1,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, help="Random calibration samples (trials).")
+        int,
+        typer.Option("--trials", min=1, max=LIMITS["--trials"], help="Random calibration samples (trials)."),
     ] = 500,
     policy: Annotated[
         CalibratedPolicyName, typer.Option("--policy", help="Calibrated policy to validate.")
@@ -280,6 +288,7 @@ def validate_command(
         typer.Option(
             "--cal-size",
             min=2,
+            max=LIMITS["--cal-size"],
             help="Calibration sample per trial, 30% D_est and 70% D_cal (default: half of each test split).",
         ),
     ] = None,

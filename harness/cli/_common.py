@@ -15,6 +15,7 @@ import calibrate
 from experts import ConfigError, EndpointDown, StorageError
 from probes import ProbeError
 
+from .._bounds import check_counts, check_list_length
 from .._errors import InputError, RunFailed
 from ..data._tables import dumps
 from ..run._progress import make_console
@@ -80,9 +81,11 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
     try:
         if ":" in text:
             start, stop, count = text.split(":")
+            check_list_length(option, int(count))  # before linspace allocates them
             values = np.round(np.linspace(float(start), float(stop), int(count)), 6)
         else:
             values = np.array([float(v) for v in text.split(",") if v.strip()])
+            check_list_length(option, values.size)
     except ValueError:
         raise InputError(f"{option} {text!r}: expected numbers like 0.1,0.2 or START:STOP:COUNT") from None
     if values.size == 0:
@@ -104,6 +107,7 @@ def parse_ints(text: str, option: str) -> tuple[int, ...]:
         raise InputError(f"{option} {text!r}: expected integers like 32,64,128") from None
     if not values or min(values) < 1:
         raise InputError(f"{option} {text!r}: expected positive integers")
+    check_counts(option, values)
     return values
 
 
@@ -112,7 +116,9 @@ def parse_seeds(text: str, option: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
         raise InputError(f"{option} {text!r}: expected distinct non-negative integers like 0,1,2")
-    return tuple(int(p) for p in parts)
+    seeds = tuple(int(p) for p in parts)
+    check_counts(option, seeds, at_least=0)
+    return seeds
 
 
 def parse_names(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:

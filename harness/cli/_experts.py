@@ -12,6 +12,7 @@ from rich.table import Table
 import experts
 from experts import ConfigError, InvalidSetting, ScoringMethod
 
+from .._bounds import LIMITS
 from .._errors import InputError
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import ExpertModelOption, ExpertUrlOption, JsonOption, MethodOption
@@ -116,7 +117,9 @@ def experts_add(
     template: Annotated[
         str, typer.Option("--template", help="Prompt template name or .toml path.")
     ] = "stakes-v1",
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight (at least 1).")] = 16,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, max=LIMITS["--concurrency"], help="Requests in flight.")
+    ] = 16,
     rpm: Annotated[float | None, typer.Option("--rpm", help="Requests per minute.")] = None,
     tpm: Annotated[float | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
 ) -> None:

@@ -11,6 +11,7 @@ from rich.table import Table
 from calibrate import DVTarget
 from probes import ARCHS, ProbeConfig
 
+from .._bounds import LIMITS
 from ..data._dataspec import load_data
 from ..run._layout import Roots
 from ..run._progress import StageProgress
@@ -46,13 +47,21 @@ def probe_command(
             "--layer", help="hidden_states index (default: 11 for Llama-3.2-1B, else 2/3 of depth)."
         ),
     ] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Token limit per conversation.")] = 512,
-    batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 8192,
+    max_tokens: Annotated[
+        int,
+        typer.Option("--max-tokens", min=1, max=LIMITS["--max-tokens"], help="Token limit per conversation."),
+    ] = 512,
+    batch_tokens: Annotated[
+        int,
+        typer.Option("--batch-tokens", min=1, max=LIMITS["--batch-tokens"], help="Padded tokens per batch."),
+    ] = 8192,
     arch: Annotated[
         str, typer.Option("--arch", help=f"Probe architectures: {', '.join(ARCHS)}.")
     ] = "attention",
     seeds: Annotated[str, typer.Option("--seeds", help="Probe training seeds.")] = "0,1,2",
-    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Maximum training epochs.")] = 60,
+    epochs: Annotated[
+        int, typer.Option("--epochs", min=1, max=LIMITS["--epochs"], help="Maximum training epochs.")
+    ] = 60,
     store: Annotated[
         Path | None,
         typer.Option("--store", help="Activation store (default: $CTD_STORE or runs/cache/activations)."),
@@ -106,7 +115,9 @@ def dv_command(
     target: Annotated[
         DVTarget, typer.Option("--target", help="DV target: v or the binary variant.")
     ] = "continuous",
-    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Maximum training epochs.")] = 60,
+    epochs: Annotated[
+        int, typer.Option("--epochs", min=1, max=LIMITS["--epochs"], help="Maximum training epochs.")
+    ] = 60,
     json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
 ) -> None:
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""

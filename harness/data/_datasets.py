@@ -79,17 +79,32 @@ def _rows(path: Path) -> list[tuple[str, dict[str, object]]]:
         return _decoded_rows(path)
     except UnicodeDecodeError:
         raise not_utf8(path) from None
+    except csv.Error as exc:  # a NUL byte, a field past the csv module's size limit
+        raise InputError(f"{path}: malformed CSV ({exc})") from None
 
 
 def _decoded_rows(path: Path) -> list[tuple[str, dict[str, object]]]:
     rows: list[tuple[str, dict[str, object]]] = []
     if path.suffix.lower() == ".csv":
         with path.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                return rows
             previous = reader.line_num
-            for row in reader:
-                rows.append((f"{path}:{previous + 1}", dict(row)))
+            for fields in reader:
+                where = f"{path}:{previous + 1}"  # a quoted field may span lines: where the row starts
                 previous = reader.line_num
+                if not fields:
+                    continue  # a blank line
+                if len(fields) != len(header):
+                    # csv.DictReader would fill the missing fields with None (id 'None', no label)
+                    # or file the extra ones under a None key: a row like that was paid for.
+                    raise InputError(
+                        f"{where}: {len(fields)} fields where the header has {len(header)} "
+                        f"({', '.join(header)})"
+                    )
+                rows.append((where, dict(zip(header, fields, strict=True))))
         return rows
     with path.open(encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, start=1):

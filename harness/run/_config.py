@@ -18,6 +18,7 @@ import calibrate
 import experts
 from probes import ARCHS, EMBEDDED_MODEL
 
+from .._bounds import check_count, check_counts, check_list_length
 from .._errors import MAX_FAILED, InputError, check_max_failed
 
 __all__ = ["DV_TARGET_CHOICES", "RunConfig", "load_run_config"]
@@ -90,13 +91,12 @@ class RunConfig:
         bad_objectives = [o for o in self.objectives if o not in calibrate.OBJECTIVES]
         if bad_objectives or not self.objectives:
             raise InputError(f"--objectives: choose from {', '.join(calibrate.OBJECTIVES)}")
-        if self.limit is not None and self.limit < 1:
-            raise InputError(f"--limit {self.limit}: must be at least 1")
-        for name in ("max_tokens", "batch_tokens", "epochs", "trials"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')}: must be at least 1")
-        if self.layer is not None and self.layer < 1:
-            raise InputError(f"--layer {self.layer}: must be at least 1")
+        for name in ("limit", "max_tokens", "batch_tokens", "epochs", "trials", "layer"):
+            check_count("--" + name.replace("_", "-"), getattr(self, name))
+        check_counts("--seeds", self.seeds, at_least=0)
+        check_counts("--batch-sizes", self.batch_sizes)
+        for name in ("budgets", "performance_alphas"):
+            check_list_length("--" + name.replace("_", "-"), len(getattr(self, name)))
         if self.serve not in get_args(Serve):
             raise InputError(f"--serve {self.serve}: choose from auto, never")
         if self.dv_target not in DV_TARGET_CHOICES:
