@@ -72,7 +72,9 @@ def test_a_count_past_its_bound_is_one_line(name: str, tmp_path: Path) -> None:
         ('inputs,ids,labels\n"x",a,low-stakes,extra\n', 2, 4),
     ],
 )
-def test_a_ragged_csv_row_names_its_file_and_line(tmp_path: Path, content: str, line: int, fields: int) -> None:
+def test_a_ragged_csv_row_names_its_file_and_line(
+    tmp_path: Path, content: str, line: int, fields: int
+) -> None:
     (tmp_path / "d.csv").write_text(content)
     env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
     # Port 9 (discard) answers nothing: a request would be a connection error, not this line.
