@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..run._layout import Roots, RunLayout
-from ..run._log import RunLog, RunLogError, StageRecord, StageStatus
+from ..run._log import Manifests, RunLog, RunLogError, StageRecord, StageStatus
+from ..run._runner import listed_paths
 from ._common import clean_errors, print_json, stdout
 
 __all__ = ["register"]
@@ -35,6 +36,7 @@ class RunSummary:
     last_invocation: str | None  # UTC time the latest `ctd eval` started
     stages: dict[str, dict[str, Any]]  # each stage's latest record that did work (see RunLog)
     problem: str = ""  # why run.json could not be read
+    changed: list[str] = field(default_factory=list)  # outputs whose sha256 no longer matches their manifest
 
 
 def summarise(layout: RunLayout) -> RunSummary:
@@ -46,17 +48,28 @@ def summarise(layout: RunLayout) -> RunSummary:
         return RunSummary(layout.name, str(layout.root), "unreadable", "", "", "", 0, None, {}, str(error))
     latest = log.invocations[-1] if log.invocations else None
     config = latest.config if latest else {}
+    changed = _changed_on_disk(layout, log)
+    status = _status(latest.stages if latest else {})
     return RunSummary(
         name=layout.name,
         path=str(layout.root),
-        status=_status(latest.stages if latest else {}),
+        status=f"changed on disk: {listed_paths(changed)}" if changed else status,
         data=" ".join(config.get("data") or ()) or "built-in",
         model=str(config.get("model", "")),
         expert=str(config.get("expert", "")),
         invocations=len(log.invocations),
         last_invocation=latest.started if latest else None,
         stages={name: asdict(record) for name, record in log.stages.items()},
+        changed=changed,
     )
+
+
+def _changed_on_disk(layout: RunLayout, log: RunLog) -> list[str]:
+    """The outputs, of every stage with a manifest, edited, truncated or deleted since the stage
+    wrote them (their sha256 against the manifest's): such a run is not "done" whatever run.json
+    says, and its next `ctd eval` redoes those stages."""
+    manifests = Manifests(layout)
+    return [path for stage in log.stages for path in manifests.changed_outputs(stage)]
 
 
 def _status(stages: dict[str, StageRecord]) -> str:
@@ -95,7 +108,9 @@ def runs_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the runs as one JSON object.")] = False,
 ) -> None:
     """List the runs under the runs root: status, data, model, expert, and when each stage last
-    ran (UTC), from each run's run.json."""
+    ran (UTC), from each run's run.json. Every output is checked against the sha256 its stage's
+    manifest recorded: a run with an output edited, truncated or deleted since shows "changed on
+    disk" (and its next `ctd eval` redoes the stages concerned)."""
     roots = Roots.resolve(runs_dir)
     layouts = (
         [RunLayout(p) for p in sorted(roots.runs.iterdir()) if RunLayout(p).run_log.is_file()]

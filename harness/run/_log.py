@@ -200,11 +200,22 @@ class Manifests:
         manifest = self.read(stage)
         if not manifest or manifest.get("fingerprint") != fingerprint or manifest.get("status") != "done":
             return False
+        return not self.changed_outputs(stage)
+
+    def changed_outputs(self, stage: str) -> list[str]:
+        """The outputs the stage's manifest records that are gone or no longer have the recorded
+        sha256 (relative to the run folder, in the manifest's order); [] without a manifest."""
+        manifest = self.read(stage) or {}
+        changed = []
         for relative, digest in manifest.get("outputs", {}).items():
             path = self.layout.root / relative
-            if not path.is_file() or file_sha256(path) != digest:
-                return False
-        return True
+            try:
+                same = path.is_file() and file_sha256(path) == digest
+            except OSError:  # unreadable now: as good as changed
+                same = False
+            if not same:
+                changed.append(relative)
+        return changed
 
     def finish(
         self, stage: str, fingerprint: str, inputs: dict[str, Any], outputs: list[Path], extra: dict[str, Any]

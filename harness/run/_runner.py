@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from ._log import Manifests, RunLog, StageStatus
 from ._stage import Stage, StageOutcome
 
-__all__ = ["run_stages"]
+__all__ = ["listed_paths", "run_stages"]
 
 
 def run_stages(
@@ -32,7 +32,19 @@ def run_stages(
             outcome = StageOutcome(stage.name, StageStatus.SKIPPED, 0.0, "up to date")
             manifests.log(f"{stage.name}: skipped (inputs unchanged)")
         else:
+            # Same inputs and settings but an output edited, truncated or deleted since: say so,
+            # or the rerun looks like it ignored its manifest.
+            changed = (
+                manifests.changed_outputs(stage.name)
+                if _same_fingerprint(manifests, stage.name, fingerprint)
+                else []
+            )
             manifests.invalidate(stage.name)
+            if changed:
+                shown = ", ".join(changed)
+                manifests.log(
+                    f"{stage.name}: outputs changed on disk since it ran ({shown}): running it again"
+                )
             manifests.log(f"{stage.name}: started")
             run_log.record(stage.name, StageStatus.RUNNING, None, "")
             run_log.write(layout.run_log)
@@ -49,7 +61,10 @@ def run_stages(
                 run_log.write(layout.run_log)
                 raise
             manifests.finish(stage.name, fingerprint, inputs, stage.outputs(), result.manifest)
-            outcome = StageOutcome(stage.name, StageStatus.RAN, time.perf_counter() - started, result.detail)
+            detail = result.detail + (
+                f" (ran again: {listed_paths(changed)} had changed on disk)" if changed else ""
+            )
+            outcome = StageOutcome(stage.name, StageStatus.RAN, time.perf_counter() - started, detail)
             manifests.log(f"{stage.name}: finished in {outcome.seconds:.1f} s: {result.detail}")
         run_log.record(stage.name, outcome.status, outcome.seconds, outcome.detail)
         run_log.write(layout.run_log)
@@ -62,3 +77,13 @@ def run_stages(
             manifests.log(f"stopped after the {stage.name} stage: {error}")
             raise
     return tuple(outcomes)
+
+
+def _same_fingerprint(manifests: Manifests, stage: str, fingerprint: str) -> bool:
+    manifest = manifests.read(stage)
+    return bool(manifest) and manifest.get("fingerprint") == fingerprint and manifest.get("status") == "done"
+
+
+def listed_paths(paths: list[str]) -> str:
+    """The first path, and how many more."""
+    return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")

@@ -124,6 +124,35 @@ def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path,
         assert report.returncode == 0, report.stderr
         assert "report.md" in report.stdout
 
+        # An output truncated behind the run's back: `ctd runs` says so instead of "done", and
+        # the rerun redoes that stage (from the cache: nothing asked) and says why.
+        def listed() -> dict:
+            runs = run_ctd("runs", "--json", cwd=tmp_path, env=env)
+            assert runs.returncode == 0, runs.stderr
+            return json.loads(runs.stdout)["runs"][0]
+
+        assert listed()["status"] == "done"
+        scores_table = run / "query" / "expert_scores.parquet"
+        with scores_table.open("r+b") as handle:
+            handle.truncate(scores_table.stat().st_size // 2)
+        shown = listed()
+        assert shown["status"] == "changed on disk: query/expert_scores.parquet"
+        assert shown["changed"] == ["query/expert_scores.parquet"]
+        redone = run_ctd(
+            *eval_args(data, server.url),
+            *("--json", "--budgets", "0.4,0.6", "--no-merge-controls"),
+            cwd=tmp_path,
+            env=env,
+            timeout=600,
+        )
+        assert redone.returncode == 0, redone.stderr
+        query = next(s for s in json.loads(redone.stdout)["stages"] if s["stage"] == "query")
+        assert query["status"] == "ran"
+        assert "query/expert_scores.parquet had changed on disk" in query["detail"]
+        assert item_requests(server) == requests  # answered from the cache
+        assert "outputs changed on disk since it ran" in (run / "log.txt").read_text()
+        assert listed()["status"] == "done"
+
 
 def test_too_many_expert_failures_stop_before_calibration(tmp_path, env) -> None:
     """Two of 64 test items fail at the expert (3.1%, above --max-failed 1%): the run stops after
