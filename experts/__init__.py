@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "list_claims": "._claims",
     "load_experts": "._registry",
     "load_template": "._prompts",
+    "redact": "._redact",
     "redact_url": "._config",
     "resolve_expert": "._registry",
     "score_items": "._client",

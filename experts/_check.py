@@ -20,6 +20,7 @@ from ._config import RetryPolicy
 from ._endpoint import Endpoint
 from ._errors import ExpertError, HTTPStatusError, ResponseError, TransportError
 from ._prompts import load_template
+from ._redact import redact
 from ._registry import ExpertSpec
 from ._scoring import ScoringMethod, build_request, parse_response
 
@@ -183,6 +184,18 @@ async def check_endpoint(
     """Reachable? Which models are served? Do chat logprobs and completions echo work? Nothing is
     cached. The first replica answers for all. Transient errors are asked again within
     `patience` (its attempts per question, its deadline for the whole check)."""
+    report = await _check(spec, transport, patience)
+    # Its problem line and model names are printed: whatever the server said in them passes the
+    # redactor here, in one place, beside the endpoint's own redaction of its errors.
+    if report.problem is not None:
+        report.problem = redact(report.problem, spec.api_key_env)
+    report.served_models = [redact(m, spec.api_key_env) for m in report.served_models]
+    return report
+
+
+async def _check(
+    spec: ExpertSpec, transport: httpx.AsyncBaseTransport | None, patience: RetryPolicy
+) -> EndpointCheck:
     urls = spec.resolved_urls()
     report = EndpointCheck(url=urls[0])
     budget = _Patience(patience)

@@ -14,6 +14,7 @@ import httpx
 
 from ._config import Timeout, check_base_url
 from ._errors import ConfigError, HTTPStatusError, ResponseError, TransportError
+from ._redact import MASK, redact
 
 __all__ = ["Endpoint", "default_transport"]
 
@@ -25,6 +26,9 @@ def default_transport(max_connections: int) -> httpx.AsyncBaseTransport:
 
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return AiohttpTransport(limits=limits)
+
+
+_WINDOW = 8192  # characters of an error body redacted for its message (see Endpoint._detail)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -46,7 +50,8 @@ class Endpoint:
     """POSTs JSON to `base_url + path` on the least-busy replica and returns the parsed answer.
 
     The API key is read from the environment variable `api_key_env` at each request and sent
-    as a bearer token; it is never stored. Errors arrive as the `experts` exception tree.
+    as a bearer token; it is never stored. Errors arrive as the `experts` exception tree, their
+    text redacted (`experts._redact`): a server that echoes the key puts it in no message.
     """
 
     def __init__(
@@ -69,9 +74,34 @@ class Endpoint:
             timeout=(timeout or Timeout()).to_httpx(),
         )
 
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = self._key()
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _said(self, text: str) -> str:
+        """Text built from the server's answer or the network's error, safe to raise."""
+        return redact(text, self.api_key_env)
+
+    def _detail(self, content: bytes) -> str:
+        """The start of an error body for its message, redacted before it is cut (cut first, a key
+        across the cut would leave its start). Only the first 8 KiB are redacted: an HTML error
+        page can run to megabytes, at about 0.3 s a megabyte in the event loop. Should redaction
+        eat half of them, the whole body is, since a key cut at 8 KiB could then come into view."""
+        text = content.decode("utf-8", "replace")
+        said = self._said(text[:_WINDOW])
+        if len(said) < _WINDOW // 2 < len(text):
+            said = self._said(text)
+        return said[:200].strip()
+
+    def _unechoed(self, content: bytes) -> bytes:
+        """An answer's body without the key, should the server echo it: the caller stores the
+        answer (the cache's response column). Only the exact value goes, not shapes, so that
+        no token of the answer's logprobs is touched."""
+        key = self._key()
+        return content.replace(key.encode(), MASK.encode()) if key and key.encode() in content else content
 
     def _pick(self) -> int:
         """The replica with fewest requests in flight; ties go round-robin."""
@@ -97,26 +127,27 @@ class Endpoint:
             if isinstance(cause, aiohttp.ClientConnectorError):
                 refused = isinstance(cause.os_error, ConnectionRefusedError)
                 why = "connection refused" if refused else cause.os_error.strerror or str(cause.os_error)
-                raise TransportError(f"{url}: {why}", reason="connection") from None
+                raise TransportError(self._said(f"{url}: {why}"), reason="connection") from None
             if isinstance(cause, aiohttp.ServerDisconnectedError | ConnectionError):
                 raise TransportError(
                     f"{url}: the server closed the connection", reason="connection"
                 ) from None
             raise TransportError(f"{url}: timed out ({type(exc).__name__})", reason="timeout") from None
         except (TimeoutError, httpx.TransportError, aiohttp.ClientError, ConnectionError) as exc:
-            raise TransportError(f"{url}: {type(exc).__name__}: {exc}", reason="connection") from None
+            what = self._said(f"{url}: {type(exc).__name__}: {exc}")
+            raise TransportError(what, reason="connection") from None
         finally:
             self._in_flight[replica] -= 1
         elapsed = time.perf_counter() - started
         if response.status_code >= 400:
-            detail = content[:200].decode("utf-8", "replace").strip()
+            detail = self._detail(content)
             raise HTTPStatusError(
                 response.status_code,
                 f"{url}: {detail}",
                 retry_after=_retry_after(response.headers.get("retry-after")),
             )
         try:
-            return json.loads(content), elapsed
+            return json.loads(self._unechoed(content)), elapsed
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ResponseError(f"{url}: the answer is not JSON", reason="malformed-json") from None
 

@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from . import _cache, _calibrate, _eval, _experts, _monitor, _probe, _query, _runs
+from ._redacting import RedactingStream
 
 __all__ = ["app", "main"]
 
@@ -75,6 +76,8 @@ def main() -> None:
     """Console-script entry point. Usage errors (an unknown option, a value that is not one of
     the choices) are one line on stderr with exit code 2, like every other bad input."""
     signal.signal(signal.SIGTERM, _terminate)
+    if not isinstance(sys.stderr, RedactingStream):  # a key a server echoed is printed nowhere
+        sys.stderr = RedactingStream(sys.stderr)
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as exc:

@@ -107,8 +107,9 @@ def cache_explain(
             f"template={row.template_sha256[:12]} score={row.score:.4f} at {row.created}"
         )
     for row in failures:
+        said = experts.redact(row.message)  # a cache written before redaction may hold a key
         stdout.print(
-            f"  failed: expert={row.expert} reason={row.reason} attempts={row.attempts} ({row.message[:120]})"
+            f"  failed: expert={row.expert} reason={row.reason} attempts={row.attempts} ({said[:120]})"
         )
     if data is None or (expert is None and expert_url is None):
         return

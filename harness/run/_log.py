@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from experts import redact
+
 from .._errors import InputError
 from ..data._tables import read_json, write_json
 from ._layout import RunLayout
@@ -168,7 +170,7 @@ class RunLog:
         if not self.invocations:
             raise RuntimeError("RunLog.record before RunLog.started")
         self.invocations[-1].stages[stage] = StageRecord(
-            status, None if seconds is None else round(seconds, 2), detail, _now()
+            status, None if seconds is None else round(seconds, 2), redact(detail), _now()
         )
 
     def write(self, path: Path) -> None:
@@ -187,7 +189,7 @@ class Manifests:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.layout.root.mkdir(parents=True, exist_ok=True)
         with self.layout.text_log.open("a", encoding="utf-8") as handle:
-            handle.write(f"{stamp} {message}\n")
+            handle.write(f"{stamp} {redact(message)}\n")  # an error's text may hold what a server said
 
     def read(self, stage: str) -> dict[str, Any] | None:
         try:
