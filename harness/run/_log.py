@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .._errors import InputError
+from .._errors import InputError, named
 from ..data._tables import read_json, write_json
 from ._layout import RunLayout
 
@@ -186,8 +186,11 @@ class Manifests:
     def log(self, message: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.layout.root.mkdir(parents=True, exist_ok=True)
-        with self.layout.text_log.open("a", encoding="utf-8") as handle:
-            handle.write(f"{stamp} {message}\n")
+        try:
+            with self.layout.text_log.open("a", encoding="utf-8") as handle:
+                handle.write(f"{stamp} {message}\n")
+        except OSError as exc:  # a full disk at the write or the close names no file
+            raise named(exc, self.layout.text_log) from None
 
     def read(self, stage: str) -> dict[str, Any] | None:
         try:
