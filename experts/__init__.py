@@ -3,10 +3,11 @@
 What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) with its settings
 (`Timeout`, `RateLimit`, `RetryPolicy`), a `ScoreCache`, and the `ExpertClient` (or
 `score_items`) that scores `Item`s through them; `check_endpoint` before a run and
-`LocalServer` for a local llama.cpp server. Inside, small composable pieces stay private: the
-endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM), the cache's single
-writer, and claims on the items in flight under a lease (so that runs sharing a cache never pay
-twice).
+`LocalServer` for a local llama.cpp server; `check_cache` and `salvage_cache` for a damaged
+cache (every failure of the cache file is a `StorageError` naming it, `CacheCorrupt` for
+damage). Inside, small composable pieces stay private: the endpoint (replicas, error
+translation), the limiter (concurrency, RPM, TPM), the cache's single writer, and claims on the
+items in flight under a lease (so that runs sharing a cache never pay twice).
 
 The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
 registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
@@ -21,6 +22,8 @@ import importlib
 _EXPORTS: dict[str, str] = {
     "BUILTIN_EXPERTS": "._registry",
     "BreakerState": "._breaker",
+    "CacheCheck": "._repair",
+    "CacheCorrupt": "._errors",
     "SCORING_METHODS": "._scoring",
     "ConfigError": "._errors",
     "Conversation": "._prompts",
@@ -40,12 +43,14 @@ _EXPORTS: dict[str, str] = {
     "Request": "._scoring",
     "RetryPolicy": "._config",
     "RunStats": "._client",
+    "SalvageResult": "._repair",
     "ScoreCache": "._cache",
     "ScoringMethod": "._scoring",
     "StorageError": "._errors",
     "Timeout": "._config",
     "add_expert": "._registry",
     "build_request": "._scoring",
+    "check_cache": "._repair",
     "check_base_url": "._config",
     "check_endpoint": "._check",
     "expert_from_url": "._registry",
@@ -56,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "redact": "._redact",
     "redact_url": "._config",
     "resolve_expert": "._registry",
+    "salvage_cache": "._repair",
     "score_items": "._client",
     "server_command": "._serve",
     "top_logprobs": "._scoring",

@@ -16,18 +16,17 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, func, insert
-from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
-from ._errors import ConfigError, StorageError
+from ._errors import ConfigError, StorageError, storage_kind
+from ._storage import CHECK_SECONDS, check_pages, check_place, probe_write, storage_errors
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -123,49 +122,51 @@ class CachedScore:
     label_mass: float | None
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
-    cursor = connection.cursor()
-    cursor.execute("PRAGMA busy_timeout=30000")
-    _use_wal(cursor)  # readers never block the writer
-    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; safe with WAL
-    cursor.close()
+def _sqlite_pragmas(busy_timeout: float) -> Callable[[Any, Any], None]:
+    """The settings of every connection to the cache, for the engine's "connect" event."""
+
+    def apply(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        _use_wal(cursor, within=busy_timeout)  # readers never block the writer
+        cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; safe with WAL
+        cursor.close()
+
+    return apply
 
 
-def _use_wal(cursor: Any, *, tries: int = 200) -> None:
+def _use_wal(cursor: Any, *, within: float) -> None:
     """Switch the file to WAL (it stays so). The switch needs the file to itself and SQLite
     does not wait for that: when two runs open a new cache at the same moment, one of them
-    hears "database is locked" and tries again shortly."""
-    for attempt in range(tries):
+    hears "database is locked" and tries again shortly, for at most `within` seconds (the busy
+    timeout: a lock held longer is another process's, and the error says so)."""
+    deadline = time.monotonic() + within
+    while True:
         try:
             if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                 return
             if cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
                 return
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == tries - 1:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError("could not switch the cache to WAL: database is locked")
         time.sleep(0.05)
-    raise sqlite3.OperationalError("could not switch the cache to WAL: database is locked")
-
-
-@contextmanager
-def storage_errors(path: Path) -> Iterator[None]:
-    """SQLite failing to write (disk full, I/O error, read-only file) as one StorageError that
-    names the file: where the cache is written, this is where its errors enter."""
-    try:
-        yield
-    except DBAPIError as exc:
-        raise StorageError(f"{path}: {exc.orig}") from None
-    except (sqlite3.Error, OSError) as exc:
-        raise StorageError(f"{path}: {exc}") from None
 
 
 class ScoreCache:
     """Get and put rows of one SQLite file. Safe to share between the event loop (reads) and the
-    writer's thread (writes)."""
+    writer's thread (writes). Every failure of the file (full, read-only, locked, damaged) is a
+    StorageError naming it; `for_run` also checks, before a run pays for anything, that the file
+    can be written and is not damaged."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, busy_timeout: float = 30.0) -> None:
+        """Open (or create) the cache at `path`; `busy_timeout` is how long to wait for another
+        process's lock on it. A path that cannot be a cache (a folder, a file that is not SQLite)
+        is a ConfigError; a file system that refuses it is a StorageError."""
         self.path = Path(path)
+        self.busy_timeout = busy_timeout
         if self.path.is_dir():
             raise ConfigError(f"{self.path}: is a folder, expected the cache's SQLite file")
         try:
@@ -173,22 +174,53 @@ class ScoreCache:
         except (FileExistsError, NotADirectoryError):
             raise ConfigError(f"{self.path}: a file stands where its folder should be") from None
         except OSError as exc:
+            if storage_kind(exc) != "other":  # a read-only mount, no permission: the machine
+                raise StorageError(
+                    f"{self.path}: cannot create its folder ({exc.strerror or exc})",
+                    path=self.path,
+                    kind=storage_kind(exc),
+                ) from None
             raise ConfigError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         self.engine = create_engine(
-            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
+            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": busy_timeout}
         )
-        event.listen(self.engine, "connect", _sqlite_pragmas)
+        event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout))
         # This process's writers (the cache writer, the claims) take turns here: SQLite's own
         # busy wait between two connections sleeps in steps of milliseconds, which would stall
         # every worker waiting on a commit.
         self.write_lock = threading.Lock()
         try:
-            self._create_tables()
-        except (DBAPIError, sqlite3.Error) as exc:  # not SQLite, unreadable, or no room for the tables
+            with storage_errors(self.path):
+                self._create_tables()
+        except StorageError as exc:
             self.engine.dispose()
-            raise ConfigError(
-                f"{self.path}: cannot be used as the cache ({getattr(exc, 'orig', exc)})"
-            ) from None
+            if "file is not a database" in str(exc):  # met at open: the wrong file, not a damaged cache
+                raise ConfigError(
+                    f"{self.path}: cannot be used as the cache (file is not a database)"
+                ) from None
+            raise
+
+    @classmethod
+    def for_run(
+        cls, path: Path | str, *, check_seconds: float = CHECK_SECONDS, busy_timeout: float = 30.0
+    ) -> ScoreCache:
+        """The cache a run will write, checked before anything is paid (see `experts._storage`):
+        writable (the OS's reason when not), room on its device, its pages sound as far as
+        `check_seconds` of `PRAGMA quick_check` reach, and no other process holding its lock."""
+        check_place(Path(path))
+        cache = cls(path, busy_timeout=busy_timeout)
+        try:
+            connection = cache.engine.raw_connection()
+            try:
+                check_pages(connection.driver_connection, cache.path, seconds=check_seconds)
+                with cache.write_lock:
+                    probe_write(connection, cache.path)
+            finally:
+                connection.close()
+        except BaseException:
+            cache.close()
+            raise
+        return cache
 
     def _create_tables(self) -> None:
         """Create the missing tables (an older cache gains the new ones) under the write lock:
@@ -216,15 +248,17 @@ class ScoreCache:
         """(key, *columns) of the stored scores among `keys`, 500 keys per query."""
         rows: list[tuple[Any, ...]] = []
         # The hot path of a resumed run: plain SQL on the driver connection, no ORM objects.
-        connection = self.engine.raw_connection()
+        with storage_errors(self.path):
+            connection = self.engine.raw_connection()
         try:
             cursor = connection.cursor()
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                cursor.execute(f"SELECT key, {columns} FROM scores WHERE key IN ({marks})", chunk)
-                rows += cursor.fetchall()
-            cursor.close()
+            with storage_errors(self.path):  # a damaged page is met here, mid-run
+                for start in range(0, len(keys), 500):
+                    chunk = list(keys[start : start + 500])
+                    marks = ",".join("?" * len(chunk))
+                    cursor.execute(f"SELECT key, {columns} FROM scores WHERE key IN ({marks})", chunk)
+                    rows += cursor.fetchall()
+                cursor.close()
         finally:
             connection.close()
         return rows
@@ -258,7 +292,7 @@ class ScoreCache:
     def counts(self) -> dict[str, dict[str, int]]:
         """{expert: {"scores": n, "failures": m}}."""
         out: dict[str, dict[str, int]] = {}
-        with Session(self.engine) as session:
+        with storage_errors(self.path), Session(self.engine) as session:
             for expert, n in session.exec(select(ScoreRow.expert, func.count()).group_by(ScoreRow.expert)):
                 out.setdefault(expert, {"scores": 0, "failures": 0})["scores"] = n
             for expert, n in session.exec(
@@ -268,20 +302,20 @@ class ScoreCache:
         return out
 
     def rows(self, expert: str | None = None) -> Iterable[ScoreRow]:
-        with Session(self.engine) as session:
+        with storage_errors(self.path), Session(self.engine) as session:
             query = select(ScoreRow)
             if expert is not None:
                 query = query.where(ScoreRow.expert == expert)
             yield from session.exec(query.order_by(ScoreRow.created))
 
     def lookup_item(self, item_id: str) -> tuple[list[ScoreRow], list[FailureRow]]:
-        with Session(self.engine) as session:
+        with storage_errors(self.path), Session(self.engine) as session:
             scores = list(session.exec(select(ScoreRow).where(ScoreRow.item_id == item_id)))
             failures = list(session.exec(select(FailureRow).where(FailureRow.item_id == item_id)))
         return scores, failures
 
     def integrity_check(self) -> str:
-        with self.engine.connect() as connection:
+        with storage_errors(self.path), self.engine.connect() as connection:
             return str(connection.exec_driver_sql("PRAGMA integrity_check").scalar())
 
     def close(self) -> None:
@@ -321,7 +355,7 @@ class CacheWriter:
         if self._task is not None and self._task.done() and not self._task.cancelled():
             died = self._task.exception()
             if isinstance(died, StorageError):  # a long-lived client's later calls hear it too
-                raise StorageError(str(died))
+                raise died.restated(str(died))
         if self._task is None or self._task.done():
             raise RuntimeError("the cache writer is not running")
         committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -380,7 +414,9 @@ class CacheWriter:
             if not committed.done():
                 committed.set_result(None)
         if first_error is not None:
-            raise StorageError(f"{first_error} ({lost} answer(s) waiting to commit could not be stored)")
+            raise first_error.restated(
+                f"{first_error} ({lost} answer(s) waiting to commit could not be stored)"
+            )
 
     async def close(self) -> None:
         """Commit everything handed over, then stop."""

@@ -224,14 +224,15 @@ def list_claims(cache: ScoreCache, *, now: float | None = None) -> list[ClaimHol
     now = time.time() if now is None else now
     gone: dict[int, bool] = {}
     groups: dict[tuple[str, str, str, int], list[float]] = {}
-    connection = cache.engine.raw_connection()
-    try:
-        cursor = connection.cursor()
-        cursor.execute("SELECT expert, owner, host, pid, expires FROM claims")
-        for expert, owner, host, pid, expires in cursor.fetchall():
-            groups.setdefault((expert, owner, host, pid), []).append(expires)
-    finally:
-        connection.close()
+    with storage_errors(cache.path):
+        connection = cache.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("SELECT expert, owner, host, pid, expires FROM claims")
+            for expert, owner, host, pid, expires in cursor.fetchall():
+                groups.setdefault((expert, owner, host, pid), []).append(expires)
+        finally:
+            connection.close()
     holders = []
     for (expert, owner, host, pid), leases in sorted(groups.items()):
         stale = sum(is_stale(host, pid, expires, now=now, gone=gone) for expires in leases)
@@ -244,6 +245,8 @@ def _immediate(cache: ScoreCache) -> Iterator[Any]:
     """A cursor inside one write transaction, begun IMMEDIATE: the write lock is taken before
     the first read, so no other run can claim or answer a key between our look and our write
     (and two runs never deadlock upgrading a read to a write)."""
+    # storage_errors: a full disk, a lock held past the busy timeout and a damaged page are one
+    # StorageError here, as at every read and write of the cache.
     with storage_errors(cache.path), cache.write_lock:  # our writers take turns without busy sleeps
         connection = cache.engine.raw_connection()
         try:

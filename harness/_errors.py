@@ -1,12 +1,49 @@
-"""The exceptions the CLI turns into one clean line: bad input (exit code 2) and a run that
-finished its work but produced too many failures to be used (exit code 1)."""
+"""The exceptions the CLI turns into one clean line, and the exit code each one means:
+
+1  EXIT_FAILED       the run failed (an endpoint went down, too many items failed)
+2  EXIT_INPUT        bad input: an option, a file the user named that is missing or wrong
+3  EXIT_ENVIRONMENT  the machine failed the run: a full disk or quota, a read-only or
+                     unwritable place, an I/O error, a locked or damaged cache; the line
+                     names the path. Fix the machine and rerun: the inputs were fine.
+"""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from fractions import Fraction
+from pathlib import Path
 
-__all__ = ["MAX_FAILED", "InputError", "RunFailed", "check_failed_fraction", "check_max_failed"]
+__all__ = [
+    "ENVIRONMENT_ERRNOS",
+    "EXIT_ENVIRONMENT",
+    "EXIT_FAILED",
+    "EXIT_INPUT",
+    "MAX_FAILED",
+    "EnvironmentFailure",
+    "InputError",
+    "RunFailed",
+    "check_failed_fraction",
+    "check_max_failed",
+    "named",
+]
+
+EXIT_FAILED = 1
+"""The exit code of a run that failed: its endpoint went down, or too many items failed."""
+
+EXIT_INPUT = 2
+"""The exit code of bad input (an option, a file the user named), found before any work."""
+
+EXIT_ENVIRONMENT = 3
+"""The exit code of a run its machine failed: a full disk or quota, a read-only or unwritable
+place, an I/O error, a locked or damaged cache. A script may retry it once the machine is fixed,
+unlike bad input (2), and need not look at the run's results, unlike a failed run (1)."""
+
+ENVIRONMENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
+"""The OSError numbers that are the machine's doing, not the input's: exit code 3."""
 
 MAX_FAILED = 0.01
 """The default --max-failed: the fraction of items that may fail at the expert before a run
@@ -16,6 +53,20 @@ stops (`ctd query` exits 1; `ctd eval` stops before calibration)."""
 class InputError(Exception):
     """Bad input from the user: a file, a row, an option. The message says what is wrong and
     where, in one line, and is shown without a traceback."""
+
+
+class EnvironmentFailure(Exception):
+    """The machine refused the run a path it needs (no space, read-only, no permission, an I/O
+    error): one line naming the path and what to do, exit code 3."""
+
+
+def named(error: OSError, path: Path | str, *, unless_named: str | None = None) -> OSError:
+    """`error` naming `path` when it names no file (or only `unless_named`, a temporary file the
+    user never heard of): a full disk met at a write, a flush or a close (pyarrow's, json's,
+    matplotlib's) says only "No space left on device", and the command line must say where."""
+    if error.filename not in (None, unless_named) or error.errno is None:
+        return error
+    return type(error)(error.errno, os.strerror(error.errno), str(path))
 
 
 class RunFailed(Exception):

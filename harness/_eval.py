@@ -31,7 +31,7 @@ from .run._stage import Stage, StageOutcome
 from .stages._calibrate import CalibrateStage
 from .stages._dv import DVStage
 from .stages._probe import ProbeStage, probe_stage
-from .stages._query import QueryStage, pick_expert, preflight_expert
+from .stages._query import QueryStage, pick_expert, preflight_cache, preflight_expert
 from .stages._report import ReportStage
 from .stages._validate import ValidateStage
 
@@ -121,6 +121,7 @@ def run_eval(
     if retry_failed and (manifests.read("query") or {}).get("failed", 0):
         manifests.invalidate("query")
     if not manifests.up_to_date("query", query.fingerprint()[0]):
+        preflight_cache(ctx.roots.cache)  # a damaged, full or read-only cache costs no request
         serve = config.serve == "auto"
         start_server = preflight_expert(spec, shown=config.expert, serve=serve)
         query = QueryStage(ctx, start_server=start_server, may_serve=serve and spec.server == "llama.cpp")

@@ -1,4 +1,4 @@
-"""`ctd cache stats|explain|export`: the shared SQLite cache of expert answers."""
+"""`ctd cache stats|explain|export|check|salvage`: the shared SQLite cache of expert answers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.table import Table
 
 import experts
 
-from .._errors import InputError
+from .._errors import EXIT_FAILED, InputError
 from ..data._datasets import read_dataset
 from ..data._tables import atomic_path, check_writable, write_table
 from ..run._layout import Roots
@@ -34,7 +34,7 @@ __all__ = ["register"]
 
 
 cache_app = typer.Typer(
-    help="The SQLite cache of expert answers: stats, explain, export.", no_args_is_help=True
+    help="The SQLite cache of expert answers: stats, explain, export, check, salvage.", no_args_is_help=True
 )
 
 
@@ -180,6 +180,64 @@ def cache_export(
         }
         write_table(out, table)
     stdout.print(f"wrote {len(rows)} rows to {out}")
+
+
+@cache_app.command("check")
+@clean_errors
+def cache_check(cache: CacheOption = None, json_output: JsonOption = False) -> None:
+    """Run SQLite's integrity check on the cache (every page, every index against its table) and
+    say what is wrong, if anything: exit code 0 when it is sound, 1 when it is damaged."""
+    path = _existing(cache)
+    result = experts.check_cache(path)
+    if json_output:
+        print_json({"cache": str(path), "ok": result.ok, "problems": list(result.problems)})
+    elif result.ok:
+        stdout.print(f"{path}: ok")
+    else:
+        stdout.print(f"{path}: damaged, SQLite's integrity check says:", highlight=False)
+        for line in result.problems:
+            stdout.print(f"  {line}", highlight=False, markup=False)
+        stdout.print(
+            f"copy every readable answer into a new cache: ctd cache salvage --cache {path} --out NEW.sqlite",
+            highlight=False,
+        )
+    if not result.ok:
+        raise typer.Exit(code=EXIT_FAILED)
+
+
+@cache_app.command("salvage")
+@clean_errors
+def cache_salvage(
+    out: Annotated[Path, typer.Option("--out", help="The new cache (.sqlite); it must not exist yet.")],
+    cache: CacheOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Copy every answer and recorded failure that can still be read from a damaged cache into a
+    new one, skipping the unreadable pages, and say how many rows came through. Use the new file
+    as the cache (--cache or $CTD_CACHE), or move it over the old one."""
+    path = _existing(cache)
+    check_writable(out, "--out", (".sqlite", ".db", ".sqlite3"))
+    if out.exists():
+        raise InputError(f"--out {out}: already exists; salvage writes a new cache")
+    result = experts.salvage_cache(path, out)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    lost = {t: sum(b - a + 1 for a, b in ranges) for t, ranges in result.unreadable.items()}
+    skipped = ", ".join(f"{n} rowid(s) of {t}" for t, n in lost.items() if n)
+    stdout.print(
+        f"recovered {result.recovered['scores']} answers and {result.recovered['failures']} recorded "
+        f"failures from {path} into {out}" + (f"; unreadable, so lost: {skipped}" if skipped else ""),
+        highlight=False,
+    )
+
+
+def _existing(path: Path | None) -> Path:
+    """The cache a repair command reads: it must exist (bad input otherwise)."""
+    path = path or Roots.resolve().cache
+    if not path.is_file():
+        raise InputError(f"--cache {path}: " + ("is a folder" if path.is_dir() else "no such file"))
+    return path
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,15 @@ from experts import ConfigError, EndpointDown, StorageError
 from probes import ProbeError
 
 from .._bounds import check_counts, check_list_length
-from .._errors import InputError, RunFailed
+from .._errors import (
+    ENVIRONMENT_ERRNOS,
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_INPUT,
+    EnvironmentFailure,
+    InputError,
+    RunFailed,
+)
 from ..data._tables import dumps
 from ..run._progress import make_console
 
@@ -45,9 +53,11 @@ stdout = make_console(stderr=False)
 
 
 def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Turn bad input into one line on stderr and exit code 2, and an expert endpoint or a cache
-    disk that failed during the run, or a run whose failures pass --max-failed, into one line
-    and exit code 1; no traceback either way."""
+    """Turn bad input into one line on stderr and exit code 2; an expert endpoint that failed
+    during the run, or a run whose failures pass --max-failed, into one line and exit code 1;
+    and the machine failing the run (a full disk, a read-only or unwritable place, an I/O
+    error, a locked or damaged cache) into one line naming the path and exit code 3. No
+    traceback in any case."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -59,19 +69,26 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         except EndpointDown as exc:  # not the input: the endpoint failed during the run
             print(f"error: {exc}; the answers so far are cached: rerun to resume", file=sys.stderr)
             raise typer.Exit(code=1) from None
-        except StorageError as exc:  # not the input: the disk under the cache failed mid-run
-            print(
-                f"error: {exc}; the answers committed so far are kept: free space and rerun to resume",
-                file=sys.stderr,
-            )
-            raise typer.Exit(code=1) from None
+        except StorageError as exc:  # not the input: the file under the cache failed
+            print(f"error: {exc}; {exc.remedy}", file=sys.stderr)
+            raise typer.Exit(code=EXIT_ENVIRONMENT if exc.environment else EXIT_FAILED) from None
+        except EnvironmentFailure as exc:  # the machine refused a path the run needs
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(code=EXIT_ENVIRONMENT) from None
         except RunFailed as exc:  # the work is done and kept, but its result is not usable
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
-        except OSError as exc:  # a file the user named cannot be read or written
+        except MemoryError:  # the counts are bounded (harness/_bounds.py); the machine may have less
+            print(
+                "error: out of memory; smaller counts (--trials, --batch-tokens, --limit) need less",
+                file=sys.stderr,
+            )
+            raise typer.Exit(code=EXIT_ENVIRONMENT) from None
+        except OSError as exc:  # a file cannot be read or written: the machine's doing, or the input's
             where = f"{exc.filename}: " if exc.filename else ""
             print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
-            raise typer.Exit(code=2) from None
+            code = EXIT_ENVIRONMENT if exc.errno in ENVIRONMENT_ERRNOS else EXIT_INPUT
+            raise typer.Exit(code=code) from None
 
     return wrapper
 

@@ -12,7 +12,7 @@ from rich.table import Table
 import experts
 from experts import ConfigError, InvalidSetting, ScoringMethod
 
-from .._bounds import LIMITS
+from .._bounds import LIMITS, check_count
 from .._errors import InputError
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import ExpertModelOption, ExpertUrlOption, JsonOption, MethodOption
@@ -118,12 +118,13 @@ def experts_add(
         str, typer.Option("--template", help="Prompt template name or .toml path.")
     ] = "stakes-v1",
     concurrency: Annotated[
-        int, typer.Option("--concurrency", min=1, max=LIMITS["--concurrency"], help="Requests in flight.")
+        int, typer.Option("--concurrency", help=f"Requests in flight (1-{LIMITS['--concurrency']}).")
     ] = 16,
     rpm: Annotated[float | None, typer.Option("--rpm", help="Requests per minute.")] = None,
     tpm: Annotated[float | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
 ) -> None:
     """Add an expert to the user registry file (or replace one of the same name)."""
+    check_count("--concurrency", concurrency)
     entry = {
         "base_urls": list(url),
         "model": model,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from .._errors import InputError
+from .._errors import ENVIRONMENT_ERRNOS, EnvironmentFailure, InputError, named
 
 __all__ = [
     "TABLE_SUFFIXES",
@@ -55,6 +55,9 @@ class RawTable:
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 
+MIN_FREE_BYTES = 64 * 1024
+"""Less than this free where an output goes is a full disk, refused before the work is paid."""
+
 
 def _is_csv(path: Path) -> bool:
     return path.suffix.lower() == ".csv"
@@ -63,7 +66,9 @@ def _is_csv(path: Path) -> bool:
 def check_writable(path: Path, option: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> Path:
     """Check, before any work is done or paid for, that a file can be written at `path`: a
     known suffix, not a folder, and a folder (or the nearest existing ancestor) that accepts a
-    new file. Nothing is left behind; the problem is one InputError line naming the option."""
+    new file and has room. Nothing is left behind; the problem is one line naming the option:
+    an InputError, or an EnvironmentFailure (exit code 3) when the machine refuses (a full
+    disk, a read-only mount, no permission)."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{option} {path}: is a folder, expected a file name ({' or '.join(suffixes)})")
@@ -79,10 +84,23 @@ def check_writable(path: Path, option: str, suffixes: tuple[str, ...] = TABLE_SU
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
     except OSError as exc:
-        raise InputError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+        problem = f"{option} {path}: cannot write in {folder} ({exc.strerror or exc})"
+        raise (EnvironmentFailure if exc.errno in ENVIRONMENT_ERRNOS else InputError)(problem) from None
     os.close(fd)
     os.unlink(probe)
+    free = _free_bytes(folder)
+    if free < MIN_FREE_BYTES:
+        raise EnvironmentFailure(
+            f"{option} {path}: no space left on the device of {folder} ({free} bytes free)"
+        )
     return path
+
+
+def _free_bytes(folder: Path) -> int:
+    """Bytes this process may still write on the device of `folder` (root may use the blocks
+    a file system reserves for it)."""
+    stats = os.statvfs(folder)
+    return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
 
 
 def read_table(path: Path) -> RawTable:
@@ -152,16 +170,25 @@ def not_utf8(path: Path) -> InputError:
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; on success rename it to `path`, else delete it."""
+    """Yield a temporary path next to `path`; on success rename it to `path`, else delete it.
+    An OSError that names no file (a full disk met by the writer's write, flush or close:
+    pyarrow, json, matplotlib) is raised naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise named(exc, path.parent) from None
     os.close(fd)
     try:
         yield Path(tmp)
         # mkstemp creates the file owner-only; give it the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        # The temporary's name means nothing to the user: the file being written is `path`.
+        raise named(exc, path, unless_named=tmp) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -22,7 +22,7 @@ from typing import Any
 
 from experts import redact
 
-from .._errors import InputError
+from .._errors import InputError, named
 from ..data._tables import read_json, write_json
 from ._layout import RunLayout
 
@@ -188,8 +188,11 @@ class Manifests:
     def log(self, message: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.layout.root.mkdir(parents=True, exist_ok=True)
-        with self.layout.text_log.open("a", encoding="utf-8") as handle:
-            handle.write(f"{stamp} {redact(message)}\n")  # an error's text may hold what a server said
+        try:
+            with self.layout.text_log.open("a", encoding="utf-8") as handle:
+                handle.write(f"{stamp} {redact(message)}\n")  # an error's text may hold what a server said
+        except OSError as exc:  # a full disk at the write or the close names no file
+            raise named(exc, self.layout.text_log) from None
 
     def read(self, stage: str) -> dict[str, Any] | None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 
 from ._log import Manifests, RunLog, StageStatus
 from ._stage import Stage, StageOutcome
@@ -56,9 +57,12 @@ def run_stages(
                 status = (
                     StageStatus.INTERRUPTED if isinstance(error, KeyboardInterrupt) else StageStatus.FAILED
                 )
-                manifests.log(f"{stage.name}: {status}: {type(error).__name__}: {error}")
                 run_log.record(stage.name, status, time.perf_counter() - started, str(error))
-                run_log.write(layout.run_log)
+                # The disk may be why the stage failed: its error, not the log's, is the news.
+                with suppress(OSError):
+                    manifests.log(f"{stage.name}: {status}: {type(error).__name__}: {error}")
+                with suppress(OSError):
+                    run_log.write(layout.run_log)
                 raise
             manifests.finish(stage.name, fingerprint, inputs, stage.outputs(), result.manifest)
             detail = result.detail + (

@@ -44,6 +44,7 @@ __all__ = [
     "check_request_sizes",
     "local_server",
     "pick_expert",
+    "preflight_cache",
     "preflight_expert",
     "query_dataset",
     "query_items",
@@ -144,6 +145,13 @@ def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
     raise InputError(f"--expert {shown}: {report.problem}")
 
 
+def preflight_cache(path: Path) -> None:
+    """A run's cache, checked before its endpoint check: writable, room on its device, its pages
+    sound, no other process holding its lock (`ScoreCache.for_run`); a problem is one
+    StorageError naming the file, and nothing has been paid."""
+    ScoreCache.for_run(path).close()
+
+
 class ExpertProgress:
     """An experts.ProgressSink drawn on the run's display as the "expert" task: done/total with
     cache hits, in flight, retries, 429s, failures and tokens/s."""
@@ -242,9 +250,10 @@ def query_items(
     answers already committed are never requested again."""
     check_writable(out, "--out")
     check_request_sizes(items, spec)
-    # The cache opens before the endpoint is asked anything: a bad --cache costs no request.
+    # The cache opens, and is checked (writable, room, pages sound, no foreign lock), before the
+    # endpoint is asked anything: a bad --cache costs no request.
     cache_path = cache_path or Roots.resolve().cache
-    cache = ScoreCache(cache_path)
+    cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
     try:
         if check:

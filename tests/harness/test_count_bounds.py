@@ -46,7 +46,7 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "probe epochs": (("probe", "--out", "p", "--epochs", BIG), ("--epochs", "100000")),
     "experts add concurrency": (
         ("experts", "add", "j", "--url", "http://127.0.0.1:9/v1", "--model", "m", "--concurrency", BIG),
-        ("--concurrency", "4096"),
+        ("--concurrency", "at most 4,096"),
     ),
 }
 
