@@ -229,7 +229,7 @@ def test_credentials_in_a_url_are_refused_redacted_wherever_the_url_enters(workd
         (["--tpm", "inf"], ["--tpm inf: must be a number per minute above 0"]),
         (["--url", "ftp//nope"], ["--url 'ftp//nope': must start with http:// or https://"]),
         (["--template", "nosuch"], ["--template 'nosuch'", "not found"]),
-        (["--concurrency", "0"], ["--concurrency 0: must be a whole number of at least 1"]),
+        (["--concurrency", "0"], ["--concurrency 0: must be at least 1"]),
     ],
 )
 def test_experts_add_refuses_a_bad_value_and_writes_nothing(
