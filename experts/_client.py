@@ -9,74 +9,27 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import httpx
 
 from ._breaker import BreakerState
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
-from ._claims import ClaimLedger, Lease
+from ._claims import Lease
+from ._drain import DRAIN_GRACE, Drain, Stopped
 from ._errors import EndpointDown, ExpertError, HTTPStatusError
 from ._failure import FailureKind
-from ._prompts import Conversation, PromptTemplate, load_template
+from ._flights import Flights
+from ._items import Item, ItemResult, ProgressSink, RunStats
+from ._prompts import PromptTemplate, load_template
 from ._registry import ExpertSpec
 from ._resources import ClientResources
 from ._scoring import Request, build_request, parse_response, total_usage
 
-__all__ = ["ExpertClient", "Item", "ItemResult", "ProgressSink", "RunStats", "score_items"]
+__all__ = ["ExpertClient", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
 _CLAIM_BATCH_MAX = 512  # items claimed in one transaction at most (see `_produce`)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One input to score: an id and the conversation."""
-
-    id: str
-    conversation: Conversation
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    """The outcome for one item, in input order. `score` is None when `source` is "failed",
-    and `reason` then says why (the last error's tag, e.g. "http-429", "timeout", "no-label-mass",
-    as stored in the cache's failures table) and `failure` what kind of failure that is."""
-
-    id: str
-    score: float | None
-    label_mass: float | None
-    source: Literal["cache", "expert", "failed"]
-    reason: str | None = None
-    attempts: int = 0
-    failure: FailureKind | None = None  # the typed kind of `reason`, for decisions (not display)
-
-
-@dataclass
-class RunStats:
-    """Counters of one run, for progress and the final report."""
-
-    total: int = 0
-    cached: int = 0
-    scored: int = 0
-    failed: int = 0
-    retries: int = 0
-    rate_limited: int = 0  # answers with status 429
-    in_flight: int = 0
-    waiting: int = 0  # items another run on the same cache is asking about right now
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    started: float = field(default_factory=time.monotonic)
-    failure_reasons: Counter[str] = field(default_factory=Counter)
-    errors_seen: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def done(self) -> int:
-        return self.cached + self.scored + self.failed
-
-
-class ProgressSink(Protocol):
-    def update(self, stats: RunStats) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +38,25 @@ class _Pending:
     item: Item
     request: Request
     key: str
+
+
+@dataclass
+class _Call:
+    """The state of one `score` call, shared by its producer and workers."""
+
+    items: Sequence[Item]
+    held: ClientResources
+    stats: RunStats
+    queue: asyncio.Queue[_Pending | None]
+    results: list[ItemResult | None] = field(init=False)
+    flights: Flights = field(init=False)  # keys in flight, with the items that share them
+    # Keys this call claimed and has not answered yet (one count per key: items with the same
+    # input share one claim): released at the end if the call fails. Keys only: memory stays flat.
+    unanswered: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.items)
+        self.flights = Flights(self.items, self.results, self.stats)
 
 
 class ExpertClient:
@@ -99,7 +71,9 @@ class ExpertClient:
     number of times, concurrently too, and all calls share them: at most `rate.concurrency`
     requests in flight in all, one RPM/TPM budget, one breaker. `score` called outside `async
     with` opens them around that one call and closes them after (a script's or a batch run's
-    single call). Once the `async with` block has ended the client refuses use (RuntimeError)."""
+    single call). Once the `async with` block has ended the client refuses use (RuntimeError).
+    `drain()` stops it gracefully: the answers in flight are committed, then `score` raises
+    `Stopped` (see `experts._drain`)."""
 
     def __init__(
         self,
@@ -125,6 +99,7 @@ class ExpertClient:
         self._lease = lease or Lease()
         self._held: ClientResources | None = None  # open between __aenter__ and __aexit__
         self._closed = False
+        self._drain = Drain()
 
     async def _open(self) -> ClientResources:
         if self._closed:
@@ -148,6 +123,13 @@ class ExpertClient:
         held, self._held, self._closed = self._held, None, True
         if held is not None:
             await held.aclose()
+
+    def drain(self, grace: float = DRAIN_GRACE) -> int:
+        """Stop sending; the requests in flight get `grace` seconds to arrive and be committed,
+        then the `score` calls under way raise `Stopped` (a second call cuts the grace short).
+        Call it in the client's event loop (`loop.add_signal_handler`, say). Returns how many
+        answers were in flight. The client sends nothing afterwards."""
+        return self._drain.ask(grace)
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -178,7 +160,8 @@ class ExpertClient:
         the others are queried; failures after the retry cap are recorded, never raised, unless
         so many come in a row that the endpoint is down (EndpointDown; answers so far are kept;
         with `retry.cooldown` set the breaker opens instead and items fail as endpoint-down).
-        Items another run on the same cache is asking about are waited for, not paid twice."""
+        Items another run on the same cache is asking about are waited for, not paid twice, and
+        items of this call with the same input share one request (see `experts._flights`)."""
         if self._held is not None:
             return await self._score(items, self._held)
         held = await self._open()
@@ -188,49 +171,36 @@ class ExpertClient:
             await held.aclose()
 
     async def _score(self, items: Sequence[Item], held: ClientResources) -> tuple[list[ItemResult], RunStats]:
-        stats = RunStats(total=len(items))
-        results: list[ItemResult | None] = [None] * len(items)
-        # Keys this call claimed and has not answered yet (a count per key: an input may come
-        # twice): released at the end if the call fails. Keys only, so memory stays flat.
-        unanswered: Counter[str] = Counter()
+        self._drain.check()  # a drained client sends nothing more
         n_workers = max(1, min(self.spec.rate.concurrency, len(items)))
-        queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=2 * n_workers)
-        workers = [
-            asyncio.create_task(self._worker(queue, held, results, stats, unanswered))
-            for _ in range(n_workers)
-        ]
-        producer = asyncio.create_task(
-            self._produce(items, results, stats, queue, n_workers, held, unanswered)
-        )
-        tasks = [producer, *workers]
+        call = _Call(items, held, RunStats(total=len(items)), asyncio.Queue(maxsize=2 * n_workers))
+        workers = [asyncio.create_task(self._worker(call)) for _ in range(n_workers)]
+        tasks = [asyncio.create_task(self._produce(call, n_workers)), *workers]
+        self._drain.watch(tasks)
         try:
             # If the workers die (a disk error on commit, say), the producer must not wait on a
             # full queue forever: the first exception anywhere ends the call.
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            if self._drain.asked:  # the attempts under way land, or the grace runs out (Drain)
+                done, _ = await asyncio.wait(tasks)
             for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                error = None if task.cancelled() else task.exception()
+                if error is not None and not isinstance(error, Stopped):
+                    raise error  # a disk error during a drain says more than the stop
+            self._drain.check()
             await asyncio.gather(*tasks)
         finally:
+            self._drain.unwatch(tasks)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            left = list(unanswered)
+            left = list(call.unanswered)
             if left and held.ledger is not None:  # a call that failed frees its items at once
                 await held.ledger.release(left)
-            self._report(stats)
-        return [r for r in results if r is not None], stats
+            self._report(call.stats)
+        return [r for r in call.results if r is not None], call.stats
 
-    async def _produce(
-        self,
-        items: Sequence[Item],
-        results: list[ItemResult | None],
-        stats: RunStats,
-        queue: asyncio.Queue[_Pending | None],
-        n_workers: int,
-        held: ClientResources,
-        unanswered: Counter[str],
-    ) -> None:
+    async def _produce(self, call: _Call, n_workers: int) -> None:
         """Queue the misses, claiming them a batch at a time just before they are queued: the
         claims a run holds beyond its items in flight stay few, so a second run finds most
         items free. Items another run holds are set aside and looked at again every
@@ -238,30 +208,28 @@ class ExpertClient:
         (the other run answered it) or is claimed and queried here (its claim went stale, or
         the other run failed it and let it go)."""
         batch_size = min(_CLAIM_BATCH_MAX, 2 * n_workers)
-        ledger = held.ledger
         waiting: list[_Pending] = []
-        for misses in self._misses(items, results, stats):
+        for misses in self._misses(call):
             for start in range(0, len(misses), batch_size):
-                batch = misses[start : start + batch_size]
-                mine, others = await self._claim(batch, results, stats, ledger, unanswered)
+                mine, others = await self._claim(call, misses[start : start + batch_size])
                 waiting += others
                 for pending in mine:
-                    await queue.put(pending)
+                    await call.queue.put(pending)
         while waiting:
-            stats.waiting = len(waiting)
-            self._report(stats)
+            call.stats.waiting = len(waiting)
+            self._report(call.stats)
             await asyncio.sleep(self._lease.poll)
-            mine, waiting = await self._claim(waiting, results, stats, ledger, unanswered)
+            mine, waiting = await self._claim(call, waiting)
             for pending in mine:
-                await queue.put(pending)
-        stats.waiting = 0
+                await call.queue.put(pending)
+        call.stats.waiting = 0
         for _ in range(n_workers):
-            await queue.put(None)
+            await call.queue.put(None)
 
-    def _misses(
-        self, items: Sequence[Item], results: list[ItemResult | None], stats: RunStats
-    ) -> Iterator[list[_Pending]]:
-        """Fill in cached results chunk by chunk and yield each chunk's items to query."""
+    def _misses(self, call: _Call) -> Iterator[list[_Pending]]:
+        """Fill in cached results chunk by chunk and yield each chunk's items to query: one
+        per key not already in flight in this call (the others follow it)."""
+        items, stats = call.items, call.stats
         for start in range(0, len(items), _LOOKUP_CHUNK):
             chunk = [
                 (i, items[i], *self.request_for(items[i]))
@@ -272,26 +240,20 @@ class ExpertClient:
             for index, item, request, key in chunk:
                 hit = cached.get(key)
                 if hit is not None:
-                    results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache")
+                    call.results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache")
                     stats.cached += 1
-                else:
+                elif call.flights.lead(key, index):
                     misses.append(_Pending(index, item, request, key))
             self._report(stats)
             if misses:
                 yield misses
 
-    async def _claim(
-        self,
-        batch: list[_Pending],
-        results: list[ItemResult | None],
-        stats: RunStats,
-        ledger: ClaimLedger | None,
-        unanswered: Counter[str],
-    ) -> tuple[list[_Pending], list[_Pending]]:
+    async def _claim(self, call: _Call, batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
         """Split `batch` into the items this run now holds (counted in `unanswered`) and those
         another run holds; items another run answered since they were looked up become cache
         hits. A claim under way when the call is cancelled is waited for and counted all the
         same (its thread runs on), so that the call's end can release it."""
+        ledger = call.held.ledger
         if ledger is None:
             return batch, []
         work = asyncio.ensure_future(
@@ -301,7 +263,7 @@ class ExpertClient:
             claimed = await asyncio.shield(work)
         except asyncio.CancelledError:
             claimed = await work
-            unanswered.update(
+            call.unanswered.update(
                 p.key for p in batch if p.key not in claimed.scored and p.key not in claimed.held
             )
             raise
@@ -309,29 +271,29 @@ class ExpertClient:
         for pending in batch:
             hit = claimed.scored.get(pending.key)
             if hit is not None:
-                results[pending.index] = ItemResult(pending.item.id, hit.score, hit.label_mass, "cache")
-                stats.cached += 1
+                result = ItemResult(pending.item.id, hit.score, hit.label_mass, "cache")
+                call.results[pending.index] = result
+                call.stats.cached += 1
+                call.flights.land(pending.key, result)
             elif pending.key in claimed.held:
                 others.append(pending)
             else:
                 mine.append(pending)
-        unanswered.update(p.key for p in mine)
+        call.unanswered.update(p.key for p in mine)
         return mine, others
 
-    async def _worker(
-        self,
-        queue: asyncio.Queue[_Pending | None],
-        held: ClientResources,
-        results: list[ItemResult | None],
-        stats: RunStats,
-        unanswered: Counter[str],
-    ) -> None:
-        while (pending := await queue.get()) is not None:
-            results[pending.index] = await self._query(pending, held, stats)
-            unanswered[pending.key] -= 1  # its score or failure is stored: the claim is gone
-            if unanswered[pending.key] <= 0:
-                del unanswered[pending.key]
-            self._report(stats)
+    async def _worker(self, call: _Call) -> None:
+        while True:
+            self._drain.check()  # a stop was asked: no next item
+            if (pending := await call.queue.get()) is None:
+                return
+            result = await self._query(pending, call.held, call.stats)
+            call.results[pending.index] = result
+            call.flights.land(pending.key, result)
+            call.unanswered[pending.key] -= 1  # its score or failure is stored: the claim is gone
+            if call.unanswered[pending.key] <= 0:
+                del call.unanswered[pending.key]
+            self._report(call.stats)
 
     async def _query(self, pending: _Pending, held: ClientResources, stats: RunStats) -> ItemResult:
         """One item through the breaker and the retry loop (the only retry layer in the stage).
@@ -349,7 +311,6 @@ class ExpertClient:
     async def _attempts(
         self, pending: _Pending, held: ClientResources, stats: RunStats, *, probe: bool
     ) -> ItemResult:
-        endpoint, limiter, writer, breaker = held.endpoint, held.limiter, held.writer, held.breaker
         policy = self.spec.retry
         max_attempts = 1 if probe else policy.max_attempts
         deadline = self._clock() + policy.deadline
@@ -357,41 +318,63 @@ class ExpertClient:
         attempt = 0
         while True:
             attempt += 1
-            await limiter.admit(request.tokens, requests=len(request.bodies))
+            await held.limiter.admit(request.tokens, requests=len(request.bodies))
             try:
-                async with limiter.slot():
-                    stats.in_flight = limiter.in_flight
-                    payloads, seconds = [], 0.0
-                    for body in request.bodies:
-                        payload, took = await endpoint.request("POST", request.path, body)
-                        payloads.append(payload)
-                        seconds += took
-                score = parse_response(self.spec.method, payloads, self.template, request)
-            except ExpertError as exc:
-                stats.errors_seen[exc.reason] += 1
-                if isinstance(exc, HTTPStatusError) and exc.status == 429:
-                    stats.rate_limited += 1
-                delay = max(getattr(exc, "retry_after", None) or 0.0, policy.backoff(attempt, self._rng))
-                if not exc.retryable or attempt >= max_attempts or self._clock() + delay > deadline:
-                    failed = await self._failed(pending, exc, attempt, writer, stats)
-                    breaker.failed(exc, probe=probe)  # after the failure is in the ledger
-                    return failed
-                stats.retries += 1
-                await self._sleep(delay)
-                continue
-            breaker.answered(probe=probe)
-            usage = total_usage(payloads)
-            prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
-            stats.prompt_tokens += prompt_tokens or 0
-            stats.completion_tokens += completion_tokens or 0
-            stats.scored += 1
-            if writer is not None:
-                response = payloads[0] if len(payloads) == 1 else payloads
-                await writer.put_score(
-                    self._row(pending, response, score.p, score.label_mass, seconds, usage)
-                )
-            return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
+                last = attempt >= max_attempts
+                outcome = await self._attempt(pending, held, stats, attempt, last, deadline, probe)
+            finally:
+                self._drain.settled()
+            if isinstance(outcome, ItemResult):
+                return outcome
+            self._drain.check()  # a stop came while the attempt was under way: no retry
+            stats.retries += 1
+            await self._sleep(outcome)
+
+    async def _attempt(
+        self,
+        pending: _Pending,
+        held: ClientResources,
+        stats: RunStats,
+        attempt: int,
+        last: bool,
+        deadline: float,
+        probe: bool,
+    ) -> ItemResult | float:
+        """One attempt: the item's result (committed), or the seconds to wait before the next.
+        From the moment it sends to the commit of its outcome, a stop lets it finish (Drain)."""
+        endpoint, limiter, writer, breaker = held.endpoint, held.limiter, held.writer, held.breaker
+        request = pending.request
+        try:
+            async with limiter.slot():
+                self._drain.sending()
+                stats.in_flight = limiter.in_flight
+                payloads, seconds = [], 0.0
+                for body in request.bodies:
+                    payload, took = await endpoint.request("POST", request.path, body)
+                    payloads.append(payload)
+                    seconds += took
+            score = parse_response(self.spec.method, payloads, self.template, request)
+        except ExpertError as exc:
+            stats.errors_seen[exc.reason] += 1
+            if isinstance(exc, HTTPStatusError) and exc.status == 429:
+                stats.rate_limited += 1
+            delay = max(getattr(exc, "retry_after", None) or 0.0, self.spec.retry.backoff(attempt, self._rng))
+            if not exc.retryable or last or self._clock() + delay > deadline:
+                failed = await self._failed(pending, exc, attempt, writer, stats)
+                breaker.failed(exc, probe=probe)  # after the failure is in the ledger
+                return failed
+            return delay
+        breaker.answered(probe=probe)
+        usage = total_usage(payloads)
+        prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
+        stats.prompt_tokens += prompt_tokens or 0
+        stats.completion_tokens += completion_tokens or 0
+        stats.scored += 1
+        if writer is not None:
+            response = payloads[0] if len(payloads) == 1 else payloads
+            await writer.put_score(self._row(pending, response, score.p, score.label_mass, seconds, usage))
+        return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
 
     def _row(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -59,8 +60,15 @@ def query_command(
 
     check_max_failed(max_failed)
     spec = pick_expert(expert, expert_url, expert_model, method)
-    with StageProgress(enabled=not json_output) as progress:
-        summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)
+    try:
+        with StageProgress(enabled=not json_output) as progress:
+            summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM; the answers in flight were committed first
+        print(
+            "error: interrupted; the answers so far are cached: rerun the same command to resume",
+            file=sys.stderr,
+        )
+        raise typer.Exit(code=130) from None
     if json_output:
         print_json(summary.to_dict())
     else:
@@ -71,6 +79,7 @@ def query_command(
 def _print_summary(summary: QuerySummary) -> None:
     stdout.print(
         f"{summary.total} examples: {summary.cached} from the cache, {summary.scored} scored, "
+        f"{summary.shared} shared with an identical example, "
         f"{summary.failed} failed ({summary.retries} retries, {summary.rate_limited} answers 429) "
         f"in {summary.seconds:.1f} s; wrote {summary.out}"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from ..data._tables import check_writable, read_table, write_table
 from ..run._context import RunContext
 from ..run._layout import Roots
 from ..run._log import fingerprint
+from ..run._signals import run_stoppable, stop_signals
 from ..run._stage import ProgressFn, StageResult
 
 __all__ = [
@@ -104,8 +106,9 @@ def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
 
 
 def check_expert(spec: ExpertSpec) -> EndpointCheck:
-    """Can the endpoint score (reachable, model served, logprobs or echo)? Nothing is cached."""
-    return asyncio.run(check_endpoint(spec))
+    """Can the endpoint score (reachable, model served, logprobs or echo)? Nothing is cached.
+    A stop signal ends it as KeyboardInterrupt."""
+    return run_stoppable(check_endpoint(spec))
 
 
 def local_server(
@@ -154,7 +157,8 @@ def preflight_cache(path: Path) -> None:
 
 class ExpertProgress:
     """An experts.ProgressSink drawn on the run's display as the "expert" task: done/total with
-    cache hits, in flight, retries, 429s, failures and tokens/s."""
+    cache hits, answers shared by items with the same input, in flight, retries, 429s, failures
+    and tokens/s."""
 
     def __init__(self, progress: ProgressFn) -> None:
         self._progress = progress
@@ -163,8 +167,8 @@ class ExpertProgress:
         elapsed = max(time.monotonic() - stats.started, 1e-9)
         tokens = (stats.prompt_tokens + stats.completion_tokens) / elapsed
         detail = (
-            f"cached {stats.cached}  in flight {stats.in_flight}  retries {stats.retries}  "
-            f"429s {stats.rate_limited}  failed {stats.failed}  {tokens:,.0f} tok/s"
+            f"cached {stats.cached}  shared {stats.shared}  in flight {stats.in_flight}  "
+            f"retries {stats.retries}  429s {stats.rate_limited}  failed {stats.failed}  {tokens:,.0f} tok/s"
         )
         if stats.waiting:  # items another run on this cache is asking about
             detail += f"  waiting on another run {stats.waiting}"
@@ -179,6 +183,7 @@ class QuerySummary:
     total: int
     cached: int
     scored: int
+    shared: int  # items answered by the request of an item with the same input (paid once)
     failed: int
     retries: int
     rate_limited: int
@@ -227,9 +232,28 @@ def query_dataset(
 async def _score_once(
     client: experts.ExpertClient, items: Sequence[experts.Item]
 ) -> tuple[list[experts.ItemResult], experts.RunStats]:
-    """The run's one `score` call inside the client's life (pool, limiter, breaker, claims)."""
-    async with client:
-        return await client.score(items)
+    """The run's one `score` call inside the client's life (pool, limiter, breaker, claims).
+    A first SIGTERM or SIGINT drains the client: nothing more is sent and the answers in flight
+    get `experts.DRAIN_GRACE` seconds to arrive and be committed, so a resume pays for none of
+    them again; a second signal cuts that short. Either way the call raises `experts.Stopped`."""
+    signals = 0
+
+    def stop() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            client.drain(0)
+            return
+        in_flight = client.drain()
+        waiting = f"waiting up to {experts.DRAIN_GRACE:g} s for {in_flight} answers in flight"
+        print(f"stopping: {waiting if in_flight else 'no answers in flight'}", file=sys.stderr, flush=True)
+
+    with stop_signals(stop):
+        async with client:
+            scored = await client.score(items)
+    if signals:  # it came after the last answer: the run still stops, as asked
+        raise experts.Stopped("stopped by a signal")
+    return scored
 
 
 def query_items(
@@ -261,9 +285,12 @@ def query_items(
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
-        results, stats = asyncio.run(
-            _score_once(experts.ExpertClient(spec, cache=cache, progress=sink), items)
-        )
+        try:
+            results, stats = asyncio.run(
+                _score_once(experts.ExpertClient(spec, cache=cache, progress=sink), items)
+            )
+        except experts.Stopped:  # the answers that arrived are committed; the rest is not lost
+            raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a run
         top = {"top_tokens": _top_tokens(items, spec, cache)} if with_top_tokens else {}
     finally:
         cache.close()
@@ -288,6 +315,7 @@ def query_items(
         total=stats.total,
         cached=stats.cached,
         scored=stats.scored,
+        shared=stats.shared,
         failed=stats.failed,
         retries=stats.retries,
         rate_limited=stats.rate_limited,
@@ -353,9 +381,11 @@ class QueryStage:
                 summary = self._query(examples, out)
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
+            f"{summary.shared} shared with an identical example, "
             f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
         )
-        detail = f"{summary.scored} scored, {summary.cached} cached, {summary.failed} failed"
+        shared = f"{summary.shared} shared, " if summary.shared else ""  # identical examples, paid once
+        detail = f"{summary.scored} scored, {shared}{summary.cached} cached, {summary.failed} failed"
         if summary.failed:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
