@@ -183,7 +183,7 @@ async def check_endpoint(
     """Reachable? Which models are served? Do chat logprobs and completions echo work? Nothing is
     cached. The first replica answers for all. Transient errors are asked again within
     `patience` (its attempts per question, its deadline for the whole check)."""
-    urls = spec.resolved_urls()
+    urls = spec.request_urls()
     report = EndpointCheck(url=urls[0])
     budget = _Patience(patience)
     key_hint = f"; set {spec.api_key_env}" if spec.api_key_env else ""
