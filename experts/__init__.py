@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "ItemResult": "._client",
     "LocalServer": "._serve",
     "ProgressSink": "._client",
+    "PortTaken": "._serve",
     "PromptTemplate": "._prompts",
     "RateLimit": "._config",
     "Request": "._scoring",
