@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "Item": "._items",
     "ItemResult": "._items",
     "LocalServer": "._serve",
+    "PortTaken": "._serve",
     "ProgressSink": "._items",
     "PromptTemplate": "._prompts",
     "RateLimit": "._config",

@@ -196,7 +196,7 @@ async def check_endpoint(
 async def _check(
     spec: ExpertSpec, transport: httpx.AsyncBaseTransport | None, patience: RetryPolicy
 ) -> EndpointCheck:
-    urls = spec.resolved_urls()
+    urls = spec.request_urls()
     report = EndpointCheck(url=urls[0])
     budget = _Patience(patience)
     key_hint = f"; set {spec.api_key_env}" if spec.api_key_env else ""

@@ -53,7 +53,9 @@ def _shown(value: object) -> str:
 class ExpertSpec:
     """Everything needed to query one expert. `base_url_env` names a variable whose value
     (comma-separated URLs) replaces `base_urls`; `api_key_env` names the variable holding the
-    key. `hf_model` and `server` say what `ctd experts serve` starts."""
+    key. `hf_model` and `server` say what `ctd experts serve` starts. `served_at` says where
+    requests go when that is not the expert's URL: a run's own local server on a port of its own
+    (see `request_urls`); the expert's identity, and so the cache key, stays its URL."""
 
     name: str
     base_urls: tuple[str, ...]
@@ -69,6 +71,7 @@ class ExpertSpec:
     server: ServerKind = "external"
     hf_model: str | None = None
     source: str = "built-in"
+    served_at: tuple[str, ...] | None = None
 
     @property
     def effective_down_after(self) -> int:
@@ -81,6 +84,13 @@ class ExpertSpec:
             raise InvalidSetting("base_urls", _shown(self.base_urls), "must be a tuple of one or more URLs")
         for url in self.base_urls:
             check_base_url(url, "base_urls")
+        if self.served_at is not None:
+            if not isinstance(self.served_at, tuple) or not self.served_at:
+                raise InvalidSetting(
+                    "served_at", _shown(self.served_at), "must be a tuple of one or more URLs"
+                )
+            for url in self.served_at:
+                check_base_url(url, "served_at")
         for name in ("model", "template"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise InvalidSetting(name, repr(getattr(self, name)), "must be a non-empty string")
@@ -113,8 +123,14 @@ class ExpertSpec:
             return tuple(check_base_url(url, setting) for url in urls)
         return self.base_urls
 
+    def request_urls(self) -> tuple[str, ...]:
+        """Where requests go: `served_at` when set, else the base URLs in force. Only this moves
+        with a run's own server; `endpoint_id` does not, so two runs on two ports share answers."""
+        return self.served_at or self.resolved_urls()
+
     def endpoint_id(self) -> str:
-        """Which endpoint answers, for the cache key: the sorted base URLs and nothing else."""
+        """Which endpoint answers, for the cache key: the sorted base URLs (never `served_at`:
+        the same model behind the same registry entry, wherever a run's own copy listens)."""
         return ",".join(sorted(url.rstrip("/") for url in self.resolved_urls()))
 
 

@@ -47,7 +47,7 @@ class ClientResources:
         if ledger is not None:
             await asyncio.to_thread(ledger.sweep)  # claims of runs that died: tidiness, not needed
         endpoint = Endpoint(
-            spec.resolved_urls(),
+            spec.request_urls(),
             api_key_env=spec.api_key_env,
             timeout=spec.timeout,
             max_connections=spec.rate.concurrency,

@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
 from ._errors import ConfigError
+from ._ports import Holder, free_port, port_free, port_holder
 from ._registry import ExpertSpec
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_SLOTS",
     "SERVER_MODULE",
     "LocalServer",
+    "PortTaken",
     "default_threads",
     "server_command",
 ]
@@ -41,6 +43,8 @@ CONTEXT_PER_SLOT = 4096  # tokens of context each slot holds (prompt plus the on
 
 # Slots beyond this buy nothing on a CPU and each holds CONTEXT_PER_SLOT tokens of KV cache.
 MAX_SLOTS = 16
+_MOVES = 3  # free ports tried after the first port is found taken (each race lost is rare)
+_POLL = 0.2  # seconds between readiness checks
 LIKELIHOOD_SERVER = "llama_cpp.server"  # llama-cpp-python's server: it echoes prompt logprobs
 _LIKELIHOOD_EXTRA = (
     "likelihood scoring on a local server needs llama-cpp-python's server, since llama.cpp's own "
@@ -137,9 +141,24 @@ def _interrupts_held() -> Iterator[None]:
             signal.raise_signal(held[0])  # the restored handler runs now, in the caller's try
 
 
+class PortTaken(ConfigError):
+    """Another process listens on the port a local server was to serve on."""
+
+    def __init__(self, host: str, port: int, detail: str = "") -> None:
+        self.host, self.port = host, port
+        super().__init__(f"port {port} on {host} is taken by another process{detail}")
+
+
 class LocalServer:
-    """Runs a server for `spec` as a child process; `__enter__` returns once GET /models answers
-    (or raises ConfigError with the server's last output), `__exit__` stops it."""
+    """Runs a server for `spec` as a child process; `__enter__` returns once the child itself
+    answers GET /models (or raises ConfigError with the server's last output), `__exit__` stops it.
+
+    The port is `port`, else the one in the expert's URL. Taken by another process, that is
+    PortTaken, unless `move_if_taken`: then the server moves to a free port (a run's own server:
+    two runs that start together must not end up on one server, the loser's requests answered by
+    a server the winner stops when it ends). `url` says where it listens once started; the
+    expert's identity (`spec.endpoint_id()`, the cache key) stays the registry's URL whatever
+    the port."""
 
     def __init__(
         self,
@@ -149,14 +168,22 @@ class LocalServer:
         gguf: Path | None = None,
         log: Path | None = None,
         ready_timeout: float = 300.0,
+        move_if_taken: bool = False,
     ):
         self.spec = spec
-        self.command = server_command(spec, port=port, gguf=gguf)
-        host, default_port = _host_port(spec)
-        self.url = f"http://{host}:{port or default_port}/v1"
+        self.host, default_port = _host_port(spec)
+        self.port = port or default_port
+        self.gguf = gguf
+        self.command = server_command(spec, port=self.port, gguf=gguf)
         self.log = log
         self.ready_timeout = ready_timeout
+        self.move_if_taken = move_if_taken
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL the server listens at (its port may have moved: see `move_if_taken`)."""
+        return f"http://{self.host}:{self.port}/v1"
 
     def missing(self) -> str | None:
         """What this machine lacks to run the server (one line that says how to get it), or None."""
@@ -168,34 +195,71 @@ class LocalServer:
             raise ConfigError(problem)
         # Ctrl-C or SIGTERM while it starts or loads: __exit__ will not run, so stop it here.
         try:
-            with _interrupts_held():  # not between the fork and `self.process = ...`
-                if self.log:
-                    with self.log.open("ab") as output:  # the child keeps its own copy
-                        self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
-                else:
-                    self.process = subprocess.Popen(
-                        self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-                    )
-            self.wait_until_ready()
+            for attempt in range(_MOVES + 1):
+                if not port_free(self.host, self.port):
+                    if not self.move_if_taken:
+                        raise PortTaken(self.host, self.port)
+                    self._move()
+                self._launch()
+                try:
+                    self.wait_until_ready()
+                    return
+                except PortTaken:  # another process bound it between the check and the child
+                    self.stop()
+                    if not self.move_if_taken or attempt == _MOVES:
+                        raise
+                    self._move()
         except BaseException:
             self.stop()
             raise
 
+    def _move(self) -> None:
+        self.port = free_port(self.host)
+        self.command = server_command(self.spec, port=self.port, gguf=self.gguf)
+
+    def _launch(self) -> None:
+        with _interrupts_held():  # not between the fork and `self.process = ...`
+            if self.log:
+                with self.log.open("ab") as output:  # the child keeps its own copy
+                    output.write(f"ctd: serving on port {self.port}: {' '.join(self.command)}\n".encode())
+                    output.flush()
+                    self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
+            else:
+                self.process = subprocess.Popen(
+                    self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                )
+
     def wait_until_ready(self) -> None:
+        """Return once the child answers GET /models itself: on Linux the LISTEN socket on the
+        port must be the child's (or its descendants'), so that a neighbour's server answering on
+        that port never counts; elsewhere the child must be alive and the port answer. The child
+        exiting, or the port found held by another process, is raised at once."""
+        assert self.process is not None, "start() launches the child"
+        process = self.process
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise ConfigError(f"the server exited with code {self.process.returncode}: {self._tail()}")
-            try:
-                if httpx.get(self.url + "/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+            code = process.poll()
+            if code is not None:
+                if not port_free(self.host, self.port):  # it lost the port to another process
+                    raise PortTaken(self.host, self.port, f" (the server exited with code {code})")
+                raise ConfigError(f"the server exited with code {code}: {self._tail()}")
+            holder = port_holder(self.port, process.pid)
+            if holder is Holder.OTHER:
+                raise PortTaken(self.host, self.port, f" (not the server started, pid {process.pid})")
+            if holder in (Holder.OWN, Holder.UNKNOWN) and self._answers():
+                return
+            with suppress(subprocess.TimeoutExpired):  # an exit (a port it lost, a bad model) shows at once
+                process.wait(timeout=_POLL)
         self.stop()
         raise ConfigError(
             f"the server did not answer at {self.url} within {self.ready_timeout:.0f} s: {self._tail()}"
         )
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(self.url + "/models", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _tail(self) -> str:
         if self.log and self.log.exists():

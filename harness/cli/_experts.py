@@ -69,6 +69,7 @@ def experts_show(
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
     spec = registry[name]
     record = asdict(spec)
+    del record["served_at"]  # where one run's own server listens: never a setting
     record["resolved_urls"] = list(spec.resolved_urls())
     record["retry"]["down_after"] = spec.effective_down_after  # the number the run uses
     if json_output:
@@ -197,10 +198,12 @@ def experts_serve(
     if dry_run:
         return
     try:
-        with server:
+        with server:  # on that port or not at all: a user asked for it (runs find it there)
             stdout.print(f"serving {name} at {server.url} (Ctrl-C stops it)")
             assert server.process is not None
             server.process.wait()
+    except experts.PortTaken as exc:
+        raise InputError(f"{exc}: stop what serves there, or serve on another with --port") from None
     except ConfigError as exc:
         raise InputError(str(exc)) from None
     except KeyboardInterrupt:

@@ -112,11 +112,17 @@ def check_expert(spec: ExpertSpec) -> EndpointCheck:
 
 
 def local_server(
-    spec: ExpertSpec, *, shown: str, port: int | None = None, log: Path | None = None
+    spec: ExpertSpec,
+    *,
+    shown: str,
+    port: int | None = None,
+    log: Path | None = None,
+    move_if_taken: bool = False,
 ) -> experts.LocalServer:
     """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
     GGUF, found (or fetched once) by the same function that gives the probe stage its weights;
-    InputError, naming `shown`, when the weights or the server's package are missing."""
+    InputError, naming `shown`, when the weights or the server's package are missing.
+    `move_if_taken`: a run's own server, which serves on a free port when the expert's is taken."""
     gguf = None
     if spec.server == "llama.cpp":
         # Imported here: only a local llama.cpp expert needs it (probes is the heavy package).
@@ -127,7 +133,7 @@ def local_server(
         except ProbeError as error:
             raise InputError(f"--expert {shown}: {error}") from None
     try:
-        server = experts.LocalServer(spec, port=port, gguf=gguf, log=log)
+        server = experts.LocalServer(spec, port=port, gguf=gguf, log=log, move_if_taken=move_if_taken)
     except ConfigError as error:
         raise InputError(f"--expert {shown}: {error}") from None
     if server.missing():
@@ -346,7 +352,9 @@ class QueryStage:
     (`preflight_expert`); `start_server` says that check found a local server to start, and
     `may_serve` that the run may start one (a local llama.cpp expert, `--serve auto`): then a
     local server this run found running (another run's) that goes away mid-stage is replaced by
-    one of its own, and the stage goes on from the cache."""
+    one of its own, and the stage goes on from the cache. A server the run starts is its own: on
+    the expert's port when that is free, else on a free one (requests go there, the cache key
+    stays the expert's URL), and ready only when that very process answers."""
 
     ctx: RunContext
     start_server: bool = False
@@ -369,16 +377,17 @@ class QueryStage:
         out = ctx.layout.expert_scores
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self._server():
-                summary = self._query(examples, out)
+            with self._server() as spec:
+                summary = self._query(examples, out, spec)
         except experts.EndpointDown as error:
-            # Another run's local server, stopped when that run ended (two runs of the default
-            # share the registry's port): start this run's own and go on from the cache.
+            # Another run's local server, found answering at the expert's URL before the run and
+            # used on purpose, stopped when that run ended: start this run's own and go on from
+            # the cache.
             if self.start_server or not self.may_serve or check_expert(ctx.spec).reachable:
                 raise
             ctx.manifests.log(f"the local server for {ctx.spec.name} (another run's) went away: {error}")
-            with replace(self, start_server=True)._server():
-                summary = self._query(examples, out)
+            with replace(self, start_server=True)._server() as spec:
+                summary = self._query(examples, out, spec)
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
             f"{summary.shared} shared with an identical example, "
@@ -390,12 +399,12 @@ class QueryStage:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
 
-    def _query(self, examples: list[Example], out: Path) -> QuerySummary:
-        """Every example through the expert and the shared cache into `out`."""
+    def _query(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
+        """Every example through the expert (`spec`, where requests go) and the cache into `out`."""
         return query_items(
             [e.item() for e in examples],
             [e.label for e in examples],
-            self.ctx.spec,
+            spec,
             out,
             cache_path=self.ctx.roots.cache,
             check=False,  # checked once, before the run
@@ -409,20 +418,28 @@ class QueryStage:
         )
 
     @contextmanager
-    def _server(self) -> Iterator[None]:
-        """The local llama.cpp server for the length of the stage, when the check found none."""
-        if not self.start_server:
-            yield
-            return
+    def _server(self) -> Iterator[ExpertSpec]:
+        """The run's expert for the length of the stage: as resolved, or when the check found no
+        server, routed to a local llama.cpp server of the run's own, started here."""
         spec, manifests = self.ctx.spec, self.ctx.manifests
-        manifests.log(f"starting a local llama.cpp server for {spec.name} at {spec.resolved_urls()[0]}")
-        server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log)
+        if not self.start_server:
+            yield spec
+            return
+        manifests.log(f"starting a local llama.cpp server for {spec.name}")
+        server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log, move_if_taken=True)
         try:
             server.start()
         except ConfigError as error:
             raise InputError(f"--expert {spec.name}: the local server did not start: {error}") from None
+        assert server.process is not None
+        asked = spec.resolved_urls()[0].rstrip("/")
+        taken = f", {asked} being taken" if server.url != asked else ""
+        manifests.log(
+            f"the local server for {spec.name} answers at {server.url} "
+            f"(pid {server.process.pid}{taken}; its log: {server.log})"
+        )
         try:
-            yield
+            yield replace(spec, served_at=(server.url,))
         except experts.EndpointDown as error:
             assert server.process is not None
             code = server.process.poll()

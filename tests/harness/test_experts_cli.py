@@ -3,6 +3,7 @@ registry typos are one line with exit code 2 and cache nothing; a good run resum
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import sqlite3
@@ -291,3 +292,17 @@ def test_a_request_larger_than_the_tpm_stops_before_anything_is_paid(workdir: Pa
         assert_one_line_error(result, "example 'ex0'", "tokens is larger than tpm = 50", "experts.toml")
         assert sum(running.server.counts.requests.values()) == 0  # not even the check's probes
     assert nothing_cached(workdir) and not (workdir / "out.csv").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp is not installed")
+def test_experts_serve_on_a_taken_port_is_one_line_and_starts_nothing(workdir: Path) -> None:
+    """`ctd experts serve` serves on the port the user asked for (the registry's, or --port) or
+    not at all: runs find it there. Taken, it says so before loading anything."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_ctd(
+            "experts", "serve", "smollm2", "--port", str(port), cwd=workdir, env=env_for(workdir)
+        )
+    assert_one_line_error(result, f"port {port} on 127.0.0.1 is taken by another process", "--port")

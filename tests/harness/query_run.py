@@ -1,0 +1,54 @@
+"""One run's query stage in a process of its own, as `ctd eval` runs it on the default expert
+(the embedded smollm2, `--serve auto`): the run's one endpoint check (`preflight_expert`), then
+`QueryStage`, which starts the run's own local llama.cpp server when the check found none. The
+rest of `ctd eval` (probes, calibration, report) costs minutes on 2 cores and has no part in
+which server a run talks to, so it is left out.
+
+    python query_run.py NAME LIMIT HOLD
+
+NAME is the run folder under $CTD_RUNS_DIR; LIMIT examples per split of the built-in data; after
+the check the run writes HOLD.checked and waits until the file HOLD exists, so that a test can
+let two runs check before either starts its server, then start them in the order it wants."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from harness.data._dataspec import load_data
+from harness.run._config import RunConfig
+from harness.run._context import RunContext
+from harness.run._layout import Roots
+from harness.run._log import Manifests
+from harness.stages._query import QueryStage, pick_expert, preflight_expert
+from probes import ModelInfo
+
+
+def main(name: str, limit: int, hold: Path) -> int:
+    data = load_data(None, limit=limit)
+    spec = pick_expert("smollm2")
+    start_server = preflight_expert(spec, shown="smollm2", serve=True)
+    hold.with_suffix(".checked").write_text(str(start_server))
+    while not hold.exists():
+        time.sleep(0.05)
+    layout = Roots.resolve().run(name)
+    ctx = RunContext(
+        config=RunConfig(name=name, limit=limit),
+        roots=Roots.resolve(),
+        layout=layout,
+        manifests=Manifests(layout),
+        data=data,
+        spec=spec,
+        model=ModelInfo(identity="unused by the query stage", n_layers=1, config=None),
+        progress=lambda what, done, total, detail="": None,
+    )
+    stage = QueryStage(ctx, start_server=start_server, may_serve=True)
+    result = stage.run()
+    stage.check_outputs()
+    print(result.detail)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
