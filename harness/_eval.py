@@ -31,7 +31,8 @@ from .run._stage import Stage, StageOutcome
 from .stages._calibrate import CalibrateStage
 from .stages._dv import DVStage
 from .stages._probe import ProbeStage, probe_stage
-from .stages._query import QueryStage, pick_expert, preflight_cache, preflight_expert
+from .stages._query import pick_expert, preflight_cache, preflight_expert
+from .stages._query_stage import QueryStage
 from .stages._report import ReportStage
 from .stages._validate import ValidateStage
 

@@ -15,7 +15,7 @@ _EXPORTS: dict[str, str] = {
     "DVStage": "._dv",
     "ProbeSettings": "._probe",
     "ProbeStage": "._probe",
-    "QueryStage": "._query",
+    "QueryStage": "._query_stage",
     "QuerySummary": "._query",
     "ReportStage": "._report",
     "ValidateStage": "._validate",

@@ -1,6 +1,7 @@
-"""The query stage, and the library API behind `ctd query`, `ctd experts` and `ctd cache`: which
-expert (`pick_expert`, the one resolver of every command), whether it can answer (`check_expert`,
-asked once per run), and scoring items through the shared cache into a table (`query_items`)."""
+"""The library API behind `ctd query`, `ctd experts`, `ctd cache` and the query stage
+(`harness.stages._query_stage`): which expert (`pick_expert`, the one resolver of every command),
+whether it can answer (`check_expert`, asked once per run), and scoring items through the shared
+cache into a table (`query_items`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,17 +29,13 @@ from experts import (
 
 from .._errors import InputError, check_failed_fraction
 from ..data._datasets import read_dataset
-from ..data._example import Example
-from ..data._tables import check_writable, read_table, write_table
-from ..run._context import RunContext
+from ..data._tables import check_writable, write_table
 from ..run._layout import Roots
-from ..run._log import fingerprint
 from ..run._signals import run_stoppable, stop_signals
-from ..run._stage import ProgressFn, StageResult
+from ..run._stage import ProgressFn
 
 __all__ = [
     "ExpertProgress",
-    "QueryStage",
     "QuerySummary",
     "check_expert",
     "check_request_sizes",
@@ -343,147 +338,3 @@ def _top_tokens(items: list[Item], spec: ExpertSpec, cache: ScoreCache) -> np.nd
         top = experts.top_logprobs(stored[key]) if key in stored else []
         out.append(json.dumps(top, ensure_ascii=False) if top else "")
     return np.array(out, dtype=str)
-
-
-@dataclass(frozen=True)
-class QueryStage:
-    """`ctd eval`'s query stage: every dev and test example through the expert and the shared
-    cache into query/expert_scores.parquet. The endpoint was checked once before the run
-    (`preflight_expert`); `start_server` says that check found a local server to start, and
-    `may_serve` that the run may start one (a local llama.cpp expert, `--serve auto`): then a
-    local server this run found running (another run's) that goes away mid-stage is replaced by
-    one of its own, and the stage goes on from the cache. A server the run starts is its own: on
-    the expert's port when that is free, else on a free one (requests go there, the cache key
-    stays the expert's URL), and ready only when that very process answers."""
-
-    ctx: RunContext
-    start_server: bool = False
-    may_serve: bool = False
-    name: ClassVar[str] = "query"
-
-    def fingerprint(self) -> tuple[str, dict[str, Any]]:
-        inputs = {f"data.{s}": self.ctx.data.content_hash(s) for s in ("dev", "test")}
-        return fingerprint({"inputs": inputs, "expert": expert_identity(self.ctx.spec)}), inputs
-
-    def reusable(self) -> bool:
-        return True
-
-    def outputs(self) -> list[Path]:
-        return [self.ctx.layout.expert_scores]
-
-    def run(self) -> StageResult:
-        ctx = self.ctx
-        examples = [*ctx.data.dev, *ctx.data.test]
-        out = ctx.layout.expert_scores
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with self._server() as spec:
-                summary = self._query(examples, out, spec)
-        except experts.EndpointDown as error:
-            # Another run's local server, found answering at the expert's URL before the run and
-            # used on purpose, stopped when that run ended: start this run's own and go on from
-            # the cache.
-            if self.start_server or not self.may_serve or check_expert(ctx.spec).reachable:
-                raise
-            ctx.manifests.log(f"the local server for {ctx.spec.name} (another run's) went away: {error}")
-            with replace(self, start_server=True)._server() as spec:
-                summary = self._query(examples, out, spec)
-        ctx.manifests.log(
-            f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
-            f"{summary.shared} shared with an identical example, "
-            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
-        )
-        shared = f"{summary.shared} shared, " if summary.shared else ""  # identical examples, paid once
-        detail = f"{summary.scored} scored, {shared}{summary.cached} cached, {summary.failed} failed"
-        if summary.failed:
-            detail += " (rerun with --retry-failed to ask again for those)"
-        return StageResult(detail, {"failed": summary.failed})
-
-    def _query(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
-        """Every example through the expert (`spec`, where requests go) and the cache into `out`."""
-        return query_items(
-            [e.item() for e in examples],
-            [e.label for e in examples],
-            spec,
-            out,
-            cache_path=self.ctx.roots.cache,
-            check=False,  # checked once, before the run
-            progress=self.ctx.progress,
-            extra={
-                "split": np.array([e.split for e in examples]),
-                "group": np.array([e.group for e in examples]),
-                "text": np.array([e.preview() for e in examples]),
-            },
-            with_top_tokens=True,
-        )
-
-    @contextmanager
-    def _server(self) -> Iterator[ExpertSpec]:
-        """The run's expert for the length of the stage: as resolved, or when the check found no
-        server, routed to a local llama.cpp server of the run's own, started here."""
-        spec, manifests = self.ctx.spec, self.ctx.manifests
-        if not self.start_server:
-            yield spec
-            return
-        manifests.log(f"starting a local llama.cpp server for {spec.name}")
-        server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log, move_if_taken=True)
-        try:
-            server.start()
-        except ConfigError as error:
-            raise InputError(f"--expert {spec.name}: the local server did not start: {error}") from None
-        assert server.process is not None
-        asked = spec.resolved_urls()[0].rstrip("/")
-        taken = f", {asked} being taken" if server.url != asked else ""
-        manifests.log(
-            f"the local server for {spec.name} answers at {server.url} "
-            f"(pid {server.process.pid}{taken}; its log: {server.log})"
-        )
-        try:
-            yield replace(spec, served_at=(server.url,))
-        except experts.EndpointDown as error:
-            assert server.process is not None
-            code = server.process.poll()
-            if code is None:
-                raise
-            raise experts.EndpointDown(
-                f"the local server for {spec.name} exited with code {code} during the run "
-                f"(its log: {server.log}); {error}"
-            ) from None
-        finally:
-            server.stop()
-            manifests.log(f"stopped the local server for {spec.name}")
-
-    def check_outputs(self) -> None:
-        """List the examples the expert failed on in query/failed.csv (they are left out of the
-        scores table), and stop before the DV stage when more than --max-failed of a split
-        failed: leaving many examples out can bias the calibration set."""
-        layout = self.ctx.layout
-        table = read_table(layout.expert_scores).columns
-        failed = table["source"].astype(str) == "failed"
-        write_table(
-            layout.failed, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")}
-        )
-        for split in ("dev", "test"):
-            rows = table["split"].astype(str) == split
-            check_failed_fraction(
-                int((rows & failed).sum()),
-                int(rows.sum()),
-                self.ctx.config.max_failed,
-                what=f"the expert failed on {split} examples",
-                remedy=(
-                    f"rerun with --retry-failed to ask again for those (their ids: {layout.failed}), "
-                    "or raise --max-failed to go on without them"
-                ),
-            )
-
-
-def expert_identity(spec: ExpertSpec) -> dict[str, Any]:
-    """What decides the expert's answers (the cache key's fields), never the API key."""
-    return {
-        "name": spec.name,
-        "endpoint": spec.endpoint_id(),
-        "model": spec.model,
-        "method": spec.method,
-        "template": spec.template,
-        "top_logprobs": spec.top_logprobs,
-    }

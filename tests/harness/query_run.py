@@ -21,7 +21,8 @@ from harness.run._config import RunConfig
 from harness.run._context import RunContext
 from harness.run._layout import Roots
 from harness.run._log import Manifests
-from harness.stages._query import QueryStage, pick_expert, preflight_expert
+from harness.stages._query import pick_expert, preflight_expert
+from harness.stages._query_stage import QueryStage
 from probes import ModelInfo
 
 
