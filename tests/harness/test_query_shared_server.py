@@ -113,7 +113,10 @@ def _reference(tmp_path: Path) -> dict[tuple[str, str], float]:
 
 def _summary(log: Path) -> tuple[int, int, int]:
     """(examples, from the cache, scored) of a run's query stage, from its log."""
-    found = re.search(r"query: (\d+) examples, (\d+) from the cache, (\d+) scored, 0 failed", log.read_text())
+    found = re.search(
+        r"query: (\d+) examples, (\d+) from the cache, (\d+) scored, \d+ shared [^,]*, 0 failed",
+        log.read_text(),
+    )
     assert found, log.read_text()
     return int(found[1]), int(found[2]), int(found[3])
 
