@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from ctd_cli import run_ctd
 from fault_server import RunningServer
+from full_disk import fill
 
 from experts import ScoreCache
 from harness._errors import EXIT_ENVIRONMENT
@@ -105,17 +106,6 @@ def readable_rowids(path: Path, table: str, top: int) -> int:
             except sqlite3.DatabaseError:
                 continue
     return found
-
-
-def fill(folder: Path) -> None:
-    """Fill the file system under `folder` to the last byte (unbuffered: nothing is left for
-    the close to fail on)."""
-    with (folder / "filler").open("wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError:
-            pass
 
 
 @pytest.fixture()

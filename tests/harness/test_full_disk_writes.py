@@ -11,24 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from full_disk import fill
 
 from harness._errors import EXIT_ENVIRONMENT, EXIT_INPUT, EnvironmentFailure
 from harness.cli._common import clean_errors
 from harness.data._tables import write_json, write_jsonl, write_table
 from harness.run._layout import RunLayout
 from harness.run._log import Manifests
-
-
-def fill(folder: Path) -> None:
-    """Fill the file system under `folder` to the last byte (unbuffered: nothing is left for
-    the close to fail on)."""
-    with (folder / "filler").open("wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError:
-            pass
-
 
 COLUMNS = {"id": np.array([f"ex{i}" for i in range(5000)]), "score": np.linspace(0, 1, 5000)}
 WRITERS: dict[str, Callable[[Path], object]] = {
