@@ -154,6 +154,8 @@ def storage_kind(error: BaseException) -> StorageKind:
         return _SQLITE_KINDS.get(code & 0xFF, "other")
     if isinstance(error, sqlite3.DatabaseError) and "malformed" in str(error):
         return "corrupt"
+    if isinstance(error, sqlite3.OperationalError) and "database is locked" in str(error):
+        return "locked"  # raised in Python (the switch to WAL gave up): no result code on it
     return "other"
 
 

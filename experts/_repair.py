@@ -167,6 +167,10 @@ def _readable(
     be read are appended to `lost`."""
     try:
         low, high = reader.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {table}").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc) or "no such column" in str(exc):
+            return  # an older cache without the table: nothing to read, and nothing lost
+        low, high = 1, _rowid_bound(reader)
     except sqlite3.DatabaseError:  # a damaged page on the way to either end
         low, high = 1, _rowid_bound(reader)
     if low is None:  # an empty table

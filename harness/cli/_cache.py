@@ -107,7 +107,8 @@ def cache_explain(
             f"template={row.template_sha256[:12]} score={row.score:.4f} at {row.created}"
         )
     for row in failures:
-        said = experts.redact(row.message)  # a cache written before redaction may hold a key
+        # A cache written before redaction may hold a key: that expert's own, whatever its shape.
+        said = experts.redact(row.message, _key_variable(row.expert))
         stdout.print(
             f"  failed: expert={row.expert} reason={row.reason} attempts={row.attempts} ({said[:120]})"
         )
@@ -242,3 +243,11 @@ def _existing(path: Path | None) -> Path:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(cache_app, name="cache")
+
+
+def _key_variable(expert: str) -> str | None:
+    """The variable holding the API key of the registered expert `expert`, if it is one."""
+    try:
+        return experts.resolve_expert(expert).api_key_env
+    except experts.ExpertError:  # not registered (any longer), or the registry is broken
+        return None

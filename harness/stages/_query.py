@@ -250,8 +250,13 @@ async def _score_once(
         print(f"stopping: {waiting if in_flight else 'no answers in flight'}", file=sys.stderr, flush=True)
 
     with stop_signals(stop):
-        async with client:
-            scored = await client.score(items)
+        try:
+            async with client:
+                scored = await client.score(items)
+        except experts.EndpointDown:
+            if signals:  # the endpoint failed during the drain: the stop asked for comes first
+                raise experts.Stopped("stopped by a signal") from None
+            raise
     if signals:  # it came after the last answer: the run still stops, as asked
         raise experts.Stopped("stopped by a signal")
     return scored

@@ -143,3 +143,37 @@ def test_the_checks_before_a_run_leave_the_cache_as_it_was(tmp_path: Path) -> No
     assert list_claims(cache) == [] and cache.counts() == {}  # the write probe was rolled back
     cache.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.sqlite"]  # no probe file left
+
+
+def test_the_wal_switch_giving_up_on_a_lock_is_a_locked_cache() -> None:
+    """`_use_wal` raises its own "database is locked" (built in Python, no SQLite result code):
+    it is the machine's doing (exit 3, "end that process"), not an unknown failure (exit 1)."""
+    import sqlite3
+
+    from experts._errors import storage_kind
+
+    assert (
+        storage_kind(sqlite3.OperationalError("could not switch the cache to WAL: database is locked"))
+        == "locked"
+    )
+
+
+def test_salvage_of_a_cache_without_a_failures_table_is_quick(tmp_path: Path) -> None:
+    """An older cache that never had the table: nothing to read there, not millions of probes."""
+    import sqlite3
+
+    source = tmp_path / "old.sqlite"
+    connection = sqlite3.connect(source)
+    connection.execute("CREATE TABLE scores (key TEXT PRIMARY KEY, expert TEXT, item_id TEXT, endpoint TEXT, "
+                       "model TEXT, method TEXT, template_sha256 TEXT, schema_version INT, score REAL, "
+                       "label_mass REAL, response TEXT, prompt_tokens INT, completion_tokens INT, "
+                       "latency_ms REAL, created TEXT)")  # fmt: skip
+    row = ("k", "e", "i", "u", "m", "next-token", "t", 1, 0.5, 1.0, "{}", 1, 1, 1.0, "2026-01-01")
+    connection.execute(f"INSERT INTO scores VALUES ({','.join('?' * len(row))})", row)
+    connection.commit()
+    connection.close()
+    started = time.monotonic()
+    result = salvage_cache(source, tmp_path / "new.sqlite")
+    assert result.recovered == {"scores": 1, "failures": 0}
+    assert result.unreadable == {"scores": [], "failures": []}
+    assert time.monotonic() - started < 10
