@@ -69,8 +69,9 @@ def offline_rate(bundle: Path, conversations: list[object]) -> tuple[float, int]
 def serve(bundle: Path, port: int, extra: list[str]) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [sys.executable, "-c", CTD, "monitor", "serve", str(bundle), "--port", str(port),
-         "--log", os.devnull, *extra],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+         "--log", str(Path(tempfile.mkdtemp(prefix="monitor-log-")) / "decisions.jsonl"), *extra],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
