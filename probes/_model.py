@@ -8,7 +8,6 @@ load those instead.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
 import json
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 
 from ._embedded import EMBEDDED_MODEL, embedded_gguf, model_cache_root
 from ._errors import ProbeError
+from ._hashes import content_sha256
 
 if TYPE_CHECKING:  # torch is imported by the functions that load weights, not by describe_model
     import torch
@@ -38,6 +38,8 @@ __all__ = [
     "describe_model",
     "embedded_gguf",
     "file_sha256",
+    "identity_matches",
+    "is_legacy_identity",
     "load_model",
     "model_cache_root",
     "resolve_layer",
@@ -68,18 +70,9 @@ class LoadedModel:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, remembered for the same path, size and modification time."""
-    stat = Path(path).stat()
-    return _sha256_cached(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """sha256 of a file's bytes, remembered across processes for the same file version
+    (probes/_hashes.py)."""
+    return content_sha256([Path(path)])[0]
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -249,9 +242,34 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
+# The files of a model folder that make its identity: weights, and the config, tokenizer and
+# chat-template files transformers reads. ctd-converted.json is left out: it names the GGUF file
+# a converted folder came from by path, which says nothing of the weights.
+_IDENTITY_SUFFIXES = frozenset({".safetensors", ".bin", ".json", ".jinja", ".model", ".txt", ".tiktoken"})
+_NOT_IDENTITY = frozenset({"ctd-converted.json"})
+FOLDER_IDENTITY_PREFIX = "folder:sha256:"
+
+
 def _folder_identity(folder: Path) -> str:
-    """A local folder's identity: its path and a hash of its config and of the weight files'
-    names, sizes and modification times."""
+    """A local folder's identity: `folder:sha256:` and the sha256 of its files' names and content
+    hashes (see _IDENTITY_SUFFIXES), so that any copy of the same files has the same identity
+    wherever it lies, and a changed byte in any of them changes it. Each file is hashed once per
+    version of it (probes/_hashes.py)."""
+    files = sorted(
+        item
+        for item in folder.iterdir()
+        if item.is_file() and item.suffix in _IDENTITY_SUFFIXES and item.name not in _NOT_IDENTITY
+    )
+    manifest = hashlib.sha256()
+    for item, digest in zip(files, content_sha256(files), strict=True):
+        manifest.update(f"{item.name}\0{digest}\n".encode())
+    return FOLDER_IDENTITY_PREFIX + manifest.hexdigest()
+
+
+def _legacy_folder_identity(folder: Path) -> str:
+    """The identity folders had before content hashing (kept to recognise probes that recorded
+    it): the resolved path and a hash of the config and of the weight files' names, sizes and
+    modification times."""
     digest = hashlib.sha256()
     for item in sorted(folder.iterdir()):
         if item.is_file() and (item.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}):
@@ -260,6 +278,22 @@ def _folder_identity(folder: Path) -> str:
             if item.suffix in {".json", ".jinja"}:
                 digest.update(item.read_bytes())
     return f"folder:{folder.resolve()}@{digest.hexdigest()[:24]}"
+
+
+def is_legacy_identity(identity: str) -> bool:
+    """Whether `identity` is a folder identity of the old form, `folder:PATH@HASH`."""
+    return identity.startswith("folder:") and not identity.startswith(FOLDER_IDENTITY_PREFIX)
+
+
+def identity_matches(recorded: str, loaded: LoadedModel) -> bool:
+    """Whether `loaded` has the weights `recorded` (an identity saved with probes) names. An
+    identity of the old folder form matches only the same folder, at the same path, with its files
+    untouched since: what it promised when it was recorded, no more."""
+    if recorded == loaded.identity:
+        return True
+    if not is_legacy_identity(recorded) or not loaded.identity.startswith(FOLDER_IDENTITY_PREFIX):
+        return False
+    return _legacy_folder_identity(Path(loaded.name).expanduser()) == recorded
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

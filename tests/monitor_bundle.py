@@ -25,20 +25,28 @@ LAYER = 2  # a shallow layer: the truncated forward pass stops there, so a check
 MAX_TOKENS = 128
 
 
-def _template_hash(converted: Path) -> str:
-    """LoadedModel.template_hash of the converted embedded model, from its tokenizer alone."""
+def _template_hash(source: Path) -> str:
+    """LoadedModel.template_hash of the model folder `source`, from its tokenizer alone."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(converted))
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
     return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()[:16]
 
 
-def write_untrained_bundle(folder: Path, *, model: str = "smollm2", threshold: float = 0.5) -> Path:
-    """The bundle folder `folder` (created): budget mode at alpha 0.5, delegate when DV > threshold."""
+def write_untrained_bundle(
+    folder: Path, *, model: str = "smollm2", threshold: float = 0.5, expert: bool = False
+) -> Path:
+    """The bundle folder `folder` (created): budget mode at alpha 0.5, delegate when DV > threshold.
+    `model` is the embedded model or a model folder (e.g. random weights of another shape), recorded
+    as the probes' model. `expert`: an expert entry that `--expert-url` can point anywhere (else
+    serve with --no-expert)."""
 
-    info = describe_model("smollm2")
-    converted = model_cache_root() / f"gguf-{info.identity.removeprefix('gguf:')[:24]}"
-    template_hash = _template_hash(converted)
+    info = describe_model(model)
+    if model == "smollm2":
+        source = model_cache_root() / f"gguf-{info.identity.removeprefix('gguf:')[:24]}"
+    else:
+        source = Path(model)
+    template_hash = _template_hash(source)
     dim = int(info.config.hidden_size)
     layout = BundleLayout(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,7 +73,10 @@ def write_untrained_bundle(folder: Path, *, model: str = "smollm2", threshold: f
         "mode": "budget",
         "alpha": 0.5,
         "delta": 0.1,
-        "expert": {},  # served with --no-expert: never read
+        # Without an expert entry, served with --no-expert: never read.
+        "expert": {"name": "stand-in", "base_urls": ["http://127.0.0.1:9/v1"], "model": "stand-in"}
+        if expert
+        else {},
         "ltt": {},
     }
     layout.record.write_text(json.dumps(record))

@@ -313,17 +313,17 @@ def _auth_token(variable: str | None) -> str | None:
 
 
 def _check_log_path(path: Path) -> None:
-    """The decision log can be appended to (opened once here, as the monitor will open it)."""
+    """The decision log can be appended to: checked without creating it or its folder, so that a
+    refusal at start-up writes nothing (the monitor creates it once everything has loaded)."""
     if path.is_dir():
         raise InputError(f"--log {path}: is a folder; give a file path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8"):
-            pass
-    except OSError as error:
-        raise InputError(
-            f"--log {path}: cannot be appended to ({error.strerror or error}); give --log elsewhere"
-        ) from None
+    if path.exists():
+        writable = os.access(path, os.W_OK)
+    else:  # the nearest folder that exists must let the missing part be made in it
+        folder = next(p for p in path.absolute().parents if p.exists())
+        writable = folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise InputError(f"--log {path}: cannot be appended to (not writable here); give --log elsewhere")
 
 
 async def _load_and_serve(

@@ -1,6 +1,10 @@
 """The probe side of the monitor: the monitored model's truncated forward pass and the two saved
-probes, exactly as the run computed them (probes' own tokenize, length buckets, padding, layer hook,
-float16 activations and `predict`), so that a bundle scores new text as the run scored its data."""
+probes, computing what the run computed (probes' own tokenize, padding and layer hook, float16
+activations, and the probe inputs `predict` builds from them), so that a bundle scores new text as
+the run scored its data, up to float rounding.
+
+Everything stays on the model's device: the probes are moved there at load, and the hidden states
+go into them without a copy to the host; only the two scores per conversation come back."""
 
 from __future__ import annotations
 
@@ -9,26 +13,33 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from probes import (
     Conversation,
     LoadedModel,
     ProbeArtifact,
     ProbeError,
-    Ragged,
     bucket_batches,
     layer_activations,
     load_model,
     load_probe,
     pad_batch,
-    predict,
     tokenize,
 )
+from probes._model import identity_matches, is_legacy_identity
 
 from .._errors import InputError
 
-__all__ = ["ProbeScorer", "Tokens"]
+__all__ = ["MAX_PADDING", "ProbeScorer", "Tokens", "forward_passes"]
+
+# The one rule for cutting a micro-batch into forward passes (`forward_passes`): only by the token
+# budget, padding allowed. On a GPU a padded token costs next to nothing and each pass a launch and
+# a sync. On a CPU a padded token costs as much as a real one, yet fewer passes still won when
+# measured (issue 25; 240 test-split conversations of 45 to 123 tokens, micro-batches of 32, the
+# embedded model to layer 2, 2 busy cores): 9.1-9.4 conversations/s cut by the budget alone against
+# 4.3-4.6 with the former 10% padding cap, 7.2-8.0 with a 50% cap.
+MAX_PADDING = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +57,9 @@ class ProbeScorer:
         self, model: LoadedModel, safety: nn.Module, dv: nn.Module, reads: ProbeArtifact, batch_tokens: int
     ) -> None:
         self.model = model
-        self.safety = safety
-        self.dv = dv
+        # On the model's device, so that hidden states reach them without a copy to the host.
+        self.safety = safety.to(model.device).eval()
+        self.dv = dv.to(model.device).eval()
         self.reads = reads
         self.batch_tokens = max(batch_tokens, reads.max_tokens)
 
@@ -64,7 +76,14 @@ class ProbeScorer:
             if getattr(reads, key) != getattr(dv_reads, key):
                 raise InputError(f"{dv_stem}: the DV probe reads a different {key} than the safety probe")
         loaded = load_model(model or reads.model)
-        if loaded.identity != reads.model_identity:
+        if not identity_matches(reads.model_identity, loaded) and is_legacy_identity(reads.model_identity):
+            raise InputError(
+                f"model {model or reads.model}: the probes record the folder identity of an older ctd "
+                f"({reads.model_identity}: a path and file times, not content), which this folder does "
+                "not match; serve the model from that folder unchanged, or re-run `ctd eval` and "
+                "`ctd monitor calibrate` to record its content hash"
+            )
+        if not identity_matches(reads.model_identity, loaded):
             raise InputError(
                 f"model {model or reads.model}: its weights ({loaded.identity}) are not those the probes "
                 f"were trained on ({reads.model_identity})"
@@ -80,22 +99,42 @@ class ProbeScorer:
 
     @torch.no_grad()
     def score(self, batch: list[Tokens]) -> list[tuple[float, float]]:
-        """(probe, dv) of each item, in order: one truncated forward pass per length bucket."""
+        """(probe, dv) of each item, in order (`forward_passes` says how many passes)."""
         lengths = np.array([len(t.ids) for t in batch], dtype=np.int64)
-        rows: list[np.ndarray | None] = [None] * len(batch)
-        for bucket in bucket_batches(lengths, self.batch_tokens, max_batch=len(batch)):
+        device = self.model.device  # the probes'; with device_map="auto", hidden may sit elsewhere
+        raw = torch.empty((2, len(batch)), dtype=torch.float32, device=device)  # (safety, dv) x items
+        for rows in forward_passes(lengths, self.batch_tokens):
             input_ids, mask = pad_batch(
-                [list(batch[i].ids) for i in bucket], self.model.tokenizer.pad_token_id, self.model.device
+                [list(batch[i].ids) for i in rows], self.model.tokenizer.pad_token_id, self.model.device
             )
             hidden = layer_activations(self.model, self.reads.layer, input_ids, mask)  # (B, T, d)
-            # As the activation store keeps them: float16, real tokens only.
-            values = hidden.to(torch.float16).cpu().numpy()
-            for row, i in enumerate(bucket):
-                rows[i] = values[row, : lengths[i]]
-        acts = Ragged.from_arrays([r for r in rows if r is not None])
-        probe = predict(self.safety, acts, task="safety")
-        dv = predict(self.dv, acts, task="dv")
-        return [(float(p), float(d)) for p, d in zip(probe, dv, strict=True)]
+            index = torch.tensor(rows, device=device)
+            for k, probe in enumerate((self.safety, self.dv)):
+                raw[k, index] = probe(*probe_inputs(hidden.to(device), mask.to(device), pooled=probe.pooled))
+        safety, dv = raw.double().cpu()  # the one copy to the host: two numbers per conversation
+        return [(float(p), float(d)) for p, d in zip(torch.sigmoid(safety), dv, strict=True)]
+
+
+def forward_passes(lengths: np.ndarray, batch_tokens: int) -> tuple[tuple[int, ...], ...]:
+    """The forward passes of one micro-batch (item indices, longest first): as few as
+    `batch_tokens` padded tokens per pass allow, whatever the padding (see MAX_PADDING for why)."""
+    return bucket_batches(lengths, batch_tokens, max_batch=len(lengths), max_padding=MAX_PADDING)
+
+
+def probe_inputs(hidden: Tensor, mask: Tensor, *, pooled: bool) -> tuple[Tensor, Tensor]:
+    """What `probes.predict` feeds a probe, built on the hidden states' device: the real tokens
+    as float16 (as the activation store keeps them), then float32 with zeros at padding, or, for a
+    pooled probe, their mean accumulated in float64 (as `Ragged.mean_pooled`) as one token.
+
+    hidden (B, T, d) in the model's dtype, mask (B, T) 1 at real tokens -> x (B, T or 1, d) float32,
+    mask (B, T or 1) bool."""
+    real = mask.bool()  # (B, T)
+    stored = torch.where(real[..., None], hidden.to(torch.float16), 0.0)  # (B, T, d) float16
+    if not pooled:
+        return stored.float(), real
+    mean = stored.double().sum(dim=1) / real.sum(dim=1, keepdim=True)  # (B, d) / (B, 1) -> (B, d)
+    x = mean.float()[:, None, :]  # (B, d) -> (B, 1, d), one "token": the mean
+    return x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # (B, 1)
 
 
 def check_conversation(scorer: ProbeScorer, conversation: Conversation) -> Tokens:

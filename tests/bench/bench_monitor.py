@@ -1,6 +1,7 @@
 """Monitor load benchmark (run by hand, not in CI):
 
     python tests/bench/bench_monitor.py BUNDLE [--n 64] [--clients 1,8,32] [--max-seconds 120]
+        [--model PATH] [--delegate-all]
 
 Starts `ctd monitor serve BUNDLE` on 127.0.0.1 (and nothing else is ever contacted), then, for
 each number of concurrent clients C, sends `--n` checks of the same texts from C closed-loop
@@ -13,13 +14,18 @@ bundle's place. The offline reference is `probes.extract` of the same texts into
 --delegate-all serves a copy of the bundle whose threshold delegates every request, so that the
 "expert enabled" rows measure the expert path at full load (the bundle's own threshold may
 delegate few). Bounded: --n requests per level, and a level stops sending after --max-seconds.
-Texts: the built-in data set's test split, first --n conversations.
+Texts: the built-in data set's test split, cycled until there are --n conversations.
+
+The model is the one the bundle's probes record (a hub id, a folder, or the embedded GGUF), or
+`--model`, another copy of the same weights, passed to `ctd monitor serve --model` and loaded for
+the offline reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -40,18 +46,20 @@ from fault_server import RunningServer  # noqa: E402
 
 
 def texts(n: int) -> list[object]:
+    """`n` conversations: the built-in test split, again from its start as often as needed."""
     from harness.data.builtin import builtin_dir
 
-    rows = [json.loads(line) for line in (builtin_dir() / "test.jsonl").read_text().splitlines()][:n]
+    rows = [json.loads(line) for line in (builtin_dir() / "test.jsonl").read_text().splitlines()]
+    rows = list(itertools.islice(itertools.cycle(rows), n))
     return [json.loads(r["inputs"]) if r["inputs"].startswith("[") else r["inputs"] for r in rows]
 
 
-def offline_rate(bundle: Path, conversations: list[object]) -> tuple[float, int]:
+def offline_rate(bundle: Path, conversations: list[object], model_name: str | None) -> tuple[float, int]:
     """Conversations per second of `probes.extract` into a fresh store, and the tokens."""
     from probes import extract, load_model, read_artifact
 
     reads = read_artifact(bundle / "safety")
-    model = load_model(reads.model)
+    model = load_model(model_name or reads.model)
     best = 0.0
     tokens = 0
     for _ in range(2):  # the first pass warms the allocator
@@ -130,7 +138,10 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--delegate-all", action="store_true")
+    parser.add_argument("--model", help="Another copy of the probes' model (same weights).")
     args = parser.parse_args()
+    if args.n < 1:
+        parser.error("--n must be at least 1")
     if args.delegate_all:
         copy = Path(tempfile.mkdtemp(prefix="bundle-all-"))
         for path in args.bundle.iterdir():
@@ -141,15 +152,16 @@ def main() -> None:
         args.bundle = copy
     conversations = texts(args.n)
     levels = [int(c) for c in args.clients.split(",")]
-    offline, tokens = offline_rate(args.bundle, conversations)
+    offline, tokens = offline_rate(args.bundle, conversations, args.model)
     print(f"offline extraction: {offline:.1f} conversations/s ({len(conversations)} texts, {tokens} tokens)")
     rows = []
+    model = ["--model", args.model] if args.model else []
     with RunningServer() as expert:
         # Throughput at a fixed number of clients: no load shedding (bench_monitor_soak.py has it).
         no_shedding = ["--max-queue-ms", "600000", "--max-pending", "100000"]
         for mode, extra in (
-            ("disabled", ["--no-expert", *no_shedding]),
-            ("enabled", ["--expert-url", expert.url, *no_shedding]),
+            ("disabled", ["--no-expert", *no_shedding, *model]),
+            ("enabled", ["--expert-url", expert.url, *no_shedding, *model]),
         ):
             port = free_port()
             process = serve(args.bundle, port, extra)

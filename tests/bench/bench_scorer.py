@@ -1,0 +1,110 @@
+"""The monitor's scoring path alone (run by hand, not in CI), on a GPU or the CPU:
+
+    python tests/bench/bench_scorer.py --tokenizer FOLDER [--shape llama-1b] [--batch 32,128]
+
+Writes a random-weight model folder of the given shape (Llama-3.2-1B: 16 layers, width 2048) with
+the tokenizer files of FOLDER (e.g. the embedded model's converted folder under ~/.cache/ctd/models),
+an untrained bundle over it (tests/monitor_bundle.py; layer 11 for llama-1b), then scores the
+built-in test split (cycled) in micro-batches: conversations per second with one forward pass per
+micro-batch (the monitor's rule) against the former 10% padding cap, and the largest difference from
+the offline path (`probes.extract` + `probes.predict`). `ctd monitor serve BUNDLE` serves the same
+bundle (printed at the end) for an HTTP benchmark (tests/bench/bench_monitor.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {  # LlamaConfig fields; vocab_size comes from the tokenizer
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2),
+}  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+
+
+def random_model(target: Path, tokenizer: Path, shape: str) -> Path:
+    """A folder with random weights of `shape` and the tokenizer files of `tokenizer`."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    vocab = len(AutoTokenizer.from_pretrained(str(tokenizer)))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, **SHAPES[shape])).to(torch.bfloat16)
+    model.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, target / name)
+    return target
+
+
+def main() -> None:
+    import monitor_bundle
+    from bench_monitor import texts
+
+    from harness.monitor import _scorer
+    from probes import extract, predict
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")
+    parser.add_argument("--batch", default="32,128")
+    parser.add_argument("--n", type=int, default=512)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-scorer-"))
+    model = random_model(scratch / "model", args.tokenizer, args.shape)
+    monitor_bundle.LAYER = 11 if args.shape == "llama-1b" else 2
+    monitor_bundle.MAX_TOKENS = 512
+    bundle = monitor_bundle.write_untrained_bundle(scratch / "bundle", model=str(model), expert=True)
+    scorer = _scorer.ProbeScorer.load(bundle / "safety", bundle / "dv")
+    print(f"model {args.shape} on {scorer.model.device} ({scorer.model.dtype}), layer {scorer.reads.layer}")
+    conversations = texts(args.n)
+    tokens = [scorer.tokens(c) for c in conversations]
+    store, _ = extract(
+        scorer.model, conversations[:64], layer=scorer.reads.layer, max_tokens=scorer.reads.max_tokens,
+        data_hash="bench-scorer", store_root=scratch / "store",
+    )  # fmt: skip
+    acts = store.read()
+    offline = np.stack(
+        [predict(p.cpu(), acts, task=t) for p, t in ((scorer.safety, "safety"), (scorer.dv, "dv"))], 1
+    )
+    scorer.safety.to(scorer.model.device), scorer.dv.to(scorer.model.device)
+    online = np.array(scorer.score(tokens[:64]))
+    print(f"max |monitor - offline| over 64 conversations: {np.abs(online - offline).max():.2e}")
+    sync = torch.cuda.synchronize if scorer.model.device.type == "cuda" else (lambda: None)
+    for batch in (int(b) for b in args.batch.split(",")):
+        batches = [tokens[i : i + batch] for i in range(0, len(tokens), batch)]
+        for rule, padding in (("one pass", 1.0), ("10% cap", 0.1), ("one pass", 1.0), ("10% cap", 0.1)):
+            _scorer.MAX_PADDING = padding
+            sync()
+            started = time.perf_counter()
+            for b in batches:
+                scorer.score(b)
+            sync()
+            rate = len(tokens) / (time.perf_counter() - started)
+            print(f"micro-batch {batch:4d}, {rule:8s}: {rate:8.1f} conversations/s", flush=True)
+    _scorer.MAX_PADDING = 1.0
+    print(f"bundle: {bundle} (model folder {model})")
+
+
+if __name__ == "__main__":
+    main()
