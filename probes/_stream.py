@@ -50,6 +50,12 @@ def not_finite_error(layer: int, examples: tuple[int, ...]) -> ProbeError:
     )
 
 
+def _all_finite(rows: np.ndarray) -> bool:
+    """No inf or NaN in float16 rows: their exponent bits are all ones. On the bits, since
+    np.isfinite on float16 is ~2x and torch.isfinite on CPU float16 ~4x slower than this."""
+    return not ((rows.view(np.uint16) & 0x7C00) == 0x7C00).any()
+
+
 @dataclass(frozen=True)
 class _Rows:
     batch: int
@@ -125,10 +131,11 @@ class ShardStream:
             try:
                 if item.ready is not None:
                     item.ready.synchronize()
-                finite = item.finite if item.finite is not None else torch.isfinite(item.rows).all()
-                if not bool(finite):
+                rows = item.rows.numpy()
+                finite = bool(item.finite) if item.finite is not None else _all_finite(rows)
+                if not finite:
                     raise not_finite_error(self.layer, self.writer.plan.batches[item.batch])
-                self.writer.write(item.batch, item.rows.numpy())
+                self.writer.write(item.batch, rows)
                 pending_bytes += item.rows.numel() * item.rows.element_size()
                 if self.cadence.due(pending_bytes, time.monotonic() - last_commit):
                     self.writer.commit()
