@@ -9,6 +9,7 @@ L = number of layers the hook sits on the final norm, which transformers applies
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from ._dist import process_state
 from ._errors import ProbeError
 from ._model import LoadedModel, decoder_layers
 from ._store import ActivationStore, Plan, StoreKey
+from ._stream import CommitCadence, ShardStream
 
 __all__ = [
     "Conversation",
@@ -35,6 +37,8 @@ __all__ = [
 ]
 
 Conversation = str | list[dict[str, str]]  # a plain string is one user turn
+
+TOKENIZE_CHUNK = 1024  # texts per tokenizer call: a fast tokenizer encodes a batch in Rust threads
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,38 @@ class ExtractStats:
         return 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
+def _messages(conversation: Conversation) -> list[dict[str, str]]:
+    return [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
+
+
 def render(tokenizer, conversation: Conversation) -> str:
     """The conversation as the monitored model sees it: its chat template, no generation prompt;
     a tokenizer without a template gets "role: content" lines."""
-    messages = [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
+    messages = _messages(conversation)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def _render_all(tokenizer, conversations: Sequence[Conversation]) -> list[str]:
+    """`render` of each conversation; with a template, one call for them all (the template is
+    compiled once), and on a failure one call each to name the example the template rejects."""
+    if getattr(tokenizer, "chat_template", None) and conversations:
+        try:
+            return list(
+                tokenizer.apply_chat_template(
+                    [_messages(c) for c in conversations], tokenize=False, add_generation_prompt=False
+                )
+            )
+        except Exception:
+            pass  # found again below, example by example
+    texts = []
+    for number, conversation in enumerate(conversations):
+        try:
+            texts.append(render(tokenizer, conversation))
+        except Exception as error:  # jinja's TemplateError, e.g. a template without a system role
+            raise ProbeError(f"example {number}: the model's chat template rejects it ({error})") from None
+    return texts
 
 
 def tokenize(
@@ -67,19 +96,18 @@ def tokenize(
 ) -> tuple[list[list[int]], int]:
     """Token ids of each rendered conversation, cut to its first `max_tokens`; and how many were cut.
     The template already holds the special tokens, so none are added."""
+    texts = _render_all(tokenizer, conversations)
     ids: list[list[int]] = []
     truncated = 0
-    for number, conversation in enumerate(conversations):
-        try:
-            text = render(tokenizer, conversation)
-        except Exception as error:  # jinja's TemplateError, e.g. a template without a system role
-            raise ProbeError(f"example {number}: the model's chat template rejects it ({error})") from None
-        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(tokens) > max_tokens:
-            tokens, truncated = tokens[:max_tokens], truncated + 1
-        if not tokens:
-            tokens = [tokenizer.pad_token_id]  # an empty text without a template: keep one token
-        ids.append(tokens)
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        chunk = texts[start : start + TOKENIZE_CHUNK]
+        encoded = tokenizer(chunk, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        for tokens in encoded:
+            if len(tokens) > max_tokens:
+                tokens, truncated = tokens[:max_tokens], truncated + 1
+            if not tokens:
+                tokens = [tokenizer.pad_token_id]  # an empty text without a template: keep one token
+            ids.append(tokens)
     return ids, truncated
 
 
@@ -143,15 +171,28 @@ def layer_activations(
     return captured[0]
 
 
+def _padded(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded (B, T) int64 ids and bool mask, T the longest of `ids`; no loop over rows."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    mask = np.arange(int(lengths.max())) < lengths[:, None]  # (B, T)
+    input_ids = np.full(mask.shape, pad_id, dtype=np.int64)
+    flat = itertools.chain.from_iterable(ids)
+    input_ids[mask] = np.fromiter(flat, dtype=np.int64, count=int(lengths.sum()))  # row-major: row by row
+    return input_ids, mask
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """On CUDA from pinned memory without blocking: the copy queues ahead of the forward pass."""
+    tensor = torch.from_numpy(array)
+    if torch.device(device).type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def pad_batch(ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (B, T) input ids and attention mask of token lists, T the longest of them."""
-    width = max(len(t) for t in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, tokens in enumerate(ids):
-        input_ids[row, : len(tokens)] = torch.tensor(tokens)
-        attention_mask[row, : len(tokens)] = 1
-    return input_ids.to(device), attention_mask.to(device)
+    input_ids, mask = _padded(ids, pad_id)
+    return _to_device(input_ids, device), _to_device(mask.astype(np.int64), device)
 
 
 _pad = pad_batch  # its former private name, which tests/test_probes_extract.py imports
@@ -167,13 +208,15 @@ def extract(
     store_root,
     batch_tokens: int = 8192,
     max_batch: int = 64,
-    chunk_tokens: int = 32768,
+    commit: CommitCadence | None = None,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> tuple[ActivationStore, ExtractStats]:
     """Extract `layer` activations of every conversation into the store keyed by the model, layer,
     template, token limit, dtype and `data_hash`; a complete store is reused as is, an incomplete
     one resumes. Under `accelerate launch` each process extracts every world-th batch into its own
-    shard and the main process joins them. `on_batch(done_tokens, total_tokens)` reports progress."""
+    shard and the main process joins them. `on_batch(done_tokens, total_tokens)` reports progress
+    (tokens through the forward pass; all of them are in the store when this returns); `commit`
+    (default `CommitCadence()`) bounds what a killed run redoes."""
     started = time.perf_counter()
     if not conversations:
         raise ProbeError("no examples to extract")
@@ -210,7 +253,8 @@ def extract(
         state.wait_for_everyone()
         if store.is_complete:
             return store, stats(0)
-        extracted = _extract_into(store, state, loaded, ids, lengths, batches, layer, chunk_tokens, on_batch)
+        cadence = commit or CommitCadence()
+        extracted = _extract_into(store, state, loaded, ids, lengths, batches, layer, cadence, on_batch)
     return store, stats(extracted)
 
 
@@ -222,33 +266,34 @@ def _extract_into(
     lengths: np.ndarray,
     batches: tuple[tuple[int, ...], ...],
     layer: int,
-    chunk_tokens: int,
+    commit: CommitCadence,
     on_batch: Callable[[int, int], None] | None,
 ) -> int:
-    """Run this process's unfinished batches into its shard, then join; returns batches run."""
+    """Run this process's unfinished batches into its shard, then join; returns batches run.
+    The writes overlap the next batch's forward pass (`ShardStream`)."""
     if state.is_main_process:
         store.start(Plan(lengths, batches, loaded.hidden_size))
     state.wait_for_everyone()
     writer = store.shard_writer(state.process_index, state.num_processes)
     total = int(sum(lengths[list(batches[b])].sum() for b in writer.batches))
     done_tokens = total - int(sum(lengths[list(batches[b])].sum() for b in writer.todo))
-    pending_tokens = extracted = 0
-    for b in writer.todo:
-        batch_ids = [ids[i] for i in batches[b]]
-        input_ids, attention_mask = pad_batch(batch_ids, loaded.tokenizer.pad_token_id, loaded.device)
-        hidden = layer_activations(loaded, layer, input_ids, attention_mask)  # (B, T, d)
-        real = attention_mask.to(hidden.device).bool()  # device_map="auto": the layer may sit elsewhere
-        rows = hidden[real]  # (real tokens, d), example by example, in batch order
-        writer.write(b, rows.to(torch.float16).cpu().numpy())
-        extracted += 1
-        n = len(rows)
-        done_tokens, pending_tokens = done_tokens + n, pending_tokens + n
-        if pending_tokens >= chunk_tokens:
-            writer.commit()
-            pending_tokens = 0
-        if on_batch is not None:
-            on_batch(done_tokens, total)
-    writer.commit()
+    extracted = 0
+    with ShardStream(writer, layer, commit) as stream:
+        for b in writer.todo:
+            input_ids, mask = _padded([ids[i] for i in batches[b]], loaded.tokenizer.pad_token_id)
+            hidden = layer_activations(
+                loaded,
+                layer,
+                _to_device(input_ids, loaded.device),
+                _to_device(mask.astype(np.int64), loaded.device),
+            )  # (B, T, d)
+            # Real tokens as flat (row * T + column) positions, example by example in batch order;
+            # built on the host, so the device never syncs to count them (as a bool mask would).
+            stream.put(b, hidden, np.flatnonzero(mask))
+            extracted += 1
+            done_tokens += int(mask.sum())
+            if on_batch is not None:
+                on_batch(done_tokens, total)
     state.wait_for_everyone()
     if state.is_main_process:
         store.join(state.num_processes)

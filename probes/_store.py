@@ -187,8 +187,9 @@ class ActivationStore:
 
 
 class ShardWriter:
-    """Rank `rank`'s shard: a preallocated float16 memory map; `write(b, rows)` puts batch b's real
-    token vectors at their fixed place; `commit()` flushes them and records the finished batches."""
+    """Rank `rank`'s shard: a preallocated float16 file; `write(b, rows)` puts batch b's real token
+    vectors at their fixed place; `commit()` flushes them and records the finished batches.
+    One thread at a time uses a writer (the extraction's writer thread, see _stream.py)."""
 
     def __init__(self, store: ActivationStore, plan: Plan, rank: int, world: int) -> None:
         self.store, self.plan, self.rank, self.world = store, plan, rank, world
@@ -200,7 +201,7 @@ class ShardWriter:
         if self.progress_path.is_file() and self._shard_intact():
             self.done = set(json.loads(self.progress_path.read_text())["done"])
         self._pending: list[int] = []
-        self._array: np.memmap | None = None
+        self._fd: int | None = None
 
     @property
     def todo(self) -> list[int]:
@@ -209,38 +210,40 @@ class ShardWriter:
     def _shard_intact(self) -> bool:
         return self.path.is_file() and self.path.stat().st_size == self.rows * 2 * self.plan.dim
 
-    def _open(self) -> np.memmap | None:
-        if self._array is None and self.rows:
-            mode = "r+" if self._shard_intact() else "w+"
-            if mode == "w+":
-                self.done = set()
-            self._array = np.memmap(self.path, dtype=np.float16, mode=mode, shape=(self.rows, self.plan.dim))
-        elif not self.rows:
-            self.path.touch()
-        return self._array
+    def _open(self) -> int:
+        if self._fd is None:
+            if not self._shard_intact():
+                self.done = set()  # rows of a shard of another size mean nothing: redo them all
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            os.ftruncate(self._fd, self.rows * 2 * self.plan.dim)
+        return self._fd
 
     def write(self, batch: int, rows: np.ndarray) -> None:
-        """rows: (real tokens of the batch, d), examples in batch order."""
+        """rows: (real tokens of the batch, d) float16, examples in batch order. A positioned
+        write (no memory map: no page fault per 4 KiB, and the GIL is released while it runs)."""
         expected = int(self.plan.lengths[list(self.plan.batches[batch])].sum())
-        if rows.shape != (expected, self.plan.dim):
-            raise ValueError(f"batch {batch}: got {rows.shape}, expected ({expected}, {self.plan.dim})")
-        if not np.isfinite(rows).all():
-            raise ProbeError(
-                f"layer {self.store.key.layer}: activations of examples {list(self.plan.batches[batch])[:5]} "
-                "are not finite in float16 (beyond +-65504, or NaN from the model); choose another --layer"
-            )
-        array = self._open()
-        assert array is not None
-        start = self.starts[batch]
-        array[start : start + expected] = rows
+        if rows.shape != (expected, self.plan.dim) or rows.dtype != np.float16:
+            wanted = f"({expected}, {self.plan.dim}) float16"
+            raise ValueError(f"batch {batch}: got {rows.shape} {rows.dtype}, expected {wanted}")
+        fd, data = self._open(), memoryview(np.ascontiguousarray(rows)).cast("B")
+        offset = self.starts[batch] * 2 * self.plan.dim
+        while data:  # pwrite may write less than asked
+            written = os.pwrite(fd, data, offset)
+            data, offset = data[written:], offset + written
         self._pending.append(batch)
+
+    def _flush(self) -> None:
+        os.fdatasync(self._open())
 
     def commit(self) -> None:
         """Flush written rows to disk first, then record them as done (so a crash between the two
         redoes the batches instead of trusting rows that never reached the disk)."""
-        array = self._open()
-        if array is not None:
-            array.flush()
+        self._flush()
         self.done.update(self._pending)
         self._pending = []
         _write_json_atomic(self.progress_path, {"done": sorted(self.done)})
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -7,7 +7,11 @@ Side by side over the same length-bucketed batches, repeated and interleaved:
 Then peak memory (RSS) of extraction in fresh processes for N and 4N examples.
 
 Data: the McKenzie-format files in ../shared/data/mup when present (long texts), else the
-built-in data set. Options: --n, --max-tokens, --batch-tokens, --layer, --repeats.
+built-in data set (--data DIR: another folder of such files). Options: --n, --max-tokens,
+--batch-tokens, --layer, --repeats; --random-llama-1b with --peak-tflops on a GPU (--tokenizer DIR
+where the embedded model is not at hand); --skip-memory.
+On CUDA every timing starts and ends with torch.cuda.synchronize(), so queued kernels and copies
+count to the loop that queued them.
 """
 
 from __future__ import annotations
@@ -31,12 +35,12 @@ from probes._model import decoder_layers, load_model
 MUP = Path(__file__).resolve().parents[3] / "shared" / "data" / "mup" / "dev"
 
 
-def conversations(n: int) -> tuple[list, str]:
+def conversations(n: int, data: Path = MUP) -> tuple[list, str]:
     from harness.data._datasets import read_dataset
 
-    if MUP.is_dir():
-        items = [it for f in sorted(MUP.glob("*.jsonl")) for it in read_dataset(f).items]
-        source = str(MUP)
+    if data.is_dir():
+        items = [it for f in sorted(data.glob("*.jsonl")) for it in read_dataset(f).items]
+        source = str(data)
     else:
         from harness.data.builtin import builtin_dir
 
@@ -48,6 +52,8 @@ def conversations(n: int) -> tuple[list, str]:
 
 
 def timed(fn) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
     if torch.cuda.is_available():
@@ -55,7 +61,7 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def llama_1b_folder() -> str:
+def llama_1b_folder(tokenizer: str | None = None) -> str:
     """A folder with Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, MLP
     8192, vocabulary 128256) and random weights, plus the embedded model's tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -68,7 +74,12 @@ def llama_1b_folder() -> str:
     )  # fmt: skip
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
-    load_model().tokenizer.save_pretrained(folder)  # SmolLM2's: its ids all fall inside the vocabulary
+    if tokenizer:  # a saved copy of SmolLM2's, e.g. on a GPU machine without the embedded model
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    else:
+        load_model().tokenizer.save_pretrained(folder)  # SmolLM2's: its ids all fall inside the vocabulary
     return str(folder)
 
 
@@ -127,6 +138,9 @@ def main() -> None:
         action="store_true",
         help="a Llama-3.2-1B-sized model with random weights built from its config (use --layer 11)",
     )
+    parser.add_argument("--tokenizer", default=None, help="--random-llama-1b: a tokenizer folder")
+    parser.add_argument("--data", type=Path, default=MUP, help="a folder of McKenzie-format .jsonl files")
+    parser.add_argument("--skip-memory", action="store_true", help="no peak-memory runs at the end")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the GPU's dense bf16 peak, e.g. 989")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-child", type=int, default=0)
@@ -138,8 +152,8 @@ def main() -> None:
     if args.memory_only:
         memory_runs(args)
         return
-    model = load_model(llama_1b_folder() if args.random_llama_1b else args.model)
-    convs, source = conversations(args.n)
+    model = load_model(llama_1b_folder(args.tokenizer) if args.random_llama_1b else args.model)
+    convs, source = conversations(args.n, args.data)
     ids, truncated = tokenize(model.tokenizer, convs, args.max_tokens)
     lengths = np.array([len(t) for t in ids])
     batches = bucket_batches(lengths, args.batch_tokens, 64)
@@ -201,7 +215,8 @@ def main() -> None:
         f"ours / full forward: {best['full'] / best['ours']:.2f}x "
         f"(layers/layer = {n_layers / args.layer:.2f}, layers/(layer+1) = {n_layers / (args.layer + 1):.2f})"
     )
-    memory_runs(args)
+    if not args.skip_memory:
+        memory_runs(args)
 
 
 def memory_runs(args: argparse.Namespace) -> None:

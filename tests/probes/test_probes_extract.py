@@ -136,7 +136,7 @@ def test_extraction_store_round_trip_and_reuse(embedded: LoadedModel, tmp_path) 
 
 
 def test_interrupted_extraction_resumes_from_last_commit(embedded: LoadedModel, tmp_path) -> None:
-    options = dict(layer=20, max_tokens=96, data_hash="d2", batch_tokens=120, chunk_tokens=1)
+    options = dict(layer=20, max_tokens=96, data_hash="d2", batch_tokens=120)
     seen: list[int] = []
 
     def interrupt(done: int, total: int) -> None:
