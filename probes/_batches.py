@@ -49,7 +49,7 @@ class Resident:
     def batch(self, index: np.ndarray) -> tuple[Tensor, Tensor]:
         """x (B, T, d) float32, zeros at padding, and mask (B, T) bool, on the device: one gather."""
         width = int(self.acts.length[index].max())  # on the host: no device sync
-        i = torch.from_numpy(np.asarray(index, dtype=np.int64)).to(self.device)  # (B,)
+        i = _index(index, self.device)  # (B,)
         steps = torch.arange(width, device=self.device)  # (T,)
         mask = steps < self._length[i][:, None]  # (B, T)
         padding_row = len(self.tokens) - 1  # the zero row
@@ -125,7 +125,7 @@ class Pooled:
         self.lengths = np.ones(len(rows), dtype=np.int64)
 
     def batch(self, index: np.ndarray) -> tuple[Tensor, Tensor]:
-        i = torch.from_numpy(np.asarray(index, dtype=np.int64)).to(self.device)
+        i = _index(index, self.device)
         x = self.rows[i][:, None, :]  # (B, d) -> (B, 1, d), one "token": the mean
         return x, torch.ones(x.shape[:2], dtype=torch.bool, device=self.device)  # (B, 1)
 
@@ -138,6 +138,13 @@ class Pooled:
 
 
 Inputs = Resident | Streamed | Pooled
+
+
+def _index(index: np.ndarray, device: torch.device) -> Tensor:
+    """`index` as an int64 tensor on `device`. To CUDA through pinned memory, non-blocking: a copy
+    from pageable memory would wait for the GPU to finish the previous step, once per batch."""
+    index = torch.from_numpy(np.asarray(index, dtype=np.int64))
+    return index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
 
 
 def inputs(acts: Ragged, *, pooled: bool, device: torch.device, resident: bool) -> Inputs:
