@@ -12,6 +12,14 @@ with the first name that needs it (`extract`, `train_probe`, `load_model`, ...).
 from __future__ import annotations
 
 import importlib
+import os
+
+# Training runs under torch.use_deterministic_algorithms(True), which on CUDA refuses cuBLAS calls
+# unless cuBLAS keeps a fixed workspace per stream (its one source of run-to-run differences). The
+# variable is read when cuBLAS first starts in the process, i.e. at the monitored model's first
+# matrix product, before any probe trains: so it is set here, on the way into this package, which
+# loads that model. A value the user set is kept. 8 workspaces of 4 MiB: 32 MiB of GPU memory.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 # Every public name and the module that defines it: the one list of this package's API.
 _EXPORTS: dict[str, str] = {
@@ -35,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Task": "._config",
     "TrainResult": "._train",
     "bucket_batches": "._extract",
+    "default_device": "._device",
     "describe_model": "._model",
     "embedded_gguf": "._embedded",
     "extract": "._extract",

@@ -19,18 +19,16 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from probes._batches import Inputs, inputs, resident_fits
 from probes._build import build_probe
 from probes._config import ProbeConfig, Task
+from probes._device import default_device
 from probes._ragged import Ragged
 
 __all__ = ["EpochLog", "TrainResult", "predict", "train_probe"]
 
 WARMUP_FRACTION = 0.02  # of all steps: linear warm-up before the cosine decay
 MIN_STD = 1e-6  # features with a smaller standard deviation are left unscaled (std = 1)
-
-# What a probe reads: Ragged token activations, or (n, d) mean-pooled vectors for `pooled` probes
-# (mean, mlp), gathered once so an epoch costs one index per batch instead of padding every example.
-Inputs = Ragged | Tensor
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class EpochLog:
 
 @dataclass(frozen=True)
 class TrainResult:
-    probe: nn.Module  # eval mode, weights of `best_epoch`
+    probe: nn.Module  # eval mode, weights of `best_epoch`, on the device it was trained on
     best_epoch: int
     best_val_loss: float  # == history[best_epoch].val_loss == min over history
     history: tuple[EpochLog, ...]  # one entry per epoch run (fewer than config.epochs if stopped early)
@@ -61,31 +59,50 @@ def train_probe(
     config: ProbeConfig,
     seed: int,
     on_epoch: Callable[[EpochLog], None] | None = None,
+    device: torch.device | str | None = None,
+    resident: bool | None = None,
 ) -> TrainResult:
     """Train a `config.arch` probe on `acts` (n examples) against `targets` (n,): labels in {0, 1} for
     safety (BCE with logits), delegation values in [-1, 1] for DV (squared loss).
 
     `config.val_fraction` of the examples (stratified by label for safety) are held out; training stops
     after `config.patience` epochs without a lower held-out loss, and the probe returned carries the
-    weights of the epoch with the lowest one. Deterministic given `seed` on CPU; the global torch RNG
-    and the deterministic-algorithms setting are restored on return. `on_epoch` sees each `EpochLog`.
+    weights of the epoch with the lowest one. `on_epoch` sees each `EpochLog`.
+
+    Trains on `device` (default: `default_device()`, the GPU when there is one) and returns the probe
+    there. `resident`: keep the split's tokens on the device (True), stream padded batches from the
+    host (False), or (None) keep them when they fit `resident_budget` (never on the CPU). Both give
+    the same batches. Deterministic given `seed` on one device; on the CPU bit-identical to the
+    pre-GPU trainer. The global torch RNG (of the CPU and of `device`) and the deterministic-algorithms
+    setting are restored on return.
     """
     y = _checked_targets(acts, targets, task)
     train_index, val_index = _split(y, task=task, val_fraction=config.val_fraction, seed=seed)
     loss_fn = F.binary_cross_entropy_with_logits if task == "safety" else F.mse_loss
-    with torch.random.fork_rng(devices=[]), _deterministic_algorithms():
+    device = torch.device(device) if device is not None else default_device()
+    if resident is None:
+        resident = resident_fits(acts, device)
+    cuda = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device.type == "cuda"
+        else []
+    )
+    with torch.random.fork_rng(devices=cuda), _deterministic_algorithms():
         # ---- setup: probe, inputs, standardisation, optimiser
-        torch.manual_seed(seed)  # parameter initialisation and dropout
-        shuffle = torch.Generator().manual_seed(seed)  # batch order
-        probe = build_probe(config, acts.dim)
-        train_x = _inputs(acts.subset(train_index), pooled=probe.pooled)
-        val_x = _inputs(acts.subset(val_index), pooled=probe.pooled)
+        torch.random.default_generator.manual_seed(seed)  # parameter initialisation (on the CPU)
+        if cuda:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)  # dropout on the GPU
+        shuffle = torch.Generator().manual_seed(seed)  # batch order, drawn on the CPU on every device
+        probe = build_probe(config, acts.dim).to(device)
+        train_x = inputs(acts.subset(train_index), pooled=probe.pooled, device=device, resident=resident)
+        val_x = inputs(acts.subset(val_index), pooled=probe.pooled, device=device, resident=resident)
         mean, std = _feature_stats(train_x)
         with torch.no_grad():
             probe.mean.copy_(mean)
             probe.std.copy_(std)
-        train_y = torch.from_numpy(y[train_index]).float()  # (n_train,)
-        val_y = torch.from_numpy(y[val_index]).float()  # (n_val,)
+        train_y = torch.from_numpy(y[train_index]).float().to(device)  # (n_train,)
+        val_y = torch.from_numpy(y[val_index]).float().to(device)  # (n_val,)
         n_train, batch_size = len(train_index), config.batch_size
         total_steps = config.epochs * math.ceil(n_train / batch_size)
         # `mean` is logistic / ridge regression: its explicit L2 penalty replaces weight decay.
@@ -98,20 +115,27 @@ def train_probe(
         step = 0
         for epoch in range(config.epochs):
             probe.train()
-            order = torch.randperm(n_train, generator=shuffle).numpy()
-            loss_sum = 0.0
+            order = torch.randperm(n_train, generator=shuffle)
+            shuffled_y = train_y[order.to(device)]  # (n_train,) targets in batch order: one gather
+            order = order.numpy()
+            losses: list[Tensor] = []  # read once per epoch: no device sync per step
             for start in range(0, n_train, batch_size):
                 batch = order[start : start + batch_size]
                 lr = _lr_at(step, total_steps, config.lr)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                x, mask = _batch(train_x, batch)
-                loss = loss_fn(probe(x, mask), train_y[batch])
+                x, mask = train_x.batch(batch)
+                loss = loss_fn(probe(x, mask), shuffled_y[start : start + batch_size])
                 optimizer.zero_grad(set_to_none=True)
                 (loss + probe.penalty()).backward()
                 optimizer.step()
-                loss_sum += loss.item() * len(batch)
+                losses.append(loss.detach())
                 step += 1
+            # the float32 batch losses summed in float64 in batch order, as the loss.item() loop did
+            sizes = [len(order[start : start + batch_size]) for start in range(0, n_train, batch_size)]
+            loss_sum = sum(
+                value * size for value, size in zip(torch.stack(losses).tolist(), sizes, strict=True)
+            )
             probe.eval()
             val_loss = loss_fn(_raw_outputs(probe, val_x, batch_size), val_y).item()
             log = EpochLog(epoch=epoch, train_loss=loss_sum / n_train, val_loss=val_loss, lr=lr)
@@ -140,16 +164,24 @@ def train_probe(
     )
 
 
-def predict(probe: nn.Module, acts: Ragged, *, task: Task, batch_size: int = 64) -> np.ndarray:
+def predict(
+    probe: nn.Module, acts: Ragged, *, task: Task, batch_size: int = 64, resident: bool | None = None
+) -> np.ndarray:
     """(n,) float64 scores of `acts` in input order: P(y=1) for safety, the raw value for DV.
-    Batches are formed in length order to keep padding small; the probe's train/eval mode is restored."""
+    Runs where the probe's parameters are (a probe from `train_probe` stays on its device; one from
+    `load_probe` is on the CPU until moved); `resident` as in `train_probe`. Batches are formed in
+    length order to keep padding small; the probe's train/eval mode is restored."""
     if task not in ("safety", "dv"):
         raise ValueError(f"task must be 'safety' or 'dv', got {task!r}")
     _check_lengths(acts)
+    device = next(probe.parameters()).device
+    if resident is None:
+        resident = resident_fits(acts, device)
     was_training = probe.training
     probe.eval()
     try:
-        raw = _raw_outputs(probe, _inputs(acts, pooled=probe.pooled), batch_size).double()  # (n,)
+        x = inputs(acts, pooled=probe.pooled, device=device, resident=resident)
+        raw = _raw_outputs(probe, x, batch_size).cpu().double()  # (n,)
     finally:
         probe.train(was_training)
     return (torch.sigmoid(raw) if task == "safety" else raw).numpy()
@@ -167,45 +199,22 @@ def _lr_at(step: int, total_steps: int, peak: float) -> float:
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _inputs(acts: Ragged, *, pooled: bool) -> Inputs:
-    """What the probe reads: `acts` itself, or its (n, d) mean-pooled vectors for pooled probes."""
-    return torch.from_numpy(acts.mean_pooled()) if pooled else acts
-
-
-def _batch(inputs: Inputs, index: np.ndarray) -> tuple[Tensor, Tensor]:
-    """x (B, T, d) float32 and mask (B, T) bool for the examples `index`."""
-    if isinstance(inputs, Ragged):
-        return inputs.padded(index)
-    x = inputs[torch.from_numpy(index)][:, None, :]  # (B, d) -> (B, 1, d), one "token": the mean
-    return x, torch.ones(x.shape[:2], dtype=torch.bool)  # (B, 1)
-
-
 @torch.no_grad()
 def _raw_outputs(probe: nn.Module, inputs: Inputs, batch_size: int) -> Tensor:
-    """(n,) float32 raw outputs in input order, computed in batches of similar length."""
-    n = len(inputs)
-    lengths = inputs.length if isinstance(inputs, Ragged) else np.ones(n, dtype=np.int64)
-    order = np.argsort(lengths, kind="stable")
-    out = torch.empty(n)
-    for start in range(0, n, batch_size):
-        batch = order[start : start + batch_size]
-        out[torch.from_numpy(batch)] = probe(*_batch(inputs, batch))
-    return out
+    """(n,) float32 raw outputs in input order, on the inputs' device, in batches of similar length."""
+    order = np.argsort(inputs.lengths, kind="stable")
+    if len(order) == 0:
+        return torch.empty(0, device=inputs.device)
+    outputs = [probe(*inputs.batch(order[s : s + batch_size])) for s in range(0, len(order), batch_size)]
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))  # output row of each input
+    return torch.cat(outputs)[torch.from_numpy(inverse).to(inputs.device)]  # a gather: deterministic
 
 
 def _feature_stats(inputs: Inputs) -> tuple[Tensor, Tensor]:
     """Per-feature mean and std, accumulated in float64, of what the probe reads: every real token
     (token-level probes) or every pooled vector (pooled probes). Near-constant features get std 1."""
-    if isinstance(inputs, Ragged):
-        total, squares = np.zeros(inputs.dim), np.zeros(inputs.dim)
-        for i in range(len(inputs)):
-            tokens = inputs.example(i).astype(np.float64)  # (T_i, d)
-            total += tokens.sum(axis=0)
-            squares += np.square(tokens).sum(axis=0)
-        count = float(inputs.length.sum())
-    else:
-        rows = inputs.double().numpy()  # (n, d)
-        total, squares, count = rows.sum(axis=0), np.square(rows).sum(axis=0), float(len(rows))
+    total, squares, count = inputs.sums()
     mean = total / count
     std = np.sqrt(np.maximum(squares / count - np.square(mean), 0.0))
     std = np.where(std < MIN_STD, 1.0, std)
