@@ -171,25 +171,29 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 def _reap(pids: set[int], grace: float = 10.0) -> None:
     """Wait up to `grace` seconds for processes that were a stopped server's to end (they stop
-    with it), then SIGKILL those left. A pid reused meanwhile by an unrelated process is only
-    possible after the whole grace and on a busy machine: then it is not a child of ours."""
+    with it), then SIGKILL those left: only a process with the start time it had when listed,
+    so that a pid the system reused meanwhile for someone else's process is never signalled."""
+    started = {pid: _start_time(pid) for pid in pids}
     deadline = time.monotonic() + grace
-    alive = set(pids)
+    alive = {pid for pid, start in started.items() if start is not None}
     while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if _alive(pid)}
+        alive = {pid for pid in alive if _start_time(pid) == started[pid]}
         if alive:
             time.sleep(_POLL)
     for pid in alive:
-        with suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        if _start_time(pid) == started[pid]:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22), or None when
+    it has ended (a zombie has ended: its parent reaps it)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended; its parent reaps it
+        return None
+    return None if fields[0] == "Z" else int(fields[19])  # fields[0] is field 3 (the state)
 
 
 class PortTaken(ConfigError):

@@ -127,3 +127,34 @@ def test_the_port_and_settings_reach_a_moved_server(tmp_path: Path) -> None:
     assert _flag(server.command, "--port") == str(server.port) != "1"
     assert _flag(server.command, "--max-model-len") == "1024"
     assert server.ready_timeout >= 600  # vLLM takes minutes to start, not llama.cpp's seconds
+
+
+def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness._errors import InputError
+    from harness.stages import _query
+
+    down = experts.EndpointCheck(url=SPEC.base_urls[0], problem="unreachable")
+    monkeypatch.setattr(_query, "check_expert", lambda spec: down)
+    monkeypatch.setattr(_query, "_embedded_folder", lambda gguf: tmp_path)
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", "exit 1\n")))
+    assert _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True) is True
+    server = _query.local_server(SPEC, shown="smollm2-vllm")
+    assert _flag(server.command, "--model") == str(tmp_path)
+    assert server.environment == VllmSettings().environment()
+    with pytest.raises(InputError, match="unreachable"):
+        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=False)
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(tmp_path / "none"))
+    with pytest.raises(InputError, match="ctd experts setup vllm"):
+        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True)
+
+
+def test_a_process_the_server_leaves_behind_is_killed() -> None:
+    from experts._serve import _reap
+
+    leftover = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    _reap({leftover.pid, ended.pid}, grace=0.3)  # an ended pid is skipped, never signalled
+    assert leftover.wait(timeout=5) == -9

@@ -33,8 +33,8 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("CTD_SKIP_VLLM")), reason="C
 
 SETUP_TIMEOUT = 1800  # seconds: a fresh install on a loaded 2-core machine
 START_TIMEOUT = 900  # seconds: vLLM loads, profiles and warms up (about 2 minutes here)
-LIMIT = 20  # examples per split for `ctd eval`
-ITEMS = 12  # rows of the `ctd query` data
+LIMIT = 12  # examples per split for `ctd eval` (the test split then certifies budget 0.5)
+ITEMS = 6  # rows of the `ctd query` data
 
 
 def _vllm_processes(port: int) -> list[int]:
