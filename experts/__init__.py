@@ -3,11 +3,12 @@
 What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) with its settings
 (`Timeout`, `RateLimit`, `RetryPolicy`), a `ScoreCache`, and the `ExpertClient` (or
 `score_items`) that scores `Item`s through them; `check_endpoint` before a run and
-`LocalServer` for a local llama.cpp server; `check_cache` and `salvage_cache` for a damaged
-cache (every failure of the cache file is a `StorageError` naming it, `CacheCorrupt` for
-damage). Inside, small composable pieces stay private: the endpoint (replicas, error
-translation), the limiter (concurrency, RPM, TPM), the cache's single writer, and claims on the
-items in flight under a lease (so that runs sharing a cache never pay twice).
+`LocalServer` for a local llama.cpp or vLLM server (`setup_vllm` puts vLLM in a venv of its
+own); `check_cache` and `salvage_cache` for a damaged cache (every failure of the cache file is
+a `StorageError` naming it, `CacheCorrupt` for damage). Inside, small composable pieces stay
+private: the endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM), the
+cache's single writer, and claims on the items in flight under a lease (so that runs sharing a
+cache never pay twice).
 
 The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
 registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
@@ -51,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "StorageError": "._errors",
     "Stopped": "._drain",
     "Timeout": "._config",
+    "VLLM_ENV_VAR": "._vllm",
+    "VllmSettings": "._vllm",
     "add_expert": "._registry",
     "build_request": "._scoring",
     "check_cache": "._repair",
@@ -67,7 +70,9 @@ _EXPORTS: dict[str, str] = {
     "salvage_cache": "._repair",
     "score_items": "._client",
     "server_command": "._serve",
+    "setup_vllm": "._vllm",
     "top_logprobs": "._scoring",
+    "vllm_env": "._vllm",
 }
 
 __all__ = list(_EXPORTS)

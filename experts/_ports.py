@@ -9,7 +9,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["Holder", "free_port", "port_free", "port_holder"]
+__all__ = ["Holder", "descendants", "free_port", "port_free", "port_holder"]
 
 PROC = Path("/proc")
 _LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp{,6}
@@ -93,6 +93,12 @@ def _socket_inodes(pid: int, proc: Path) -> set[int]:
     except OSError:
         pass
     return inodes
+
+
+def descendants(pid: int, *, proc: Path = PROC) -> set[int]:
+    """The processes below `pid` now (empty where /proc is not there): a server's workers, which
+    must not outlive it (vLLM's engine runs in a child of its API server)."""
+    return _tree(pid, proc) - {pid}
 
 
 def _tree(pid: int, proc: Path) -> set[int]:

@@ -170,6 +170,22 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
             rate=RateLimit(concurrency=4),
             server="llama.cpp",
         ),
+        ExpertSpec(
+            name="smollm2-vllm",
+            base_urls=("http://127.0.0.1:8090/v1",),
+            model="smollm2",
+            base_url_env=_env("smollm2-vllm") + "_URL",
+            template="fine-v1",
+            top_logprobs=10,
+            # vLLM batches whatever is in flight (continuous batching); 8 kept 2 CPU cores busy
+            # without queueing requests past their timeout (the README's vLLM benchmark).
+            rate=RateLimit(concurrency=8),
+            server="vllm",
+            # The embedded model (SmolLM2-135M-Instruct): `ctd` serves the Hugging Face folder
+            # converted from its GGUF file, which both scoring methods work on, likelihood
+            # included (vLLM echoes prompt logprobs; llama.cpp's server does not).
+            hf_model="smollm2",
+        ),
     )
 }
 

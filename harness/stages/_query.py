@@ -113,22 +113,29 @@ def local_server(
     port: int | None = None,
     log: Path | None = None,
     move_if_taken: bool = False,
+    vllm: experts.VllmSettings | None = None,
 ) -> experts.LocalServer:
     """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
-    GGUF, found (or fetched once) by the same function that gives the probe stage its weights;
-    InputError, naming `shown`, when the weights or the server's package are missing.
-    `move_if_taken`: a run's own server, which serves on a free port when the expert's is taken."""
-    gguf = None
-    if spec.server == "llama.cpp":
-        # Imported here: only a local llama.cpp expert needs it (probes is the heavy package).
+    GGUF, found (or fetched once) by the same function that gives the probe stage its weights; a
+    vLLM entry whose hf_model is the embedded model serves the Hugging Face folder converted from
+    that GGUF (the probe stage's own). InputError, naming `shown`, when the weights or the
+    server's package are missing. `move_if_taken`: a run's own server, which serves on a free
+    port when the expert's is taken; `vllm`: a vLLM server's resources (default: the device's)."""
+    gguf = folder = None
+    if spec.server == "llama.cpp" or (spec.server == "vllm" and spec.hf_model == _EMBEDDED):
+        # Imported here: only a local expert on the embedded model needs it (probes is heavy).
         from probes import ProbeError, embedded_gguf
 
         try:
             gguf = embedded_gguf()
+            if spec.server == "vllm":
+                gguf, folder = None, _embedded_folder(gguf)
         except ProbeError as error:
             raise InputError(f"--expert {shown}: {error}") from None
     try:
-        server = experts.LocalServer(spec, port=port, gguf=gguf, log=log, move_if_taken=move_if_taken)
+        server = experts.LocalServer(
+            spec, port=port, gguf=gguf, folder=folder, vllm=vllm, log=log, move_if_taken=move_if_taken
+        )
     except ConfigError as error:
         raise InputError(f"--expert {shown}: {error}") from None
     if server.missing():
@@ -136,14 +143,27 @@ def local_server(
     return server
 
 
+_EMBEDDED = "smollm2"  # probes.EMBEDDED_MODEL, spelled here so that the registry check costs no import
+
+
+def _embedded_folder(gguf: Path) -> Path:
+    """The embedded model as a Hugging Face folder (float weights, tokenizer, chat template), made
+    once from its GGUF by the probe stage's conversion and shared with it (a minute, once)."""
+    import torch
+
+    from probes._model import _converted_gguf, file_sha256  # no public name for the folder yet
+
+    return _converted_gguf(gguf, file_sha256(gguf), torch.float32)
+
+
 def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
     """A run's one endpoint check, before any expensive work. True when the expert is a local
-    llama.cpp server that is not running and `serve` allows starting it for the query stage
-    (its weights are then found or fetched, and its package is there)."""
+    server (llama.cpp or vLLM) that is not running and `serve` allows starting it for the query
+    stage (its weights are then found or fetched, and its package is there)."""
     report = check_expert(spec)
     if report.ok:
         return False
-    if serve and spec.server == "llama.cpp" and not report.reachable:
+    if serve and spec.server != "external" and not report.reachable:
         local_server(spec, shown=shown)
         return True
     raise InputError(f"--expert {shown}: {report.problem}")

@@ -1,5 +1,5 @@
 """`ctd eval`'s query stage: every dev and test example through the expert and the shared cache,
-with the run's own local llama.cpp server when the run starts one."""
+with the run's own local server (llama.cpp or vLLM) when the run starts one."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class QueryStage:
     """`ctd eval`'s query stage: every dev and test example through the expert and the shared
     cache into query/expert_scores.parquet. The endpoint was checked once before the run
     (`preflight_expert`); `start_server` says that check found a local server to start, and
-    `may_serve` that the run may start one (a local llama.cpp expert, `--serve auto`): then a
+    `may_serve` that the run may start one (a local llama.cpp or vLLM expert, `--serve auto`): then a
     local server this run found running (another run's) that goes away mid-stage is replaced by
     one of its own, and the stage goes on from the cache. A server the run starts is its own: on
     the expert's port when that is free, else on a free one (requests go there, the cache key
@@ -105,7 +105,7 @@ class QueryStage:
         if not self.start_server:
             yield spec
             return
-        manifests.log(f"starting a local llama.cpp server for {spec.name}")
+        manifests.log(f"starting a local {spec.server} server for {spec.name}")
         server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log, move_if_taken=True)
         try:
             server.start()

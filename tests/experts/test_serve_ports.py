@@ -129,7 +129,7 @@ def test_without_proc_an_alive_child_and_an_answer_count_as_ready(
         _waiting_on(port, SLEEPER, children, tmp_path).wait_until_ready()
 
 
-def _models_server_command(spec: experts.ExpertSpec, *, port: int, gguf: Path | None) -> list[str]:
+def _models_server_command(spec: experts.ExpertSpec, *, port: int, **weights: object) -> list[str]:
     return [sys.executable, MODELS_SERVER, str(port)]
 
 

