@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "default_device": "._device",
     "describe_model": "._model",
     "embedded_gguf": "._embedded",
+    "gguf_as_folder": "._model",
     "extract": "._extract",
     "layer_activations": "._extract",
     "load_model": "._model",

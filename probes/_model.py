@@ -38,6 +38,7 @@ __all__ = [
     "describe_model",
     "embedded_gguf",
     "file_sha256",
+    "gguf_as_folder",
     "identity_matches",
     "is_legacy_identity",
     "load_model",
@@ -145,6 +146,15 @@ def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def gguf_as_folder(path: Path) -> Path:
+    """A GGUF file as a Hugging Face folder (float32 weights, tokenizer, chat template), converted
+    once under the model cache and shared by every user: the probe stage and a vLLM expert."""
+    import torch
+
+    _check_gguf(Path(path))
+    return _converted_gguf(Path(path), file_sha256(Path(path)), torch.float32)
 
 
 def _locate(name: str) -> tuple[Literal["gguf", "folder", "hub"], Path]:

@@ -149,11 +149,9 @@ _EMBEDDED = "smollm2"  # probes.EMBEDDED_MODEL, spelled here so that the registr
 def _embedded_folder(gguf: Path) -> Path:
     """The embedded model as a Hugging Face folder (float weights, tokenizer, chat template), made
     once from its GGUF by the probe stage's conversion and shared with it (a minute, once)."""
-    import torch
+    from probes import gguf_as_folder
 
-    from probes._model import _converted_gguf, file_sha256  # no public name for the folder yet
-
-    return _converted_gguf(gguf, file_sha256(gguf), torch.float32)
+    return gguf_as_folder(gguf)
 
 
 def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
