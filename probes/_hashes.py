@@ -19,13 +19,12 @@ Standard library only (no torch).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-from ._embedded import model_cache_root
+from ._embedded import model_cache_root, sha256_of_file
 
 __all__ = ["HASH_CACHE_NAME", "content_sha256", "hash_cache_path"]
 
@@ -93,14 +92,6 @@ def _current(key: str) -> bool:
         return False
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def content_sha256(paths: list[Path]) -> list[str]:
     """sha256 of each file's bytes, in order: from the cache when the file is unchanged since it
     was hashed (same resolved path, size, mtime and ctime), else computed and remembered."""
@@ -116,7 +107,7 @@ def content_sha256(paths: list[Path]) -> list[str]:
         key = _key(Path(path))
         digest = _memory.get(key)
         if digest is None:
-            digest = new[key] = _memory[key] = _hash_file(Path(path))
+            digest = new[key] = _memory[key] = sha256_of_file(Path(path))
         out.append(digest)
     if new:
         _write(cache, new)

@@ -57,13 +57,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The files actually read to hash them, in order."""
     calls: list[Path] = []
-    real = _hashes._hash_file
+    real = _hashes.sha256_of_file
 
     def counting(path: Path) -> str:
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(_hashes, "_hash_file", counting)
+    monkeypatch.setattr(_hashes, "sha256_of_file", counting)
     return calls
 
 
