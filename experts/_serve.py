@@ -162,11 +162,15 @@ def _interrupts_held() -> Iterator[None]:
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b|\berror:|Killed")
 
 
+# Looked up here, in the parent: a forked child of a threaded process must not call the dynamic
+# loader (another thread may have held its lock at the fork), only the function already found.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     """In the child before exec: ask Linux for SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
 def _reap(pids: set[int], grace: float = 10.0) -> None:

@@ -71,6 +71,8 @@ class Resident:
         if self.device.type == "cpu":
             return torch.from_numpy(self._host_view().mean_pooled())
         out = torch.empty((len(self.lengths), self.tokens.shape[1]), device=self.device)
+        if not len(out):  # an empty subset (no test example with an expert score): nothing to pool
+            return out
         for index, x in self._float64_chunks():
             length = torch.from_numpy(self.acts.length[index]).to(self.device)  # (B,)
             out[torch.from_numpy(index).to(self.device)] = (x.sum(dim=1) / length[:, None]).float()

@@ -11,7 +11,7 @@ import torch
 
 from ._dist import process_state
 
-__all__ = ["default_device", "resident_budget"]
+__all__ = ["default_device", "release_device_memory", "resident_budget"]
 
 # A split's tokens are kept on a GPU when they take at most this fraction of the memory it has
 # free. The rest is left for the batches (an attention batch of 32 x 4,096 tokens of width 4,096 is
@@ -37,3 +37,17 @@ def resident_budget(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # ours to reuse
     return int(RESIDENT_FRACTION * (free + cached))
+
+
+def release_device_memory() -> None:
+    """Give back to the driver the GPU memory this process's probe work cached: the resident splits
+    and torch's caching allocator's free blocks. A run calls it before it starts a local vLLM
+    server, which refuses to start when less than its `--gpu-memory-utilization` share is free."""
+    import gc
+
+    from ._batches import _RESIDENT
+
+    _RESIDENT.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

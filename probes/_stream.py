@@ -82,12 +82,12 @@ class ShardStream:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         self._queue.put(None)  # the writer finishes what is queued, then stops
-        self._thread.join()
         try:
+            self._thread.join()
             if self._error is None:
                 self.writer.commit()
-        finally:
-            self.writer.close()
+        finally:  # a second Ctrl-C during the join still closes the shard (nothing uncommitted is
+            self.writer.close()  # recorded done: the flush-then-record rule is commit's)
         if kind is None and self._error is not None:
             raise self._error
 

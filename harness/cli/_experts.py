@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from dataclasses import asdict
@@ -208,7 +209,7 @@ def experts_serve(
     ] = None,
     log: Annotated[
         Path | None,
-        typer.Option("--log", help="The server's output (default: ctd-serve-NAME.log in the temp folder)."),
+        typer.Option("--log", help="The server's output (default: TMPDIR/ctd-serve-NAME-UID.log)."),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
 ) -> None:
@@ -223,7 +224,7 @@ def experts_serve(
         vllm = experts.VllmSettings(gpu_memory_utilization=gpu_memory, max_model_len=max_model_len)
     except InvalidSetting as exc:
         raise InputError(f"--{exc.setting.replace('_', '-')} {exc.shown}: {exc.problem}") from None
-    log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}.log"
+    log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}-{os.getuid()}.log"  # one per user
     server = local_server(registry[name], shown=name, port=port, log=None if dry_run else log, vllm=vllm)
     stdout.print(" ".join(server.command))
     if dry_run:

@@ -3,6 +3,7 @@ with the run's own local server (llama.cpp or vLLM) when the run starts one."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -106,6 +107,10 @@ class QueryStage:
             yield spec
             return
         manifests.log(f"starting a local {spec.server} server for {spec.name}")
+        if "torch" in sys.modules:  # the probe stage ran in this process: free the GPU it cached
+            from probes import release_device_memory
+
+            release_device_memory()
         server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log, move_if_taken=True)
         try:
             server.start()

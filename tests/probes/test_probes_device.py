@@ -13,7 +13,7 @@ import torch
 
 import probes._batches as batches_module
 import probes._ragged as ragged_module
-from probes import ARCHS, ProbeConfig, Ragged, default_device, predict, train_probe
+from probes import ARCHS, ProbeConfig, Ragged, default_device, predict, release_device_memory, train_probe
 from probes._batches import Pooled, Resident, Streamed, inputs
 from probes._build import build_probe
 from probes._train import _raw_outputs
@@ -141,6 +141,17 @@ def test_resident_tokens_are_uploaded_once_and_freed_with_their_shards():
     del acts, first, second
     gc.collect()
     assert key not in batches_module._RESIDENT
+
+
+def test_release_device_memory_drops_the_resident_splits_and_pooling_an_empty_subset_works():
+    acts, _ = ragged(20, 6)
+    first = Resident(acts, CPU)
+    assert batches_module._key(acts.shards, CPU) in batches_module._RESIDENT
+    release_device_memory()  # what a run does before it starts a local vLLM server
+    assert not batches_module._RESIDENT
+    assert first.tokens.shape == (int(acts.length.sum()) + 1, D)  # a holder keeps its own tensor
+    empty = Resident(acts.subset(np.arange(0)), CPU).mean_pooled()
+    assert empty.shape == (0, D)
 
 
 def test_device_rule_and_restored_state():
