@@ -240,6 +240,7 @@ class LocalServer:
         # vLLM reads its CPU KV cache size from the environment.
         self.environment = self.vllm.environment() if spec.server == "vllm" else {}
         self.log = log
+        self._log_start = 0  # where this attempt's output begins in `log`
         if ready_timeout is None:
             ready_timeout = VLLM_READY_TIMEOUT if spec.server == "vllm" else 300.0
         self.ready_timeout = ready_timeout
@@ -295,6 +296,7 @@ class LocalServer:
         with _interrupts_held():  # not between the fork and `self.process = ...`
             if self.log:
                 with self.log.open("ab") as output:  # the child keeps its own copy
+                    self._log_start = output.tell()  # `_tail` reads this attempt's lines only
                     output.write(f"ctd: serving on port {self.port}: {' '.join(self.command)}\n".encode())
                     output.flush()
                     self.process = subprocess.Popen(
@@ -345,7 +347,9 @@ class LocalServer:
         """The line of the server's log that says why: its last error line (vLLM ends a failed
         start with lines of traceback and shutdown noise after the error), else its last line."""
         if self.log and self.log.exists():
-            text = self.log.read_text(errors="replace")
+            with self.log.open("rb") as handle:  # the log is appended to across attempts and runs
+                handle.seek(self._log_start)
+                text = handle.read().decode(errors="replace")
             lines = [line.strip() for line in text.splitlines() if line.strip()]
             errors = [line for line in lines if _ERROR_LINE.search(line)]
             return (errors or lines or ["no output"])[-1] + f" (its log: {self.log})"

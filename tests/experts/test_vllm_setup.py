@@ -117,6 +117,21 @@ def test_vllm_dying_at_start_is_one_line_with_its_reason(tmp_path: Path) -> None
     assert_one_line_error(result, "exited with code 1", "ValueError: no such model", str(log))
 
 
+def test_a_start_failure_is_not_blamed_on_an_earlier_attempt_in_the_same_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", 'echo "killed quietly"\nexit 1\n'))
+    )
+    log = tmp_path / "server.log"  # a run's server log: appended to across attempts and resumed runs
+    log.write_text("OSError: an earlier attempt's failure\n")
+    spec = dataclasses.replace(SPEC, base_urls=(f"http://127.0.0.1:{free_port()}/v1",))
+    server = LocalServer(spec, folder=tmp_path, log=log)
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert "killed quietly" in str(caught.value) and "earlier attempt" not in str(caught.value)
+
+
 def test_the_port_and_settings_reach_a_moved_server(tmp_path: Path) -> None:
     server = LocalServer(
         dataclasses.replace(SPEC, base_urls=("http://127.0.0.1:1/v1",)),
