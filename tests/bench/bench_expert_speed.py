@@ -120,9 +120,12 @@ def bare_client(url: str, bodies: list[dict], concurrency: int) -> tuple[int, in
     return asyncio.run(run())
 
 
-def stage(url: str, chosen: list, spec: experts.ExpertSpec, work: Path) -> tuple[float, float]:
+def stage(
+    url: str, chosen: list, spec: experts.ExpertSpec, work: Path, *, method: str | None = None
+) -> tuple[float, float]:
     """(process seconds, the stage's own seconds) of `ctd query` over the items, cache empty, as
-    `spec` asks them (concurrency, template, top logprobs: the bare client's requests)."""
+    `spec` asks them (concurrency, template, top logprobs: the bare client's requests), by
+    `method` when given (else the registry's default)."""
     data = work / "items.jsonl"
     with data.open("w") as out:
         for item in chosen:
@@ -133,7 +136,7 @@ def stage(url: str, chosen: list, spec: experts.ExpertSpec, work: Path) -> tuple
     registry.write_text(
         f'[experts.bench]\nbase_url = "{url}"\nmodel = "{spec.model}"\n'
         f'concurrency = {spec.rate.concurrency}\ntemplate = "{spec.template}"\n'
-        f"top_logprobs = {spec.top_logprobs}\n"
+        f"top_logprobs = {spec.top_logprobs}\n" + (f'method = "{method}"\n' if method else "")
     )
     cache = work / f"cache-{time.monotonic_ns()}.sqlite"
     env = {**os.environ, "CTD_EXPERTS_FILE": str(registry)}

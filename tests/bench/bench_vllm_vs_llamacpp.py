@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,9 @@ from experts._prompts import load_template
 from experts._scoring import build_request
 from harness.data._datasets import read_dataset
 from harness.stages._query import local_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_expert_speed import stage
 
 WARM_UP = "Hello! Can you recommend a good book for a long train ride?"
 CTD = "import sys; from harness.cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"
@@ -57,35 +58,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def stage(spec: experts.ExpertSpec, method: str, chosen: list, work: Path) -> tuple[float, float]:
-    """(process seconds, the stage's own seconds) of `ctd query` over the items with an empty
-    cache, as `spec` asks them."""
-    data = work / "items.jsonl"
-    with data.open("w") as out:
-        for item in chosen:
-            conversation = item.conversation
-            inputs = conversation if isinstance(conversation, str) else json.dumps(list(conversation))
-            out.write(json.dumps({"inputs": inputs, "ids": item.id, "labels": "high-stakes"}) + "\n")
-    registry = work / "experts.toml"
-    registry.write_text(
-        f'[experts.bench]\nbase_url = "{spec.base_urls[0]}"\nmodel = "{spec.model}"\n'
-        f'concurrency = {spec.rate.concurrency}\ntemplate = "{spec.template}"\n'
-        f'top_logprobs = {spec.top_logprobs}\nmethod = "{method}"\n'
-    )
-    cache = work / f"cache-{time.monotonic_ns()}.sqlite"
-    env = {**os.environ, "CTD_EXPERTS_FILE": str(registry)}
-    command = [sys.executable, "-c", CTD, "query", "--data", str(data), "--out", str(work / "out.parquet")]
-    command += ["--expert", "bench", "--cache", str(cache), "--no-check", "--json"]
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"ctd query failed: {done.stderr.strip().splitlines()[-1:]}")
-    summary = json.loads(done.stdout)
-    assert summary["scored"] == len(chosen), summary
-    return wall, float(summary["seconds"])
 
 
 def main() -> None:
@@ -118,7 +90,7 @@ def main() -> None:
                     httpx.post(server.url + warm.path, json=warm.body, timeout=300).raise_for_status()
                     methods = ["next-token", "likelihood"] if side == "vLLM" else ["next-token"]
                     for method in methods:
-                        wall, seconds = stage(served, method, chosen, work)
+                        wall, seconds = stage(served.base_urls[0], chosen, served, work, method=method)
                         print(
                             f"{side:9} {method:10} concurrency {concurrency:2}: "
                             f"{len(chosen) / seconds:5.2f} items/s stage, {len(chosen) / wall:5.2f} "
