@@ -95,26 +95,32 @@ def _socket_inodes(pid: int, proc: Path) -> set[int]:
     return inodes
 
 
-def descendants(pid: int, *, proc: Path = PROC) -> set[int]:
-    """The processes below `pid` now (empty where /proc is not there): a server's workers, which
-    must not outlive it (vLLM's engine runs in a child of its API server)."""
-    return _tree(pid, proc) - {pid}
+def descendants(pid: int, *, proc: Path = PROC) -> dict[int, int]:
+    """The processes below `pid` now, each with its start time (empty where /proc is not there):
+    a server's workers, which must not outlive it (vLLM's engine runs in a child of its API
+    server). The start time, read with the parent pid, tells a reused pid from the worker later."""
+    tree = _tree(pid, proc)
+    return {child: started for child, started in tree.items() if child != pid}
 
 
-def _tree(pid: int, proc: Path) -> set[int]:
-    """`pid` and its descendants, from the parent pids in /proc/PID/stat."""
+def _tree(pid: int, proc: Path) -> dict[int, int]:
+    """`pid` and its descendants with their start times, from /proc/PID/stat (fields 4 and 22)."""
     children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
             # "PID (COMMAND) STATE PPID ...": the command may hold spaces and parentheses.
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            child, ppid = int(stat.parent.name), int(fields[1])
+            started[child] = int(fields[19]) if len(fields) > 19 else 0
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = set(), [pid]
+        children.setdefault(ppid, []).append(child)
+    tree: dict[int, int] = {}
+    todo = [pid]
     while todo:
         current = todo.pop()
         if current not in tree:
-            tree.add(current)
+            tree[current] = started.get(current, 0)
             todo.extend(children.get(current, ()))
     return tree

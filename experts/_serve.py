@@ -173,19 +173,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-def _reap(pids: set[int], grace: float = 10.0) -> None:
-    """Wait up to `grace` seconds for processes that were a stopped server's to end (they stop
-    with it), then SIGKILL those left: only a process with the start time it had when listed,
-    so that a pid the system reused meanwhile for someone else's process is never signalled."""
-    started = {pid: _start_time(pid) for pid in pids}
+def _reap(workers: dict[int, int], grace: float = 10.0) -> None:
+    """Wait up to `grace` seconds for processes that were a stopped server's (pid: start time, as
+    `descendants` listed them) to end, then SIGKILL those left: only a process with the start
+    time it had when listed, so that a pid the system reused meanwhile is never signalled."""
     deadline = time.monotonic() + grace
-    alive = {pid for pid, start in started.items() if start is not None}
+    alive = dict(workers)
     while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if _start_time(pid) == started[pid]}
+        alive = {pid: start for pid, start in alive.items() if _start_time(pid) == start}
         if alive:
             time.sleep(_POLL)
-    for pid in alive:
-        if _start_time(pid) == started[pid]:
+    for pid, start in alive.items():
+        if _start_time(pid) == start:
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -246,6 +245,9 @@ class LocalServer:
         self.ready_timeout = ready_timeout
         self.move_if_taken = move_if_taken
         self.process: subprocess.Popen[bytes] | None = None
+        # Its workers as listed once it answered: a server that dies leaves them orphaned, out
+        # of its tree, and `stop` still finds them here (vLLM's engine holds the memory).
+        self._workers: dict[int, int] = {}
 
     @property
     def url(self) -> str:
@@ -329,6 +331,7 @@ class LocalServer:
             if holder is Holder.OTHER:
                 raise PortTaken(self.host, self.port, f" (not the server started, pid {process.pid})")
             if holder in (Holder.OWN, Holder.UNKNOWN) and self._answers():
+                self._workers = descendants(process.pid)
                 return
             with suppress(subprocess.TimeoutExpired):  # an exit (a port it lost, a bad model) shows at once
                 process.wait(timeout=_POLL)
@@ -357,17 +360,23 @@ class LocalServer:
 
     def stop(self) -> None:
         """SIGTERM, up to 20 s, then SIGKILL; then any of its processes still alive (vLLM's
-        engine process, should the server have been killed before it stopped it) get SIGKILL."""
-        if self.process is not None and self.process.poll() is None:
-            workers = descendants(self.process.pid)
+        engine process, should the server have been killed, or have died, before it stopped it)
+        get SIGKILL: those below it now and those listed when it answered."""
+        if self.process is None:
+            return
+        workers, running = self._workers, self.process.poll() is None
+        if running:
+            workers = {**workers, **descendants(self.process.pid)}
             self.process.terminate()
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-            _reap(workers)
-        self.process = None
+        # Workers of a server stopped now get time to end with it; those of one that had died
+        # already are orphans that outlived it: they go at once.
+        _reap(workers, grace=10.0 if running else 0.0)
+        self.process, self._workers = None, {}
 
     def __enter__(self) -> LocalServer:
         self.start()

@@ -71,6 +71,16 @@ def _device() -> Device:
     return "gpu" if gpu_present() else "cpu"
 
 
+def _installed_device(env: Path | None = None) -> Device:
+    """The device the vLLM in `env` was installed for (setup's marker: `--device` may have chosen
+    the CPU wheel on a GPU machine), else this machine's. The server's flags follow it."""
+    try:
+        recorded = json.loads(((env or vllm_env()) / _MARKER).read_text()).get("device")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return recorded if recorded in ("cpu", "gpu") else _device()
+
+
 def vllm_env() -> Path:
     """The venv that holds vLLM: $CTD_VLLM_ENV, else ~/.cache/ctd/vllm-env."""
     env = os.environ.get(VLLM_ENV_VAR)
@@ -114,8 +124,8 @@ class VllmSettings:
             raise InvalidSetting("max_model_len", repr(length), "must be between 256 and 1048576 tokens")
 
     def arguments(self, device: Device | None = None) -> list[str]:
-        """The resource flags of the server command on `device` (default: this machine's)."""
-        if (device or _device()) == "gpu":
+        """The resource flags of the server command on `device` (default: `_installed_device()`)."""
+        if (device or _installed_device()) == "gpu":
             return [
                 "--gpu-memory-utilization", str(self.gpu_memory_utilization or self.GPU_MEMORY),
                 "--max-model-len", str(self.max_model_len or self.GPU_CONTEXT),
@@ -125,7 +135,7 @@ class VllmSettings:
 
     def environment(self, device: Device | None = None) -> dict[str, str]:
         """Variables the server reads at start (on top of this process's environment)."""
-        if (device or _device()) == "gpu":
+        if (device or _installed_device()) == "gpu":
             return {}
         gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(self.CPU_KV_CACHE_GIB))  # a user's own wins
         return {"VLLM_CPU_KVCACHE_SPACE": gib}

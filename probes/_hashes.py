@@ -8,6 +8,13 @@ size and restores the modification time (`touch -r`, `cp -p`, `rsync -t`) still 
 changed weight file is never taken for the one that was hashed. The cost is a rehash after a
 chmod or a hard link, which also change ctime.
 
+A file is remembered only once its ctime is older than the hash by `RACY_SECONDS`: a filesystem
+keeps times in ticks (a few ms on ext4, 2 s on FAT), and a write in the same tick as the
+one the hash saw would leave the key as it was. Such a "racily clean" file (just written or
+copied) is hashed again at its next use, as git re-reads racily clean index entries. The
+margin is taken on this machine's clock: a network filesystem whose server's clock lags by more
+than that can still race.
+
 The file is rewritten whole (a temporary file renamed over it), after merging what another
 process wrote meanwhile: a reader never sees a partial file, and two processes racing can at
 worst lose each other's new entries, which are then hashed again. A cache that cannot be read or
@@ -22,6 +29,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from ._embedded import model_cache_root, sha256_of_file
@@ -31,6 +39,7 @@ __all__ = ["HASH_CACHE_NAME", "content_sha256", "hash_cache_path"]
 HASH_CACHE_NAME = "file-hashes.json"
 HASH_CACHE_VERSION = 1
 MAX_ENTRIES = 10_000  # about 2 MB of JSON; the oldest entries go first beyond it
+RACY_SECONDS = 2.0  # FAT's tick, the coarsest of the common filesystems
 
 # This process's view of the cache: key -> sha256, filled from the file once and by each hash.
 _memory: dict[str, str] = {}
@@ -47,6 +56,11 @@ def _key(path: Path) -> str:
     resolved = path.resolve()
     stat = resolved.stat()
     return f"{resolved}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
+
+
+def _settled(key: str, hashed_at_ns: int) -> bool:
+    """Whether a write after the hash must change `key`: its ctime is a full tick before the hash."""
+    return int(key.rsplit("|", 1)[1]) < hashed_at_ns - int(RACY_SECONDS * 1e9)
 
 
 def _read(cache: Path) -> dict[str, str]:
@@ -94,7 +108,8 @@ def _current(key: str) -> bool:
 
 def content_sha256(paths: list[Path]) -> list[str]:
     """sha256 of each file's bytes, in order: from the cache when the file is unchanged since it
-    was hashed (same resolved path, size, mtime and ctime), else computed and remembered."""
+    was hashed (same resolved path, size, mtime and ctime), else computed and remembered (once
+    settled: see the module's docstring)."""
     global _loaded_from
     cache = hash_cache_path()
     if _loaded_from != cache:  # read once per process (and again if the cache root moves)
@@ -107,7 +122,10 @@ def content_sha256(paths: list[Path]) -> list[str]:
         key = _key(Path(path))
         digest = _memory.get(key)
         if digest is None:
-            digest = new[key] = _memory[key] = sha256_of_file(Path(path))
+            hashed_at = time.time_ns()
+            digest = sha256_of_file(Path(path))
+            if _settled(key, hashed_at) and _key(Path(path)) == key:  # and unchanged while read
+                new[key] = _memory[key] = digest
         out.append(digest)
     if new:
         _write(cache, new)

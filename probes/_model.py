@@ -115,9 +115,38 @@ def _check_gguf(path: Path) -> None:
 
 def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
     """A folder with float weights and tokenizer converted from the GGUF `path` (made once)."""
-    folder = model_cache_root() / f"gguf-{digest[:24]}"
+    folder = _converted_folder(digest)
     if (folder / "ctd-converted.json").is_file():
         return folder
+    try:  # first, so that a read-only or full model cache fails in one line before a minute of work
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    except OSError as error:
+        raise ProbeError(
+            f"{folder.parent}: cannot write the converted model there ({error.strerror})"
+        ) from None
+    try:
+        model, tokenizer = _load_gguf(path, dtype)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "ctd-converted.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
+        try:
+            staging.rename(folder)
+        except OSError:
+            if not (folder / "ctd-converted.json").is_file():
+                raise
+            # Another process (e.g. another rank of `torchrun`) converted it first: keep theirs.
+    except OSError as error:
+        raise ProbeError(
+            f"{folder.parent}: cannot write the converted model there ({error.strerror})"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The GGUF's model, de-quantized to `dtype`, and its tokenizer, ready to save as a folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -131,29 +160,22 @@ def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "ctd-converted.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
-        try:
-            staging.rename(folder)
-        except OSError:
-            if not (folder / "ctd-converted.json").is_file():
-                raise
-            # Another process (e.g. another rank of `torchrun`) converted it first: keep theirs.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
+    return model, tokenizer
 
 
-def gguf_as_folder(path: Path) -> Path:
+def _converted_folder(digest: str) -> Path:
+    return model_cache_root() / f"gguf-{digest[:24]}"
+
+
+def gguf_as_folder(path: Path, *, convert: bool = True) -> Path:
     """A GGUF file as a Hugging Face folder (float32 weights, tokenizer, chat template), converted
-    once under the model cache and shared by every user: the probe stage and a vLLM expert."""
+    once under the model cache and shared by every user: the probe stage and a vLLM expert.
+    `convert=False`: the folder's path only, converted or not (a dry run names it)."""
+    _check_gguf(Path(path))
+    if not convert:
+        return _converted_folder(file_sha256(Path(path)))
     import torch
 
-    _check_gguf(Path(path))
     return _converted_gguf(Path(path), file_sha256(Path(path)), torch.float32)
 
 

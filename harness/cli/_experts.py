@@ -225,7 +225,9 @@ def experts_serve(
     except InvalidSetting as exc:
         raise InputError(f"--{exc.setting.replace('_', '-')} {exc.shown}: {exc.problem}") from None
     log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}-{os.getuid()}.log"  # one per user
-    server = local_server(registry[name], shown=name, port=port, log=None if dry_run else log, vllm=vllm)
+    server = local_server(
+        registry[name], shown=name, port=port, log=None if dry_run else log, vllm=vllm, prepare=not dry_run
+    )
     stdout.print(" ".join(server.command))
     if dry_run:
         return

@@ -114,13 +114,15 @@ def local_server(
     log: Path | None = None,
     move_if_taken: bool = False,
     vllm: experts.VllmSettings | None = None,
+    prepare: bool = True,
 ) -> experts.LocalServer:
     """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
     GGUF, found (or fetched once) by the same function that gives the probe stage its weights; a
     vLLM entry whose hf_model is the embedded model serves the Hugging Face folder converted from
     that GGUF (the probe stage's own). InputError, naming `shown`, when the weights or the
     server's package are missing. `move_if_taken`: a run's own server, which serves on a free
-    port when the expert's is taken; `vllm`: a vLLM server's resources (default: the device's)."""
+    port when the expert's is taken; `vllm`: a vLLM server's resources (default: the device's);
+    `prepare=False`: the command only (a dry run), the GGUF not converted for vLLM."""
     gguf = folder = None
     if spec.server == "llama.cpp" or (spec.server == "vllm" and spec.hf_model == _EMBEDDED):
         # Imported here: only a local expert on the embedded model needs it (probes is heavy).
@@ -129,7 +131,7 @@ def local_server(
         try:
             gguf = embedded_gguf()
             if spec.server == "vllm":
-                gguf, folder = None, _embedded_folder(gguf)
+                gguf, folder = None, _embedded_folder(gguf, convert=prepare)
         except ProbeError as error:
             raise InputError(f"--expert {shown}: {error}") from None
     try:
@@ -146,12 +148,12 @@ def local_server(
 _EMBEDDED = "smollm2"  # probes.EMBEDDED_MODEL, spelled here so that the registry check costs no import
 
 
-def _embedded_folder(gguf: Path) -> Path:
+def _embedded_folder(gguf: Path, *, convert: bool = True) -> Path:
     """The embedded model as a Hugging Face folder (float weights, tokenizer, chat template), made
     once from its GGUF by the probe stage's conversion and shared with it (a minute, once)."""
     from probes import gguf_as_folder
 
-    return gguf_as_folder(gguf)
+    return gguf_as_folder(gguf, convert=convert)
 
 
 def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:

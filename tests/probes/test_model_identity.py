@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,12 @@ def original() -> Path:
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A hash cache of this test's own, read afresh (as by a new process)."""
+    """A hash cache of this test's own, read afresh (as by a new process). The files these tests
+    copy are seconds old: the racy margin is lifted so that they are remembered at once."""
     path = tmp_path / "hash-cache" / "file-hashes.json"
     monkeypatch.setattr(_hashes, "hash_cache_path", lambda: path)
     monkeypatch.setattr(_hashes, "_loaded_from", None)
+    monkeypatch.setattr(_hashes, "RACY_SECONDS", 0.0)
     return path
 
 
@@ -153,3 +156,23 @@ def test_an_old_style_identity_matches_only_its_folder_untouched(
     os.utime(copy / "model.safetensors", ns=(0, 0))  # the old identity saw file times
     assert not identity_matches(recorded, loaded)
     assert not identity_matches("gguf:" + "0" * 64, loaded)
+
+
+def test_a_file_written_within_the_racy_margin_is_hashed_again_until_it_settles(
+    tmp_path: Path, cache: Path, hashed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in the same timestamp tick as the hash would keep the key: so a file whose ctime
+    is within RACY_SECONDS of the hash is not remembered, and is once it is older."""
+    monkeypatch.setattr(_hashes, "RACY_SECONDS", 0.5)
+    fresh = tmp_path / "weights.bin"
+    fresh.write_bytes(b"w" * 1000)
+    first = _hashes.content_sha256([fresh])
+    new_process()
+    assert _hashes.content_sha256([fresh]) == first
+    assert hashed == [fresh, fresh] and not cache.exists()  # not remembered: read twice
+    time.sleep(0.6)
+    new_process()
+    _hashes.content_sha256([fresh])
+    new_process()
+    assert _hashes.content_sha256([fresh]) == first
+    assert hashed == [fresh, fresh, fresh]  # settled: remembered after the third read
