@@ -85,8 +85,9 @@ def _budgets_too_small(config: RunConfig, n_test: int, n_cal: int) -> str:
     while calibrate.split_sizes(n_needed)[1] < need:
         n_needed += 1
     head = (
-        f"--budgets {budget:g}: the test split has {n_test} examples, so D_cal holds {n_cal}; certifying "
-        f"budget {budget:g} at delta {config.delta:g} needs at least {need} (a test split of {n_needed} examples)"
+        f"--budgets {budget:g}: the test split has {n_test} examples, so D_cal holds {n_cal}; "
+        f"certifying budget {budget:g} at delta {config.delta:g} needs at least {need} (a test split "
+        f"of {n_needed} examples)"
     )
     if n_cal < 1:
         return head + "; no budget can be certified without calibration rows"
