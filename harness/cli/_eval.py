@@ -293,7 +293,10 @@ def _print_summary(rows: list[dict[str, str]]) -> None:
     (or per selector)."""
     from ..report._summary_table import summary_tables
 
-    for found in summary_tables(rows):
+    tables = summary_tables(rows)
+    if tables:
+        stdout.print("summary: means over seeds, as report.md's Summary shows them")
+    for found in tables:
         table = Table(title=escape(found.title), title_justify="left")
         table.add_column("metric")
         for column in found.columns:

@@ -208,32 +208,36 @@ def realised_figure(
     target budget, the top-k policies' realised rate and the y = x line."""
     fig, axes = _figure(len(panels))
     for ax, (objective, lines) in zip(axes[0], panels.items(), strict=True):
-        # Top-k spends exactly its budget, so it lies on y = x: y = x is a wide pale line under it,
-        # top-k a dark dashed line with crosses on top, and both stay visible.
-        ax.plot([0, 1], [0, 1], color="#bbbbbb", linewidth=4, alpha=0.6, zorder=1, label="y = x")
-        if topk is not None:
-            ax.plot(
-                topk.budgets,
-                topk.mean,
-                color="#444444",
-                linestyle="--",
-                linewidth=1.2,
-                marker="x",
-                markersize=4,
-                zorder=3,
-                label="top-k",
-            )
-        for curve in _ctd_last(lines):
-            _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+        _realised_panel(ax, lines, topk)
         ax.set_title(f"selected for {_METRIC_NAMES.get(objective, objective)}", fontsize="medium")
-        ax.set_xlabel("target budget")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("realised delegation rate")
     fig.suptitle(title, fontsize="medium")
     _legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _realised_panel(ax: Axes, lines: Sequence[Curve], topk: Curve | None) -> None:
+    # Top-k spends exactly its budget, so it lies on y = x: y = x is a wide pale line under it,
+    # top-k a dark dashed line with crosses on top, and both stay visible.
+    ax.plot([0, 1], [0, 1], color="#bbbbbb", linewidth=4, alpha=0.6, zorder=1, label="y = x")
+    if topk is not None:
+        ax.plot(
+            topk.budgets,
+            topk.mean,
+            color="#444444",
+            linestyle="--",
+            linewidth=1.2,
+            marker="x",
+            markersize=4,
+            zorder=3,
+            label="top-k",
+        )
+    for curve in _ctd_last(lines):
+        _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+    ax.set_xlabel("target budget")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
 
 
 def _histogram(ax: Axes, values: NDArray, bins: NDArray, colour: str) -> None:
