@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -297,7 +298,8 @@ def _print_summary(rows: list[dict[str, str]]) -> None:
     if tables:
         stdout.print("summary: means over seeds, as report.md's Summary shows them")
     for found in tables:
-        table = Table(title=escape(found.title), title_justify="left")
+        # No outer border: the summary and every stage line above it fit one screen.
+        table = Table(title=escape(found.title), title_justify="left", box=box.HEAVY_HEAD, show_edge=False)
         table.add_column("metric")
         for column in found.columns:
             table.add_column(escape(column), justify="right")

@@ -50,12 +50,12 @@ _PERFORMANCE_ROWS: tuple[tuple[str, str, SummaryKind], ...] = (
 _RULES = {
     "given": "the level given (--performance-alpha)",
     "smallest-certifiable": (
-        "the smallest certifiable level (the smallest validated level at which CTD returned a policy "
-        f"in at least {MIN_SELECTION:.0%} of the trials)"
+        f"the smallest certifiable level (the first at which CTD returned a policy in >= {MIN_SELECTION:.0%} "
+        "of the trials)"
     ),
     "most-selected": (
-        f"the level where CTD returned a policy most often (at no validated level in {MIN_SELECTION:.0%} "
-        "of the trials)"
+        f"the level where CTD returned a policy most often (in < {MIN_SELECTION:.0%} of the trials at "
+        "every level)"
     ),
 }
 
@@ -110,8 +110,8 @@ def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, di
     budgets, chosen = summary_budgets(sweep)
     seeds = len(np.unique(sweep.baselines["seed"]))
     title = (
-        f"{arch} at target budgets ({chosen}), B = {batch}, means over {seeds} seeds; gains: mean "
-        "[min, max] over seeds"
+        f"{arch} at target budgets ({chosen}), B = {batch}, means over {seeds} seed{'s' * (seeds != 1)}; "
+        "gains: mean [min, max] over seeds"
     )
     part = _Rows(arch, "budget", title)
     found = ctx.arch_numbers(arch).get("validation", {})
@@ -162,8 +162,8 @@ def _performance_part(ctx: ReportContext, arch: str) -> tuple[_Rows | None, dict
         return None, {}
     alpha, rule, delta = found["headline_alpha"], found.get("headline_rule", "given"), found["delta"]
     title = (
-        f"{arch}: performance control at alpha = {alpha:g} (accuracy at least {1 - alpha:.2f}), "
-        f"{_RULES[rule]}; violations should stay at or below delta = {delta:.0%}"
+        f"{arch}: performance control at alpha = {alpha:g} (accuracy >= {1 - alpha:.2f}, delta = "
+        f"{delta:.0%}), {_RULES[rule]}"
     )
     part = _Rows(arch, "performance", title)
     numbers: dict[str, Any] = {"alpha": alpha, "rule": rule, "delta": delta}
@@ -200,8 +200,10 @@ def summary_lines(ctx: ReportContext) -> list[str]:
         "mean of the per-seed differences with the smallest and largest in brackets: with few seeds a "
         "range, not a confidence interval. **Budget control** rows are the validation at that budget on "
         "the population (the test split minus D_est): the share of trials whose delegation exceeded it, "
-        "and the mean delegation spent. **Performance control** (its level in the title): violations, "
-        "how often each selector returned a policy, and what the returned policies delegated and scored. "
+        "and the mean delegation spent. **Performance control** (its level in the title): the share of "
+        "trials whose returned policy missed the accuracy target (a guarantee keeps it at or below "
+        "delta), how often each selector returned a policy, and what the returned policies delegated "
+        "and scored. "
         f"CSV: `{relative}`.",
         "",
     ]

@@ -279,7 +279,7 @@ def test_the_headline_error_level_is_the_smallest_certifiable(full_run: tuple[Pa
     assert performance["ctd"]["selection_rate"] >= MIN_SELECTION
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     assert f"performance control at alpha = {certifiable[0]:g}" in report
-    assert "the smallest certifiable level" in report
+    assert "the smallest certifiable level (the first at which CTD returned a policy in >= 10%" in report
 
 
 def test_validation_numbers_come_from_the_records(full_run: tuple[Path, list[str]]) -> None:
