@@ -110,8 +110,8 @@ def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, di
     budgets, chosen = summary_budgets(sweep)
     seeds = len(np.unique(sweep.baselines["seed"]))
     title = (
-        f"{arch} at target budgets ({chosen}), B = {batch}, means over {seeds} seed{'s' * (seeds != 1)}; "
-        "gains: mean [min, max] over seeds"
+        f"{arch} at target budgets ({chosen}), B = {batch}, means over {seeds} seed{'s' * (seeds != 1)} "
+        "on each one's evaluation half; gains: mean [min, max] over seeds"
     )
     part = _Rows(arch, "budget", title)
     found = ctx.arch_numbers(arch).get("validation", {})
