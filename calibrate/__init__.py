@@ -46,6 +46,7 @@ from ._pvalues import (
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
+    min_certifiable_level,
 )
 from ._splits import (
     OBJECTIVES,
@@ -138,6 +139,7 @@ __all__ = [
     "median_rank_signal",
     "merge_scores",
     "min_calibration_size",
+    "min_certifiable_level",
     "performance_control",
     "policy_signal",
     "predict",

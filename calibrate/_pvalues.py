@@ -27,6 +27,7 @@ __all__ = [
     "clopper_pearson",
     "hoeffding_bentkus_pvalue",
     "min_calibration_size",
+    "min_certifiable_level",
     "pvalue_table",
 ]
 
@@ -122,6 +123,26 @@ def min_calibration_size(alpha: float, delta: float) -> int:
     while special.bdtr(0, n, alpha) > delta:
         n += 1
     return n
+
+
+def min_certifiable_level(n: int, delta: float) -> float:
+    """Smallest alpha that zero losses in n calibration rows certify at level delta:
+    alpha* = 1 - delta^(1/n), the root of P(Binomial(n, alpha) <= 0) = (1 - alpha)^n = delta.
+
+    The inverse of `min_calibration_size`: a level alpha can be certified with n rows exactly
+    when alpha >= alpha* (the p-value of zero losses falls with alpha), i.e. when
+    `min_calibration_size(alpha, delta) <= n`. The float returned is nudged up until the
+    binomial tail itself is <= delta, so it is never below the true root.
+    """
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    _check_level("delta", delta)
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
+
+    alpha = float(-np.expm1(np.log(delta) / int(n)))
+    while special.bdtr(0, int(n), alpha) > delta:
+        alpha = float(np.nextafter(alpha, 1.0))
+    return alpha
 
 
 def _h1(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -8,6 +8,7 @@ so an interrupted run pays for no expert answer twice.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -68,15 +69,36 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     except ProbeError as error:
         raise InputError(str(error)) from None
     n_cal = calibrate.split_sizes(len(data.test))[1]  # D_cal of a calibration half (SPEC section 4)
-    need = calibrate.min_calibration_size(min(config.budgets), config.delta)
-    if n_cal < need:
-        raise InputError(
-            f"--budgets {min(config.budgets):g}: the test split has {len(data.test)} examples, so D_cal "
-            f"holds {n_cal}; certifying this budget at delta {config.delta:g} needs at least {need}"
-        )
+    if n_cal < calibrate.min_calibration_size(min(config.budgets), config.delta):
+        raise InputError(_budgets_too_small(config, len(data.test), n_cal))
     roots = Roots.resolve(runs_root)
     roots = Roots(runs=roots.runs, store=roots.store.resolve(), cache=roots.cache.resolve())
     return _Prepared(data, spec, model, roots, roots.run(config.run_name))
+
+
+def _budgets_too_small(config: RunConfig, n_test: int, n_cal: int) -> str:
+    """The refusal of budgets too small for D_cal, naming the budgets that would work: with n_cal
+    rows, zero losses certify exactly the budgets at or above `calibrate.min_certifiable_level`."""
+    budget = min(config.budgets)
+    need = calibrate.min_calibration_size(budget, config.delta)
+    n_needed = n_test
+    while calibrate.split_sizes(n_needed)[1] < need:
+        n_needed += 1
+    head = (
+        f"--budgets {budget:g}: the test split has {n_test} examples, so D_cal holds {n_cal}; "
+        f"certifying budget {budget:g} at delta {config.delta:g} needs at least {need} (a test split "
+        f"of {n_needed} examples)"
+    )
+    if n_cal < 1:
+        return head + "; no budget can be certified without calibration rows"
+    low = math.ceil(calibrate.min_certifiable_level(n_cal, config.delta) * 1000) / 1000  # shown rounded up
+    workable = [b for b in config.budgets if calibrate.min_calibration_size(b, config.delta) <= n_cal]
+    if workable:
+        advice = f"pass --budgets {','.join(f'{b:g}' for b in workable)} (those asked for that can)"
+    else:
+        first = math.ceil(low * 100) / 100  # the smallest two-decimal budget at or above the level
+        advice = f"none of those asked for can; pass budgets of {first:g} or more"
+    return head + f". With {n_cal} rows only budgets of {low:.3f} or more can be certified: {advice}"
 
 
 def run_eval(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -14,7 +15,7 @@ import calibrate
 from probes import ARCHS
 
 from .._errors import InputError
-from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
+from ..run._config import DV_TARGET_CHOICES, MIN_SELECTION, RunConfig, load_run_config
 from ..run._layout import Roots, RunLayout
 from ..run._log import StageStatus
 from ..run._progress import StageProgress
@@ -173,7 +174,12 @@ def eval_command(
         float | None,
         typer.Option(
             "--performance-alpha",
-            help="Error level whose per-trial histogram the report draws" + _d("performance_alpha") + ".",
+            help=(
+                "Error level (minimum accuracy 1 - alpha) whose performance control the summary shows "
+                "and whose per-trial histogram the report draws [the smallest level of "
+                f"--performance-alphas at which CTD returns a policy in at least {MIN_SELECTION:.0%} of "
+                "the validation trials]."
+            ),
         ),
     ] = None,
     pvalue: Annotated[
@@ -284,25 +290,22 @@ def _print_warnings(warnings: list[str]) -> None:
 
 
 def _print_summary(rows: list[dict[str, str]]) -> None:
-    """One screen: a row per metric, a column per probe configuration."""
-    if not rows:
-        return
-    table = Table(title="summary: means over seeds, CTD at the largest batch size")
-    table.add_column("metric")
-    for row in rows:
-        table.add_column(row["arch"], justify="right")
-    for key in rows[0]:
-        if key != "arch":
-            table.add_row(key, *(_short(row[key]) for row in rows))
-    stdout.print(table)
+    """The report's summary tables, as report.md shows them: a row per metric, a column per budget
+    (or per selector)."""
+    from ..report._summary_table import summary_tables
 
-
-def _short(text: str) -> str:
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return "-" if value != value else f"{value:.3f}"
+    tables = summary_tables(rows)
+    if tables:
+        stdout.print("summary: means over seeds, as report.md's Summary shows them")
+    for found in tables:
+        # No outer border: the summary and every stage line above it fit one screen.
+        table = Table(title=escape(found.title), title_justify="left", box=box.HEAVY_HEAD, show_edge=False)
+        table.add_column("metric")
+        for column in found.columns:
+            table.add_column(escape(column), justify="right")
+        for metric, cells in found.rows:
+            table.add_row(escape(metric), *cells)
+        stdout.print(table)
 
 
 def report_command(

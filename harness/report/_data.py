@@ -25,15 +25,19 @@ from ..data._tables import RawTable, read_table
 
 __all__ = [
     "BINARY_SUFFIX",
+    "GAIN_BASELINES",
     "MEAN_V_FRACTIONS",
     "Curve",
+    "GainCurve",
     "GroupResult",
     "Sweep",
     "curves",
     "dv_quality_rows",
+    "gain_curves",
     "group_result",
     "mean_std",
     "mean_value_curves",
+    "paired_gain",
     "read_config_text",
     "read_sweep",
     "seed_mean",
@@ -253,6 +257,66 @@ def value_at(
     """Mean over seeds of one sweep cell."""
     rows = sweep.rows(policy=policy, objective=objective, batch_size=batch_size, budget=budget)
     return seed_mean(sweep.table[metric][rows])
+
+
+# ---------------------------------------------------------------- paired per-seed gains
+
+# What CTD's gain is measured against: the probe alone (baselines.csv) and a sweep policy.
+GAIN_BASELINES: tuple[str, ...] = ("probe", "unc-topk")
+
+
+def _by_seed(seeds: NDArray, values: NDArray) -> dict[int, float]:
+    return {int(s): float(v) for s, v in zip(seeds, values, strict=True)}
+
+
+def paired_gain(
+    sweep: Sweep, metric: str, *, versus: str, budget: float, batch_size: int
+) -> NDArray[np.float64]:
+    """CTD minus `versus` (GAIN_BASELINES) in `metric` per seed, ascending seed, at one swept
+    budget: each seed's CTD against the same seed's probe or policy on the same evaluation half
+    (seeds missing on either side, or NaN, are left out). Rows selected for `metric`'s objective."""
+    objective = sweep.objective_for(metric)
+
+    def cells(policy: str) -> dict[int, float]:
+        rows = sweep.rows(policy=policy, objective=objective, batch_size=batch_size, budget=budget)
+        return _by_seed(sweep.table["seed"][rows], sweep.table[metric][rows])
+
+    ctd = cells("ctd")
+    if versus == "probe":
+        other = _by_seed(sweep.baselines["seed"], sweep.baselines[f"probe_{metric}"])
+    else:
+        other = cells(versus)
+    differences = np.array([ctd[s] - other[s] for s in sorted(ctd.keys() & other.keys())], np.float64)
+    return differences[np.isfinite(differences)]
+
+
+@dataclass(frozen=True)
+class GainCurve:
+    """CTD minus `versus` against target budget: the mean of the per-seed differences, and the
+    smallest (low) and largest (high) of them; `seeds` paired at every budget."""
+
+    versus: str
+    budgets: NDArray[np.float64]
+    mean: NDArray[np.float64]
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
+    seeds: int
+
+
+def gain_curves(sweep: Sweep, metric: str, *, batch_size: int) -> list[GainCurve]:
+    """The paired gain of CTD over each of GAIN_BASELINES the sweep holds, at every budget."""
+    out = []
+    for versus in GAIN_BASELINES:
+        if (versus != "probe" and versus not in sweep.policies) or "ctd" not in sweep.policies:
+            continue
+        found = [
+            paired_gain(sweep, metric, versus=versus, budget=b, batch_size=batch_size) for b in sweep.budgets
+        ]
+        stats = [(d.mean(), d.min(), d.max()) if d.size else (np.nan,) * 3 for d in found]
+        mean, low, high = (np.array(column, np.float64) for column in zip(*stats, strict=True))
+        seeds = min((d.size for d in found), default=0)
+        out.append(GainCurve(versus, sweep.budgets, mean, low, high, seeds))
+    return out
 
 
 # ---------------------------------------------------------------- group table

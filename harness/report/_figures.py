@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
 from ..data._tables import atomic_path
-from ._data import Curve
+from ._data import Curve, GainCurve
 
 __all__ = [
     "POLICY_LABELS",
@@ -97,12 +97,18 @@ def _band(ax: Axes, x: NDArray, mean: NDArray, std: NDArray, **style: object) ->
     ax.fill_between(x, mean - std, mean + std, color=line.get("color"), alpha=0.15, linewidth=0)
 
 
-def _legend(fig: Figure, ax: Axes) -> None:
-    """One legend below the panels, at most two entries per panel width in a row."""
-    handles, labels = ax.get_legend_handles_labels()
+def _legend(fig: Figure, *axes: Axes) -> None:
+    """One legend below the panels (the entries of the given axes), at most two entries per panel
+    width in a row."""
+    handles, labels = [], []
+    for ax in axes:
+        found = ax.get_legend_handles_labels()
+        handles += found[0]
+        labels += found[1]
     if not labels:
         return
-    per_row = max(2, 2 * len(fig.axes))
+    columns = len({ax.get_subplotspec().colspan.start for ax in fig.axes if ax.get_subplotspec()})
+    per_row = max(2, 2 * columns)
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), per_row), fontsize="small")
 
 
@@ -113,11 +119,16 @@ def cascade_figure(
     metric: str,
     title: str,
     path: Path,
+    gains: Mapping[int, Sequence[GainCurve]] | None = None,
 ) -> Path:
     """One panel per batch size: every policy's `metric` against target budget (mean +-1 std
-    over seeds), with probe-only (dotted) and expert-only (dashed) grey lines."""
-    fig, axes = _figure(len(panels))
-    low, high = _curve_limits([c for lines in panels.values() for c in lines], baselines["probe"])
+    over seeds), with probe-only (dotted) and expert-only (dashed) grey lines; below, when
+    `gains` are given, CTD's paired per-seed gains (mean, and the band from the smallest to the
+    largest seed's difference) against a zero line."""
+    fig, axes = _figure(len(panels), nrows=2 if gains else 1)
+    low, high = _curve_limits(
+        [c for lines in panels.values() for c in lines], baselines["probe"], min_span=_MIN_SPAN[metric]
+    )
     for ax, (batch_size, lines) in zip(axes[0], sorted(panels.items()), strict=True):
         for curve in _ctd_last(lines):
             _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
@@ -142,13 +153,39 @@ def cascade_figure(
         ax.set_xlabel("target budget")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(_METRIC_LABELS[metric])
+    if gains:
+        _gain_row(axes[1], gains, metric)
     fig.suptitle(title, fontsize="medium")
-    _legend(fig, axes[0, 0])
+    _legend(fig, axes[0, 0], *(axes[1, :1] if gains else ()))
     return _save(fig, path)
 
 
-def _curve_limits(lines: Sequence[Curve], *also: float) -> tuple[float, float]:
-    """y-limits that hold every curve's band and the given levels, with a 5% margin."""
+def _gain_row(axes: Sequence[Axes], gains: Mapping[int, Sequence[GainCurve]], metric: str) -> None:
+    """CTD's paired gains per batch size: a line per baseline, its min-max band over seeds."""
+    for ax, (batch_size, lines) in zip(axes, sorted(gains.items()), strict=True):
+        for gain in lines:
+            colour = "grey" if gain.versus == "probe" else _COLOURS.get(gain.versus, "black")
+            label = f"CTD - {'probe only' if gain.versus == 'probe' else POLICY_LABELS[gain.versus]}"
+            ax.plot(
+                gain.budgets, gain.mean, color=colour, marker="o", markersize=2.5, linewidth=1.4, label=label
+            )
+            ax.fill_between(gain.budgets, gain.low, gain.high, color=colour, alpha=0.18, linewidth=0)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(f"paired gain, B = {batch_size}", fontsize="medium")
+        ax.set_xlabel("target budget")
+        ax.grid(alpha=0.3)
+    _at_least(axes[0], _MIN_SPAN[metric])  # the row shares its y-limits
+    axes[0].set_ylabel(f"{_METRIC_NAMES[metric]} gain (band: seeds' min-max)")
+
+
+# The smallest y-range of a metric's panel: differences below it are noise, not a trend to zoom on
+# (a 0.003 accuracy gap drawn across the full panel height reads as a large effect).
+_MIN_SPAN = {"auroc": 0.05, "accuracy": 0.05, "realised": 0.1}
+
+
+def _curve_limits(lines: Sequence[Curve], *also: float, min_span: float = 0.0) -> tuple[float, float]:
+    """y-limits that hold every curve's band and the given levels, with a 5% margin, widened
+    about their middle to at least `min_span`."""
     values = [np.asarray(also, dtype=np.float64)]
     values += [c.mean - c.std for c in lines] + [c.mean + c.std for c in lines]
     finite = np.concatenate(values)
@@ -157,7 +194,11 @@ def _curve_limits(lines: Sequence[Curve], *also: float) -> tuple[float, float]:
         return 0.0, 1.0
     low, high = float(finite.min()), float(finite.max())
     pad = max(0.05 * (high - low), 0.005)
-    return low - pad, high + pad
+    low, high = low - pad, high + pad
+    if high - low < min_span:
+        middle = (low + high) / 2
+        low, high = middle - min_span / 2, middle + min_span / 2
+    return low, high
 
 
 def realised_figure(
@@ -167,20 +208,36 @@ def realised_figure(
     target budget, the top-k policies' realised rate and the y = x line."""
     fig, axes = _figure(len(panels))
     for ax, (objective, lines) in zip(axes[0], panels.items(), strict=True):
-        ax.plot([0, 1], [0, 1], color="black", linestyle=":", linewidth=1, label="y = x")
-        if topk is not None:
-            ax.plot(topk.budgets, topk.mean, color="grey", linestyle="--", linewidth=1.2, label="top-k")
-        for curve in _ctd_last(lines):
-            _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+        _realised_panel(ax, lines, topk)
         ax.set_title(f"selected for {_METRIC_NAMES.get(objective, objective)}", fontsize="medium")
-        ax.set_xlabel("target budget")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("realised delegation rate")
     fig.suptitle(title, fontsize="medium")
     _legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _realised_panel(ax: Axes, lines: Sequence[Curve], topk: Curve | None) -> None:
+    # Top-k spends exactly its budget, so it lies on y = x: y = x is a wide pale line under it,
+    # top-k a dark dashed line with crosses on top, and both stay visible.
+    ax.plot([0, 1], [0, 1], color="#bbbbbb", linewidth=4, alpha=0.6, zorder=1, label="y = x")
+    if topk is not None:
+        ax.plot(
+            topk.budgets,
+            topk.mean,
+            color="#444444",
+            linestyle="--",
+            linewidth=1.2,
+            marker="x",
+            markersize=4,
+            zorder=3,
+            label="top-k",
+        )
+    for curve in _ctd_last(lines):
+        _band(ax, curve.budgets, curve.mean, curve.std, **_style(curve.policy))
+    ax.set_xlabel("target budget")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
 
 
 def _histogram(ax: Axes, values: NDArray, bins: NDArray, colour: str) -> None:
@@ -365,9 +422,18 @@ def dv_topk_figure(panels: Mapping[str, Mapping[int, Curve]], *, title: str, pat
         ax.set_xlabel("target budget")
         ax.set_ylabel(_METRIC_LABELS[metric])
         ax.grid(alpha=0.3)
+        _at_least(ax, _MIN_SPAN[metric])
     fig.suptitle(title, fontsize="medium")
     _legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _at_least(ax: Axes, span: float) -> None:
+    """Widen the panel's y-range about its middle to at least `span`."""
+    low, high = ax.get_ylim()
+    if high - low < span:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
 def dv_delta_figure(

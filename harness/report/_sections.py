@@ -23,6 +23,7 @@ from ._data import (
     Sweep,
     curves,
     dv_quality_rows,
+    gain_curves,
     group_result,
     mean_std,
     mean_value_curves,
@@ -70,14 +71,19 @@ def _cascade_figures(
                 _curve_rows(lines, merge=merge, metric=metric, objective=objective, batch_size=b)
             )
         baselines = {who: sweep.baseline(f"{who}_{metric}")[0] for who in ("probe", "expert")}
+        gains = {b: gain_curves(sweep, metric, batch_size=b) for b in sweep.batch_sizes}
+        seeds = max((g.seeds for lines in gains.values() for g in lines), default=0)
         path, relative = ctx.figure_path(arch, f"{name}-{metric}")
-        fig.cascade_figure(panels, baselines, metric=metric, title=f"{arch}: {what}", path=path)
+        fig.cascade_figure(panels, baselines, metric=metric, title=f"{arch}: {what}", path=path, gains=gains)
         ctx.image(
             relative,
             f"{arch}, {what}: cascade {METRIC_NAMES[metric]} vs target budget, one panel per batch size; "
             f"calibrated policies (solid) selected for {METRIC_NAMES[objective]}, top-k dashed; grey: probe "
             "only (dotted), expert only (dashed; named in a corner when it falls off the axis, which fits "
-            "the curves); CTD drawn last, with diamonds.",
+            "the curves); CTD drawn last, with diamonds. Below: CTD's paired gain over the probe alone and "
+            f"over Unc. top-k, each seed's CTD minus the same seed's baseline; line: the mean over the "
+            f"{seeds} seeds, band: the smallest to the largest seed's difference (above zero: CTD ahead "
+            "in every seed).",
         )
 
 
@@ -112,7 +118,8 @@ def realised_section(ctx: ReportContext) -> None:
         ctx.image(
             relative,
             f"{arch}: realised delegation rate of CTD and Unc. calibrated vs target budget (one panel "
-            f"per Pareto objective), top-k at B = {largest} (dashed grey) and y = x (dotted).",
+            f"per Pareto objective); top-k at B = {largest} (dark dashed, crosses) spends exactly its "
+            "budget, so it runs along y = x (the wide pale line).",
         )
 
 
@@ -306,25 +313,32 @@ def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep
 
 
 def binary_section(ctx: ReportContext) -> None:
-    ctx.lines += ["## Binary vs continuous delegation value", ""]
-    for arch, sweep in ctx.sweeps.items():
-        if arch.endswith(BINARY_SUFFIX):
-            continue
-        binary = ctx.sweeps.get(f"{arch}{BINARY_SUFFIX}")
-        if binary is not None:
-            _binary_pair(ctx, arch, binary, sweep)
-            continue
+    """Binary vs continuous DV where the run trained both (`--dv-target both`); for a probe
+    configuration without the binary twin, its continuous DV top-k per batch size under a heading
+    of its own."""
+    twins = {arch: ctx.sweeps.get(f"{arch}{BINARY_SUFFIX}") for arch in ctx.sweeps}
+    paired = {arch: binary for arch, binary in twins.items() if binary is not None}
+    alone = [arch for arch, binary in twins.items() if binary is None and not arch.endswith(BINARY_SUFFIX)]
+    if paired:
+        ctx.lines += ["## Binary vs continuous delegation value", ""]
+        for arch, binary in paired.items():
+            _binary_pair(ctx, arch, binary, ctx.sweeps[arch])
+    if not alone:
+        return
+    ctx.lines += ["## DV top-k by batch size", ""]
+    for arch in alone:
         ctx.note(
             f"{arch}: no binary-DV probe (arch '{arch}{BINARY_SUFFIX}' in scores.parquet, its DV probe "
-            "trained on v_bin); the comparison needs a run with the binary DV target. Continuous DV "
-            "top-k curves only."
+            "trained on v_bin), so no binary vs continuous comparison; `ctd eval --dv-target both` trains "
+            "one. Continuous DV top-k curves only."
         )
-        panels = {metric: _dv_topk(sweep, metric) for metric in METRICS}
+        panels = {metric: _dv_topk(ctx.sweeps[arch], metric) for metric in METRICS}
         path, relative = ctx.figure_path(arch, "dv-topk")
-        fig.dv_topk_figure(panels, title=f"{arch}: DV top-k, continuous DV", path=path)
+        fig.dv_topk_figure(panels, title=f"{arch}: DV top-k by batch size, continuous DV", path=path)
         ctx.image(
             relative,
-            f"{arch}: DV top-k (continuous DV target) AUROC and accuracy vs target budget per batch size.",
+            f"{arch}: DV top-k (continuous DV target) AUROC and accuracy vs target budget, one line per "
+            "batch size (mean +-1 std over seeds).",
         )
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._errors import InputError
+from ..run._config import MIN_SELECTION
 from ..run._layout import RunLayout
 from ..stages._validate import JOBS, JobRecord, read_job
 from . import _figures as fig
@@ -38,6 +39,16 @@ INTRO = (
     "losses on m evaluation rows about half the time. A violation is decided on integer counts; a "
     "trial that returns no policy does not violate."
 )
+
+
+# How the headline level was chosen, in a figure title (harness.stages._validate.headline_level).
+_CHOSEN = {
+    "given": "the level given",
+    "smallest-certifiable": (
+        f"smallest certifiable level: CTD returned a policy in >= {MIN_SELECTION:.0%} of trials"
+    ),
+    "most-selected": "the level where CTD returned a policy most often",
+}
 
 
 def _measured(record: dict[str, Any], measurement: str) -> dict[str, float]:
@@ -129,6 +140,8 @@ def _job_numbers(record: JobRecord) -> dict[str, Any]:
     headline = record.headline
     return {
         "headline_alpha": record.headline_alpha,
+        "headline_rule": record.headline_rule,
+        "delta": record.levels[0]["delta"],
         "headline": None if headline is None else level_numbers(headline),
         "levels": [level_numbers(level) for level in record.levels],
         "max_population_violation": max(
@@ -320,17 +333,18 @@ def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, JobR
         selection = f"selection {pct(population['selection_rate'])}"
         panels[f"{label}: {rates}, {selection}"] = _population(record, "accuracy", prefix)
     path, relative = ctx.figure_path(arch, "validation-performance")
+    chosen = _CHOSEN[record.headline_rule]
     fig.performance_validation_figure(
         panels,
         alpha=alpha,
         population=_population_size(record),
-        title=f"{arch}: performance control at alpha = {alpha:g}",
+        title=f"{arch}: performance control at alpha = {alpha:g} ({chosen})",
         path=path,
     )
     ctx.image(
         relative,
         f"{arch}: accuracy on the population of the returned policies under performance control "
-        f"(alpha = {alpha:g}), CTD's LTT selector against the empirical selector, binned on the multiples "
-        "of 1/population size; the dashed line at 1 - alpha separates the accuracies that violate it "
-        "(left) from those that meet it.",
+        f"(alpha = {alpha:g}, {chosen}), CTD's LTT selector against the empirical selector, binned on the "
+        "multiples of 1/population size; the dashed line at 1 - alpha separates the accuracies that "
+        "violate it (left) from those that meet it.",
     )

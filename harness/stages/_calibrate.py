@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from dataclasses import dataclass, fields
@@ -86,13 +87,21 @@ def check_calibration_size(
             raise InputError(
                 f"{source}: seed {seed} has {sample}, so D_cal holds {n_cal}; "
                 f"{option} {alpha:g} with --delta {delta:g} needs at least {need} for any threshold "
-                f"to be certified"
+                f"to be certified{_certifiable_from(n_cal, delta)}"
             )
         if np.unique(scores.label).size < 2:
             raise InputError(
                 f"{source}: column 'label': the test split of seed {seed} has only label "
                 f"{int(scores.label[0])}; AUROC and accuracy need both classes"
             )
+
+
+def _certifiable_from(n_cal: int, delta: float) -> str:
+    """What n_cal rows can certify: the levels at or above `calibrate.min_certifiable_level`."""
+    if n_cal < 1:
+        return ""
+    low = math.ceil(calibrate.min_certifiable_level(n_cal, delta) * 1000) / 1000  # shown rounded up
+    return f"; {n_cal} rows certify levels of {low:.3f} or more"
 
 
 def simulate(

@@ -314,9 +314,14 @@ class ProbeStage:
             f"{truncated} conversations truncated to {ctx.config.max_tokens} tokens"
         )
         means = result.metrics["mean"]
+        seeds = len(ctx.config.seeds)
+        # Labelled apart from the summary's probe AUROC, which is on each seed's evaluation half.
         return StageResult(
             "; ".join(
-                f"{arch} test AUROC {m['test_auroc']:.3f}" for arch, m in means.items() if m["test_auroc"]
+                f"{arch} safety-probe AUROC {m['test_auroc']:.3f} on the whole test split (mean over "
+                f"{seeds} seeds)"
+                for arch, m in means.items()
+                if m["test_auroc"]
             )
         )
 

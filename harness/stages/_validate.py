@@ -7,10 +7,14 @@ calibration samples (a split seed of its own, so no two jobs reuse the same tria
     budget-ltt      budget-only LTT (no Pareto filter), at every budget of the run
     performance     performance control against the empirical selector, at every error level
 
-validate/<arch>/<job>.json holds {"job", "headline_alpha", "levels": [one `ValidationResult.to_dict()`
-per level], "not_validated": [{"alpha", "why"}]}; validate/<arch>/<job>.parquet holds every
-trial of every level (column `alpha`). The headline level is the one whose per-trial
-histogram the report draws (the paper validated one level; every level is in the table).
+validate/<arch>/<job>.json holds {"job", "headline_alpha", "headline_rule", "levels": [one
+`ValidationResult.to_dict()` per level], "not_validated": [{"alpha", "why"}]};
+validate/<arch>/<job>.parquet holds every trial of every level (column `alpha`). The headline
+level is the one whose per-trial histogram the report draws and whose performance control the
+summary shows (the paper validated one level; every level is in the table): the level given
+(`headline_rule` "given"), or, when none is given, the smallest level at which the tested
+selector returned a policy in at least MIN_SELECTION of the trials ("smallest-certifiable";
+"most-selected" when no level reached that: the level where it returned one most often).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,12 +33,27 @@ import calibrate
 from .._errors import InputError
 from ..data._scores import BINARY_SUFFIX, read_scores
 from ..data._tables import read_json, read_table, write_json
+from ..run._config import MIN_SELECTION
 from ..run._context import RunContext
 from ..run._log import file_sha256, fingerprint
 from ..run._stage import StageResult
 from ._calibrate import validate_scores
 
-__all__ = ["JOBS", "VALIDATE_SETTINGS", "JobRecord", "ValidateStage", "ValidationJob", "read_job", "run_job"]
+__all__ = [
+    "HEADLINE_RULES",
+    "JOBS",
+    "VALIDATE_SETTINGS",
+    "HeadlineRule",
+    "JobRecord",
+    "ValidateStage",
+    "ValidationJob",
+    "headline_level",
+    "read_job",
+    "run_job",
+]
+
+HeadlineRule = Literal["given", "smallest-certifiable", "most-selected"]
+HEADLINE_RULES: tuple[str, ...] = get_args(HeadlineRule)
 
 VALIDATE_SETTINGS: tuple[str, ...] = (
     "trials",
@@ -84,6 +103,17 @@ def _certifiable(
     return tuple(kept), dropped
 
 
+def headline_level(levels: list[dict[str, Any]]) -> tuple[float, HeadlineRule]:
+    """The smallest level (records in ascending alpha) at which the tested selector returned a
+    policy in at least MIN_SELECTION of its trials; when none did, the level where it returned one
+    most often (the smallest of those tied)."""
+    rates = [float(level["selection_rate"]) for level in levels]
+    for level, rate in zip(levels, rates, strict=True):
+        if rate >= MIN_SELECTION:
+            return float(level["alpha"]), "smallest-certifiable"
+    return float(levels[rates.index(max(rates))]["alpha"]), "most-selected"
+
+
 def run_job(
     scores_path: Path,
     folder: Path,
@@ -91,16 +121,19 @@ def run_job(
     *,
     arch: str,
     alphas: tuple[float, ...],
-    headline_alpha: float,
+    headline_alpha: float | None,
     delta: float,
     trials: int,
     pvalue: calibrate.PValueMethod,
 ) -> dict[str, Any]:
     """Validate one job at `alphas` plus `headline_alpha` and write its two files; returns the
-    JSON record. A table that cannot be validated at all (one class in a seed's test split)
-    is recorded as {"job", "error"} and raises nothing."""
-    levels = tuple(sorted({*alphas, headline_alpha}))
-    record: dict[str, Any] = {"job": job.name, "headline_alpha": headline_alpha}
+    JSON record. `headline_alpha` None: chosen from the results by `headline_level`. A table that
+    cannot be validated at all (one class in a seed's test split) is recorded as {"job", "error"}
+    and raises nothing."""
+    levels = tuple(sorted({*alphas, headline_alpha} - {None}))
+    if not levels:
+        raise ValueError("run_job: no level to validate (no alphas and no headline level)")
+    record: dict[str, Any] = {"job": job.name, "headline_alpha": headline_alpha, "headline_rule": "given"}
     trials_path = folder / f"{job.name}.parquet"
     trials_path.unlink(missing_ok=True)
     try:
@@ -125,6 +158,8 @@ def run_job(
         write_json(folder / f"{job.name}.json", record)
         return record
     record |= {"levels": [r.to_dict() for r in results], "not_validated": dropped}
+    if headline_alpha is None:
+        record["headline_alpha"], record["headline_rule"] = headline_level(record["levels"])
     write_json(folder / f"{job.name}.json", record)
     return record
 
@@ -138,6 +173,7 @@ class JobRecord:
     path: Path
     levels: list[dict[str, Any]]
     headline_alpha: float
+    headline_rule: HeadlineRule
     not_validated: list[dict[str, Any]]
     per_trial: dict[str, NDArray] | None
 
@@ -168,6 +204,9 @@ def read_job(folder: Path, job: ValidationJob) -> JobRecord:
         or not all(isinstance(r, dict) and keys <= r.keys() for r in levels)
     ):
         raise InputError(f"{path}: no per-level records; rerun `ctd eval` to validate at every level")
+    rule = record.get("headline_rule", "given")  # records written before the rule: a given level
+    if rule not in HEADLINE_RULES:
+        raise InputError(f"{path}: headline_rule {rule!r}: expected one of {', '.join(HEADLINE_RULES)}")
     per_trial = None
     if (folder / f"{job.name}.parquet").is_file():
         per_trial = {k: np.asarray(v) for k, v in read_table(folder / f"{job.name}.parquet").columns.items()}
@@ -175,7 +214,8 @@ def read_job(folder: Path, job: ValidationJob) -> JobRecord:
         job=job,
         path=path,
         levels=sorted(levels, key=lambda r: r["alpha"]),
-        headline_alpha=float(record.get("headline_alpha", levels[0]["alpha"])),
+        headline_alpha=float(record.get("headline_alpha") or levels[0]["alpha"]),
+        headline_rule=rule,
         not_validated=list(record.get("not_validated", [])),
         per_trial=per_trial,
     )

@@ -26,6 +26,7 @@ from calibrate import (
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
+    min_certifiable_level,
 )
 
 # Private: k*, unit-tested against the p-values.
@@ -225,6 +226,37 @@ def test_min_calibration_size_known_values() -> None:
         min_calibration_size(0.0, 0.1)
     with pytest.raises(ValueError):
         min_calibration_size(0.1, 1.0)
+
+
+# --------------------------------------------------------------------------- min_certifiable_level
+
+
+@SETTINGS
+@given(n=st.integers(min_value=1, max_value=100_000), delta=st.floats(min_value=1e-4, max_value=0.9))
+def test_min_certifiable_level_is_the_inverse_of_min_calibration_size(n: int, delta: float) -> None:
+    level = min_certifiable_level(n, delta)
+    assert 0 < level < 1
+    # Certified with n rows at that level (the same zero-loss p-value the calibration uses)...
+    assert float(binomial_pvalue(0, n, level)) <= delta
+    assert min_calibration_size(level, delta) <= n
+    # ...and it is the exact root 1 - delta^(1/n) up to the float evaluation of the tail (below
+    # the root nothing is certifiable).
+    with mpmath.workdps(50):
+        root = 1 - mpmath.mpf(delta) ** (1 / mpmath.mpf(n))
+        assert abs(mpmath.mpf(level) - root) <= root * mpmath.mpf("1e-9")
+
+
+def test_min_certifiable_level_known_values() -> None:
+    # 14 rows (the D_cal of a 40-row test split) at delta 0.1: 1 - 0.1^(1/14) = 0.15166; 0.15
+    # needs 15 rows, 0.16 needs 14. One row certifies only alpha >= 1 - delta.
+    assert min_certifiable_level(14, 0.1) == pytest.approx(0.151657, abs=1e-6)
+    assert min_calibration_size(0.15, 0.1) == 15 and min_calibration_size(0.16, 0.1) == 14
+    assert min_certifiable_level(1, 0.1) == pytest.approx(0.9)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            min_certifiable_level(bad, 0.1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        min_certifiable_level(10, 1.0)
 
 
 # --------------------------------------------------------------------------- Hoeffding-Bentkus

@@ -24,7 +24,18 @@ from harness.stages._query import check_expert, pick_expert
 
 # RunConfig fields whose default is not a value of the option: derived, or empty meaning "built-in".
 # Defaults of None, described in words in their help ("default: ...").
-NOT_SHOWN = {"name", "data", "revision", "layer", "device_map", "expert_model", "merge_controls", "limit"}
+# Defaults of None, said in words (the headline error level: the smallest certifiable one).
+NOT_SHOWN = {
+    "name",
+    "data",
+    "revision",
+    "layer",
+    "device_map",
+    "expert_model",
+    "merge_controls",
+    "limit",
+    "performance_alpha",
+}
 
 
 def test_eval_help_shows_every_default() -> None:
@@ -49,6 +60,8 @@ def test_eval_help_shows_every_default() -> None:
     ]
     assert not missing, (missing, sorted(entries))
     assert "[--merge-controls]" in entries["--merge-controls"]
+    headline = " ".join(entries["--performance-alpha"].split())  # said in words, where None would be
+    assert "[the smallest level of" in headline and "returns a policy in at least 10% of the" in headline
 
 
 def test_experts_show_prints_plain_values_and_the_effective_down_after(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 and as its own weak expert) shows what CTD does, in the run's own report tables: a probe that is
 good but not perfect, an expert worse than it on average that still gains where the DV probe
 sends it, CTD above the probe alone and above Unc. top-k at a budget between 0.1 and 0.3 (B = 128),
-and CTD's delegation plateauing below the target at high budgets.
+in every seed at some budget of the summary, and CTD's delegation plateauing below the target at
+high budgets. Its summary shows the uncertainty baselines and performance control at a level CTD
+certifies, where its tested selector violates less often than the empirical one.
 
 `default_run_shows_ctd` is the check; the test runs the real pipeline (about two minutes on two
 cores) and applies it. Applied to a run of the previous default (all four groups in train, the
@@ -20,7 +22,7 @@ from eval_data import eval_env
 from harness.data._tables import read_table
 from harness.report._context import slug
 from harness.report._examples import EXAMPLE_BUDGETS
-from harness.run._config import RunConfig
+from harness.run._config import MIN_SELECTION, RunConfig
 from harness.run._layout import RunLayout
 
 GAIN_BUDGETS = (0.1, 0.15, 0.2, 0.25, 0.3)
@@ -45,17 +47,42 @@ def _curve(rows: list[dict[str, str]], metric: str, policy: str, budget: float) 
     return value
 
 
+def _summary(rows: list[dict[str, str]], part: str, metric: str) -> dict[str, dict[str, str]]:
+    """One metric's cells of report/tables/summary.csv, by column (budget or selector)."""
+    return {r["column"]: r for r in rows if r["part"] == part and r["metric"] == metric}
+
+
 def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     """What the run's report tables fail to show of CTD's weak-expert behaviour (empty: all of
     it)."""
     layout = RunLayout(run)
     with layout.summary_table.open(newline="") as file:
-        (summary,) = [r for r in csv.DictReader(file) if r["arch"] == arch]
+        summary = [r for r in csv.DictReader(file) if r["arch"] == arch]
     curves_table = layout.summary_table.parent / slug(arch) / "curves.csv"  # as the report names it
     with curves_table.open(newline="") as file:
         curves = list(csv.DictReader(file))
-    probe, expert = float(summary["probe AUROC"]), float(summary["expert AUROC"])
+    probe = float(next(iter(_summary(summary, "budget", "probe alone AUROC").values()))["value"])
+    expert = float(next(iter(_summary(summary, "budget", "expert alone AUROC").values()))["value"])
     failures = []
+    for metric in ("CTD AUROC", "Unc. top-k AUROC", "Unc. calibrated AUROC", "CTD - Unc. top-k AUROC"):
+        cells = _summary(summary, "budget", metric)
+        if sorted(cells) != ["0.1", "0.2", "0.3"] or not all(
+            float(c["value"]) == float(c["value"]) for c in cells.values()
+        ):
+            failures.append(f"summary row {metric!r}: not a number at each of 0.1/0.2/0.3 ({cells})")
+    gains = _summary(summary, "budget", "CTD - probe AUROC")
+    if not any(float(c["low"]) > 0 for c in gains.values()):
+        failures.append(f"CTD - probe AUROC is not positive in every seed at any summary budget ({gains})")
+    performance = {r["column"]: r for r in summary if r["part"] == "performance"}
+    violations = _summary(summary, "performance", "violations")
+    selected = _summary(summary, "performance", "returned a policy")
+    title = next(iter(performance.values()), {}).get("title", "")
+    if "smallest certifiable level" not in title:
+        failures.append(f"performance control not at the smallest certifiable level: {title!r}")
+    elif not float(selected["CTD (LTT)"]["value"]) >= MIN_SELECTION:
+        failures.append(f"CTD returned a policy in only {selected['CTD (LTT)']['value']} of the trials")
+    elif not float(violations["CTD (LTT)"]["value"]) < float(violations["empirical selector"]["value"]):
+        failures.append(f"CTD violates no less often than the empirical selector ({violations})")
     if not PROBE_AUROC_RANGE[0] <= probe <= PROBE_AUROC_RANGE[1]:
         failures.append(f"probe AUROC {probe:.3f} outside {PROBE_AUROC_RANGE}")
     if not expert < probe:

@@ -3,6 +3,7 @@ part of the run's name and fingerprints as the data is."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -82,3 +83,21 @@ def test_bad_limits_are_one_line(args: tuple[str, ...], fragment: str, tmp_path:
     env = {"CTD_RUNS_DIR": str(tmp_path / "runs")}
     assert_one_line_error(run_ctd(*args, cwd=tmp_path, env=env), fragment)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "p").exists()
+
+
+def test_a_too_small_test_split_names_the_budgets_that_would_work(tmp_path: Path) -> None:
+    """Plain `--limit 40`: D_cal holds 14 rows, which certify budgets of 1 - 0.1^(1/14) = 0.152 or
+    more; the refusal names the default budgets from 0.2 on, and those budgets pass the check
+    (the same command stops only at the endpoint, a closed port)."""
+    env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "CTD_CACHE": str(tmp_path / "cache.sqlite")}
+    refused = run_ctd("eval", "--limit", "40", cwd=tmp_path, env=env)
+    assert_one_line_error(refused, "D_cal holds 14", "needs at least 45", "budgets of 0.152 or more")
+    (named,) = re.findall(r"pass --budgets (\S+)", refused.stderr)
+    assert named == ",".join(f"{b:g}" for b in RunConfig().budgets if b >= 0.2)
+    assert not (tmp_path / "runs").exists()
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ("eval", "--limit", "40", "--budgets", named, "--expert", url, "--expert-model", "m")
+    assert_one_line_error(run_ctd(*args, "--serve", "never", cwd=tmp_path, env=env), "cannot reach")
+    # Asked only for budgets that 14 rows cannot certify: none to keep, the smallest that could.
+    too_low = run_ctd("eval", "--limit", "40", "--budgets", "0.05,0.1", cwd=tmp_path, env=env)
+    assert_one_line_error(too_low, "none of those asked for can; pass budgets of 0.16 or more")

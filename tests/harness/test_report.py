@@ -25,9 +25,13 @@ import harness.report
 import harness.report._figures  # private: figures checked one by one
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
+from harness._eval import read_summary
 from harness.report._build import build_report  # private: with a progress hook
-from harness.report._data import MEAN_V_FRACTIONS, read_sweep  # private: the report's tables
+from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep  # private: the report's tables
 from harness.report._sections import MEAN_V_TABLE_FRACTIONS  # private: the report's tables
+from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
+from harness.report._summary_table import summary_tables
+from harness.run._config import MIN_SELECTION
 from harness.stages._validate import JOBS, read_job, run_job  # private: the jobs the report reads
 
 ARCH = "simulated"
@@ -50,7 +54,9 @@ FULL_FIGURES = (
 )
 LEVELS = {"budget": BUDGETS, "performance": (0.1, 0.2, 0.3)}
 TRIALS = 50
-HEADLINE = {"budget": 0.3, "performance": 0.2}
+# Performance control's headline level is left to the validate stage (the smallest certifiable),
+# as in a default `ctd eval`.
+HEADLINE = {"budget": 0.3, "performance": None}
 
 
 def _calibrate(run: Path, arch: str, merges: tuple[str, ...]) -> None:
@@ -166,20 +172,114 @@ def test_every_figure_is_a_valid_png_with_a_caption(full_run: tuple[Path, list[s
         assert section in report
     assert "config.toml" in report and 'name = "full"' in report
     assert messages and messages[-1] == "publishing report/"
+    # The summary comes first, under the title; the configuration and the warnings after it.
+    lines = report.splitlines()
+    assert lines.index("## Summary") < 6
+    assert (
+        report.index("## Summary") < report.index("## Configuration") < report.index("## Degenerate scores")
+    )
+    # No binary-DV twin: DV top-k by batch size under its own heading, not "Binary vs continuous".
+    assert "## Binary vs continuous" not in report
+    assert report.index("## DV top-k by batch size") < report.index(f"figures/{ARCH}/dv-topk.png")
+
+
+def _summary_cell(rows: list[dict[str, str]], metric: str, column: str, part: str = "budget") -> dict:
+    (row,) = [r for r in rows if r["part"] == part and r["metric"] == metric and r["column"] == column]
+    return row
 
 
 def test_numbers_agree_with_the_sweep_and_baselines(full_run: tuple[Path, list[str]]) -> None:
+    """The summary's columns are the budgets the run swept (five, all shown); CTD and both
+    uncertainty baselines are the sweep's cells, and the gains pair each seed's CTD with that
+    seed's probe (baselines.csv) or Unc. top-k (sweep.csv)."""
     run, _ = full_run
     summary = _numbers(run)["archs"][ARCH]["summary"]
+    assert summary["budgets"] == list(BUDGETS) and summary["budgets_chosen"] == "the budgets asked for"
     sweep = _csv(run / "calibrate" / ARCH / "sweep.csv")
-    for metric in ("auroc", "accuracy"):
-        cells = _cells(sweep, metric, policy="ctd", objective=metric, budget="0.2", batch_size="64")
-        assert len(cells) == 2  # one per seed
-        assert summary["ctd@0.2"][metric] == pytest.approx(np.mean(cells), abs=1e-12)
-    baselines = _csv(run / "calibrate" / ARCH / "baselines.csv")
-    assert summary["probe_auroc"] == pytest.approx(np.mean([float(r["probe_auroc"]) for r in baselines]))
+    baselines = {int(r["seed"]): r for r in _csv(run / "calibrate" / ARCH / "baselines.csv")}
     table = _csv(run / "report" / "tables" / "summary.csv")
-    assert float(table[0]["CTD AUROC @0.2"]) == pytest.approx(summary["ctd@0.2"]["auroc"])
+    assert {r["column"] for r in table if r["part"] == "budget"} == {f"{b:g}" for b in BUDGETS}
+    for metric, name in (("auroc", "AUROC"), ("accuracy", "accuracy")):
+        for policy, label in (
+            ("ctd", "CTD"),
+            ("unc-topk", "Unc. top-k"),
+            ("unc-calibrated", "Unc. calibrated"),
+        ):
+            cells = _cells(sweep, metric, policy=policy, objective=metric, budget="0.2", batch_size="64")
+            assert len(cells) == 2  # one per seed
+            assert summary["at"]["0.2"][f"{policy}_{metric}"] == pytest.approx(np.mean(cells), abs=1e-12)
+            shown = float(_summary_cell(table, f"{label} {name}", "0.2")["value"])
+            assert shown == pytest.approx(np.mean(cells), abs=1e-12)
+        ctd = {
+            s: _cells(
+                sweep, metric, policy="ctd", objective=metric, budget="0.2", batch_size="64", seed=str(s)
+            )[0]
+            for s in baselines
+        }
+        unc = {
+            s: _cells(
+                sweep, metric, policy="unc-topk", objective=metric, budget="0.2", batch_size="64", seed=str(s)
+            )[0]
+            for s in baselines
+        }
+        for versus, label, other in (
+            ("probe", "probe", {s: float(r[f"probe_{metric}"]) for s, r in baselines.items()}),
+            ("unc-topk", "Unc. top-k", unc),
+        ):
+            per_seed = [ctd[s] - other[s] for s in sorted(baselines)]
+            gain = summary["at"]["0.2"][f"gain_{versus}_{metric}"]
+            assert gain["per_seed"] == pytest.approx(per_seed, abs=1e-12)
+            row = _summary_cell(table, f"CTD - {label} {name}", "0.2")
+            assert float(row["value"]) == pytest.approx(np.mean(per_seed), abs=1e-12)
+            assert (float(row["low"]), float(row["high"])) == pytest.approx((min(per_seed), max(per_seed)))
+    assert summary["probe_auroc"] == pytest.approx(
+        np.mean([float(r["probe_auroc"]) for r in baselines.values()])
+    )
+    # Budget control's rows at each budget are the validation's own level there.
+    found = _numbers(run)["archs"][ARCH]["validation"]["budget-pareto"]["levels"]
+    for budget in BUDGETS:
+        (level,) = [level for level in found if level["alpha"] == budget]
+        row = _summary_cell(table, "Pareto LTT (CTD): violations", f"{budget:g}")
+        assert float(row["value"]) == pytest.approx(level["population"]["violation_rate"])
+
+
+def test_the_terminal_prints_the_summary_as_the_report_shows_it(full_run: tuple[Path, list[str]]) -> None:
+    """summary.csv, read back as text the way `ctd eval` reads it, lays out as the report's own
+    Markdown tables: a row per metric, a column per budget, a number in every CTD cell."""
+    run, _ = full_run
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    tables = summary_tables(read_summary(run / "report" / "tables" / "summary.csv"))
+    assert [t.title.split(":")[0].split(" at ")[0] for t in tables] == [ARCH, ARCH]
+    for table in tables:
+        assert f"**{table.title}**" in report
+        for metric, cells in table.rows:
+            assert "| " + " | ".join([metric, *cells]) + " |" in report
+    budget = tables[0]
+    assert budget.columns == [f"{b:g}" for b in BUDGETS]
+    metrics = [metric for metric, _ in budget.rows]
+    for expected in ("CTD AUROC", "Unc. top-k AUROC", "Unc. calibrated accuracy", "CTD - probe AUROC"):
+        assert expected in metrics
+    ctd = dict(budget.rows)["CTD AUROC"]
+    assert "—" not in ctd and all(re.fullmatch(r"0\.\d{3}", cell) for cell in ctd)
+    assert re.fullmatch(
+        r"[+-]0\.\d{3} \[[+-]0\.\d{3}, [+-]0\.\d{3}\]", dict(budget.rows)["CTD - probe AUROC"][0]
+    )
+
+
+def test_the_headline_error_level_is_the_smallest_certifiable(full_run: tuple[Path, list[str]]) -> None:
+    """No --performance-alpha: the validate stage picks the smallest level at which CTD returned a
+    policy in at least MIN_SELECTION of the trials, and the summary and the figure say so."""
+    run, _ = full_run
+    record = read_job(run / "validate" / ARCH, next(j for j in JOBS if j.mode == "performance"))
+    certifiable = [r["alpha"] for r in record.levels if r["selection_rate"] >= MIN_SELECTION]
+    assert certifiable, "the simulated strong probe certifies some level"
+    assert record.headline_alpha == certifiable[0] and record.headline_rule == "smallest-certifiable"
+    performance = _numbers(run)["archs"][ARCH]["summary"]["performance"]
+    assert performance["alpha"] == certifiable[0] and performance["rule"] == "smallest-certifiable"
+    assert performance["ctd"]["selection_rate"] >= MIN_SELECTION
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert f"performance control at alpha = {certifiable[0]:g}" in report
+    assert "the smallest certifiable level (the first at which CTD returned a policy in >= 10%" in report
 
 
 def test_validation_numbers_come_from_the_records(full_run: tuple[Path, list[str]]) -> None:
@@ -189,24 +289,25 @@ def test_validation_numbers_come_from_the_records(full_run: tuple[Path, list[str
         record = read_job(run / "validate" / ARCH, job)
         found = numbers["validation"][job.name]
         assert [level["alpha"] for level in found["levels"]] == sorted(
-            {*LEVELS[job.mode], HEADLINE[job.mode]}
+            {*LEVELS[job.mode], HEADLINE[job.mode]} - {None}
         )
         for level, written in zip(found["levels"], record.levels, strict=True):
             assert level["paper"]["violation_rate"] == pytest.approx(written["violation_rate"])
             assert level["population"]["violation_rate"] == pytest.approx(
                 written["population"]["violation_rate"]
             )
-        assert found["headline"]["alpha"] == HEADLINE[job.mode]
+        assert found["headline"]["alpha"] == record.headline_alpha
+        assert HEADLINE[job.mode] in (None, record.headline_alpha)
         # The per-trial table has every level, and its rates are the records'.
-        trials = record.trials_at(HEADLINE[job.mode])
+        trials = record.trials_at(record.headline_alpha)
         assert trials is not None and trials["population_violated"].size == 50
         assert trials["population_violated"].mean() == pytest.approx(
             found["headline"]["population"]["violation_rate"]
         )
-    summary = numbers["summary"]["validation"]
+    summary = numbers["summary"]["performance"]
     performance = numbers["validation"]["performance"]["headline"]
-    assert summary["viol. perf. CTD"] == pytest.approx(performance["population"]["violation_rate"])
-    assert summary["sel. perf. empirical"] == pytest.approx(
+    assert summary["ctd"]["violation_rate"] == pytest.approx(performance["population"]["violation_rate"])
+    assert summary["empirical"]["selection_rate"] == pytest.approx(
         performance["empirical"]["population"]["selection_rate"]
     )
     rows = _csv(run / "report" / "tables" / ARCH / "validation.csv")
@@ -313,13 +414,15 @@ def test_missing_optional_inputs_are_said_not_fatal(sparse_run: Path) -> None:
     assert not any(str(sparse_run) in m for m in numbers["missing"])  # paths relative to the run
     found = numbers["archs"][ARCH]
     rate = found["validation"]["budget-pareto"]["headline"]["population"]["violation_rate"]
-    assert found["summary"]["validation"]["viol. budget Pareto"] == pytest.approx(rate)
-    assert found["summary"]["validation"]["viol. perf. CTD"] is None  # NaN, written as null
+    assert found["summary"]["at"]["0.3"]["budget-pareto_violation_rate"] == pytest.approx(rate)
+    assert found["summary"]["at"]["0.5"]["budget-pareto_violation_rate"] is None  # not validated: null
+    assert found["summary"]["performance"] == {}  # no performance record to read
     figures = sparse_run / "report" / "figures" / ARCH
     _assert_png(figures / "cascade-auroc.png")
     _assert_png(figures / "validation-levels.png")
     _assert_png(figures / "validation-budget.png")  # empty panels: no per-trial table
-    assert "viol. budget Pareto" in report  # the summary still has the column, with dashes
+    assert "| Pareto LTT (CTD): violations |" in report  # the summary still has the row, with dashes
+    assert "## Binary vs continuous delegation value" in report and "## DV top-k by batch size" not in report
 
 
 def test_binary_dv_twin_gets_a_comparison(sparse_run: Path) -> None:
@@ -449,8 +552,9 @@ def test_mean_v_table_fractions_are_points_of_its_grid() -> None:
 
 
 def test_budgets_off_the_grid_are_said_not_replaced(tmp_path: Path) -> None:
-    """A grid without 0.1 and 0.2 (continuous) or 0.2 (binary twin): those cells are empty and
-    the report says why; 0.3, on both grids, is read as is."""
+    """A grid without 0.1 and 0.2 (continuous) or 0.2 (binary twin): the summary shows each
+    grid's own budgets, a number in every CTD cell; the tables at fixed budgets (binary
+    comparison, groups) leave the missing ones empty and say why; 0.3, on both grids, is read as is."""
     run = tmp_path / "offgrid"
     run.mkdir()
     _write_with_binary_twin(run / "scores.parquet", seeds=1)
@@ -462,15 +566,15 @@ def test_budgets_off_the_grid_are_said_not_replaced(tmp_path: Path) -> None:
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     numbers = _numbers(run)["archs"][ARCH]
     summary = numbers["summary"]
-    assert summary["ctd@0.1"] == {"budget": None, "auroc": None, "accuracy": None}  # NaN written as null
-    assert summary["ctd@0.2"]["budget"] is None
+    assert summary["budgets"] == [0.15, 0.25, 0.3, 0.5]
+    assert _numbers(run)["archs"][f"{ARCH}-binary"]["summary"]["budgets"] == [0.1, 0.3, 0.5]
     sweep = _csv(run / "calibrate" / ARCH / "sweep.csv")
     (auroc,) = _cells(sweep, "auroc", policy="ctd", objective="auroc", budget="0.3", batch_size="32")
-    assert summary["ctd@0.3"] == pytest.approx(
-        {"budget": 0.3, "auroc": auroc, "accuracy": summary["ctd@0.3"]["accuracy"]}
-    )
-    assert f"{ARCH}: B = 32, budget grid lacks 0.1/0.2 (—)" in report
-    assert f"{ARCH}-binary: B = 32, budget grid lacks 0.2 (—)" in report
+    assert summary["at"]["0.3"]["ctd_auroc"] == pytest.approx(auroc)
+    rows = _csv(run / "report" / "tables" / "summary.csv")
+    ctd = [r for r in rows if r["part"] == "budget" and r["metric"].startswith("CTD")]
+    assert len(ctd) == 6 * (4 + 3)  # 2 metrics x (CTD, 2 gains), at 4 and at 3 budgets
+    assert all(np.isfinite(float(r["value"])) for r in ctd)
     assert "groups" not in numbers
     assert f"budget 0.2 is not on calibrate/{ARCH}'s budget grid; no group table." in report
     rows = {r["budget"]: r for r in numbers["binary_vs_continuous"]["rows"]}
@@ -494,3 +598,23 @@ def test_an_older_calibrate_folder(sparse_run: Path, tmp_path: Path) -> None:
     path.write_text(json.dumps(summary), encoding="utf-8")
     with pytest.raises(InputError, match=r"summary\.json: no 'split_seed' setting"):
         build_report(run)
+
+
+def _sweep_on(grid: tuple[float, ...]) -> Sweep:
+    """A sweep read back with this budget grid (only the budgets matter to the summary's columns)."""
+    budgets = np.array(grid, np.float64)
+    return Sweep(Path("."), {"budget": budgets}, {}, {}, SweepConfig(budgets=grid), None)
+
+
+def test_the_summary_shows_the_budgets_asked_for() -> None:
+    """The default grid: its headline budgets. A grid of the user's: all of it, or MAX_BUDGETS of
+    a long one, evenly spaced and always including both ends."""
+    assert summary_budgets(_sweep_on(calibrate.DEFAULT_BUDGETS)) == (
+        list(SUMMARY_BUDGETS),
+        "headline budgets of the default grid",
+    )
+    assert summary_budgets(_sweep_on((0.5, 0.7))) == ([0.5, 0.7], "the budgets asked for")
+    long = tuple(round(0.05 * k, 2) for k in range(2, 20))  # 0.1 ... 0.95, 18 budgets
+    shown, chosen = summary_budgets(_sweep_on(long))
+    assert len(shown) == MAX_BUDGETS and shown[0] == 0.1 and shown[-1] == 0.95
+    assert set(shown) <= set(long) and chosen == f"{MAX_BUDGETS} of the 18 budgets asked for, evenly spaced"

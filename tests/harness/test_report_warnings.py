@@ -6,6 +6,7 @@ library (simulate, calibrate_scores, run_job) and reported with the real `build_
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,9 @@ def test_an_expert_that_calls_everything_high_stakes_is_flagged(tmp_path: Path) 
     assert not any(w.startswith("probe") for w in warnings)  # the simulated probe is fine
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     assert f"> **Warning**: {expert[0]}." in report
-    assert report.index("## Degenerate scores") < report.index("## Summary")
+    # The summary first, pointing at the warnings below it.
+    assert report.index("## Summary") < report.index("## Degenerate scores")
+    assert "> 2 warnings about degenerate scores: see *Degenerate scores* below." in report
     checks = _numbers(run)["score_checks"]["checks"]
     assert checks[0]["scorer"] == "expert" and checks[0]["one_class"] is True
 
@@ -124,14 +127,13 @@ def test_ctd_returning_no_policy_is_said_in_words(tmp_path: Path) -> None:
     noisy = np.where(rng.random(base["label"].size) < 0.6, base["label"], 1 - base["label"])
     weak = np.clip(0.3 + 0.4 * noisy + 0.05 * rng.normal(size=noisy.size), 0, 1)
     run = _run(tmp_path / "weak", _columns(probe=weak, expert=weak[::-1].copy()), performance_alpha=0.1)
-    summary = _numbers(run)["archs"][ARCH]["summary"]["validation"]
-    assert summary["sel. perf. CTD"] == 0
+    summary = _numbers(run)["archs"][ARCH]["summary"]["performance"]
+    assert summary["ctd"]["selection_rate"] == 0 and summary["rule"] == "given"
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     assert "**What these rates cannot show**" in report
     assert "CTD returned no policy in any trial for accuracy 0.90 (alpha = 0.1)" in report
-    lines = report.splitlines()
-    header = lines[lines.index("## Summary") + 2]  # the summary table's header row
-    assert "| viol. perf. CTD | sel. perf. CTD |" in header and "| spent budget Pareto |" in header
+    assert "performance control at alpha = 0.1 (accuracy >= 0.90, delta = 10%), the level given" in report
+    assert "| returned a policy | 0.0% |" in report
 
 
 def test_never_delegating_selectors_are_said_in_words(tmp_path: Path) -> None:
@@ -148,8 +150,15 @@ def test_never_delegating_selectors_are_said_in_words(tmp_path: Path) -> None:
 def test_ctd_report_prints_the_warnings_on_the_terminal(tmp_path: Path) -> None:
     size = _columns()["label"].size
     run = _run(tmp_path / "runs" / "stuck", _columns(expert=np.full(size, 0.8)))
-    result = run_ctd("report", "stuck", cwd=tmp_path, env={"CTD_RUNS_DIR": str(tmp_path / "runs")})
+    env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"}
+    result = run_ctd("report", "stuck", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
+    # The summary as the report shows it: a row per metric, a column per budget of the run.
+    header = next(line for line in result.stdout.splitlines() if "metric" in line)
+    assert [cell.strip() for cell in header.strip("┃│ ").split("┃")][1:] == ["0.1", "0.2", "0.3"]
+    for metric in ("CTD AUROC", "Unc. top-k AUROC", "Unc. calibrated AUROC", "CTD - probe AUROC"):
+        (line,) = [row for row in result.stdout.splitlines() if row.strip().startswith(f"{metric} ")]
+        assert len(re.findall(r"[+-]?0\.\d{3}", line)) >= 3, line
     expert = "warning: expert on the test split"
     lines = [line for line in result.stderr.splitlines() if line.startswith(expert)]
     assert len(lines) == 2  # all 0.8: one class, and a 5-95% range of 0
@@ -168,5 +177,5 @@ def test_a_target_the_probe_alone_meets_is_said_in_words(tmp_path: Path) -> None
     assert "because the probe alone (accuracy" in said[0] and "never delegate" not in said[0]
     hard = _run(tmp_path / "hard", _columns(), performance_alpha=0.28)
     numbers = _numbers(hard)["archs"][ARCH]
-    assert numbers["summary"]["validation"]["viol. perf. empirical"] > 0
+    assert numbers["summary"]["performance"]["empirical"]["violation_rate"] > 0
     assert numbers["cannot_show"] == []

@@ -17,9 +17,18 @@ from harness import simulate_scores, write_table
 def test_too_few_test_rows_per_seed(tmp_path: Path):
     path = write_table(tmp_path / "small.parquet", simulate_scores("strong", 20, 2, random_state=2))
     commands = bad_input_commands(tmp_path, path)
-    # 20 test rows: D_cal holds 7, while --budgets 0.2 needs 11 (0.8^11 <= 0.1).
+    # 20 test rows: D_cal holds 7, while --budgets 0.2 needs 11 (0.8^11 <= 0.1); 7 rows certify
+    # levels from 1 - 0.1^(1/7) = 0.2803 on, which the error names.
     args, unwritten = commands["calibrate"]
-    assert_clean_error(ctd(*args), str(path), "20 test rows", "D_cal holds 7", "11", unwritten=unwritten)
+    assert_clean_error(
+        ctd(*args),
+        str(path),
+        "20 test rows",
+        "D_cal holds 7",
+        "11",
+        "7 rows certify levels of 0.281 or more",
+        unwritten=unwritten,
+    )
     # The default budgets start at 0.05, which needs 45.
     folder = tmp_path / "cal2"
     assert_clean_error(ctd("calibrate", "--scores", path, "--out", folder), "45", unwritten=(folder,))
