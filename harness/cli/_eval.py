@@ -15,7 +15,7 @@ from probes import ARCHS
 
 from .._errors import InputError
 from ..run._config import DV_TARGET_CHOICES, RunConfig, load_run_config
-from ..run._layout import Roots, RunLayout
+from ..run._layout import Roots, RunLayout, check_roots
 from ..run._log import StageStatus
 from ..run._progress import StageProgress
 from ..run._stage import StageOutcome
@@ -235,6 +235,7 @@ def eval_command(
         "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
+    check_roots(runs_dir)  # before the run's imports: a mistyped path is told at once
     from .._eval import run_eval  # torch, the expert engine and matplotlib load only when a run starts
 
     # One console for the stage lines and the bars: a line printed while the bars are up goes
