@@ -159,13 +159,15 @@ def _embedded_folder(gguf: Path) -> Path:
 def preflight_expert(spec: ExpertSpec, *, named: str, serve: bool) -> bool:
     """A run's one endpoint check, before any expensive work. True when the expert is a local
     server (llama.cpp or vLLM) that `serve` allows the run to start for the query stage: none
-    answers at its URL, or what answers there does not serve its model (another program on its
-    port: the run's own server then moves to a free port). Its weights are then found or
-    fetched, and its package checked. Any other problem is one InputError starting with `named`."""
+    answers at its URL, or what answers there lists other models (another program on its port:
+    the run's own server then moves to a free port). Its weights are then found or fetched, and
+    its package checked. Any other problem (a server of its model that cannot score, one that
+    refuses the key) is one InputError starting with `named`."""
     report = check_expert(spec)
     if report.ok:
         return False
-    if serve and spec.server != "external" and not report.model_served:
+    another_program = bool(report.served_models) and not report.model_served
+    if serve and spec.server != "external" and (not report.reachable or another_program):
         local_server(spec, named=named)
         return True
     raise InputError(f"{named}: {report.problem}")

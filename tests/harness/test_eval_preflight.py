@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
@@ -105,15 +106,34 @@ def test_the_default_expert_is_named_as_the_default(tmp_path: Path) -> None:
 def test_another_program_on_a_local_experts_port_lets_the_run_serve_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """What answers at the default expert's URL serves another model: the run may start its own
-    server (which moves to a free port), instead of refusing. One that serves the expert's
-    model but cannot score is still refused, by its name."""
+    """What answers at the default expert's URL lists another model: the run may start its own
+    server (which moves to a free port), instead of refusing. One that refuses the request
+    (an API key) is still refused, by its name: starting a second server beside it is not
+    what its owner wants."""
+    named = "the default expert smollm2"
     with RunningServer(model="another-model") as other:
         monkeypatch.setenv("CTD_SMOLLM2_URL", other.url)
         spec = pick_expert("smollm2")
-        assert preflight_expert(spec, named="the default expert smollm2", serve=True) is True
+        assert preflight_expert(spec, named=named, serve=True) is True
         with pytest.raises(InputError, match=r"^the default expert smollm2: .*serves another-model"):
-            preflight_expert(spec, named="the default expert smollm2", serve=False)
+            preflight_expert(spec, named=named, serve=False)
+
+    @web.middleware
+    async def require_key(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        return web.json_response({"error": "unauthorized"}, status=401)
+
+    locked = RunningServer(model="smollm2")
+    locked.server.app.middlewares.append(require_key)
+    with locked:
+        monkeypatch.setenv("CTD_SMOLLM2_URL", locked.url)
+        with pytest.raises(InputError, match=r"^the default expert smollm2: .*HTTP 401"):
+            preflight_expert(pick_expert("smollm2"), named=named, serve=True)
+
+
+def test_eval_help_says_what_each_shared_path_is(tmp_path: Path) -> None:
+    helped = " ".join(run_ctd("eval", "--help", cwd=tmp_path).stdout.split())  # unwrapped
+    assert "$CTD_CACHE (the expert cache: a SQLite file, not a folder)" in helped
+    assert "$CTD_STORE (the activation store, a folder)" in helped
 
 
 # --------------------------------------------------------------------------- a cached run
