@@ -22,6 +22,8 @@ import importlib
 # Every public name and the module that defines it: the one list of this package's API.
 _EXPORTS: dict[str, str] = {
     "BUILTIN_EXPERTS": "._registry",
+    "BUILTIN_TEMPLATES": "._prompts",
+    "DEFAULT_TEMPLATE": "._prompts",
     "DRAIN_GRACE": "._drain",
     "BreakerState": "._breaker",
     "CacheCheck": "._repair",
@@ -59,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "check_cache": "._repair",
     "check_base_url": "._config",
     "check_endpoint": "._check",
+    "describe_template": "._prompts",
     "expert_from_url": "._registry",
     "experts_file": "._registry",
     "list_claims": "._claims",

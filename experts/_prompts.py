@@ -11,12 +11,38 @@ from pathlib import Path
 
 from ._errors import ConfigError
 
-__all__ = ["Conversation", "PromptTemplate", "load_template", "render_conversation"]
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "DEFAULT_TEMPLATE",
+    "Conversation",
+    "PromptTemplate",
+    "describe_template",
+    "load_template",
+    "render_conversation",
+]
 
 Conversation = str | Sequence[Mapping[str, str]]
 """An input: a plain string (one user turn) or a list of {"role": ..., "content": ...} messages."""
 
 _BUILTIN = Path(__file__).parent / "prompts"
+
+DEFAULT_TEMPLATE = "stakes-v1"
+"""The template of an expert whose entry names none: it asks the task itself, for a capable model."""
+
+# What each built-in template asks and which experts it suits, for `ctd experts` (kept here, not
+# in the files: a file's bytes are part of every cache key that uses it).
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "stakes-v1": (
+        "asks whether the interaction is high-stakes or low-stakes, defining both: the task itself, "
+        "for instruct models that follow a definition (the built-in gemma-27b and llama-1b, the "
+        "paper's two experts, use it)"
+    ),
+    "fine-v1": (
+        'asks "Is everything fine here? Answer yes or no." ("no" counting as high-stakes): for very '
+        "small models that answer high to nearly every stakes-v1 prompt, such as SmolLM2-135M (the "
+        "built-in smollm2 and smollm2-vllm use it)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -96,3 +122,11 @@ def load_template(name_or_path: str) -> PromptTemplate:
     if "{conversation}" not in template.user:
         raise ConfigError(f"{path}: 'user' has no {{conversation}} slot")
     return template
+
+
+def describe_template(name_or_path: str) -> str:
+    """What a template asks and which experts it suits, in words: a built-in's description, or
+    for a file, that it is one."""
+    if name_or_path in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[name_or_path]
+    return f"a template file ({name_or_path})"

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._errors import ConfigError, InvalidSetting
-from ._prompts import load_template
+from ._prompts import DEFAULT_TEMPLATE, load_template
 from ._scoring import SCORING_METHODS, ScoringMethod
 
 __all__ = [
@@ -63,7 +63,7 @@ class ExpertSpec:
     base_url_env: str | None = None
     api_key_env: str | None = None
     method: ScoringMethod = "next-token"
-    template: str = "stakes-v1"
+    template: str = DEFAULT_TEMPLATE
     top_logprobs: int = 20
     rate: RateLimit = field(default_factory=RateLimit)
     timeout: Timeout = field(default_factory=Timeout)

@@ -24,7 +24,7 @@ from .data._tables import atomic_path, read_table
 from .report import read_warnings
 from .run._config import RunConfig
 from .run._context import RunContext
-from .run._layout import Roots, RunLayout
+from .run._layout import Roots, RunLayout, check_roots
 from .run._log import Manifests, RunLog
 from .run._progress import StageProgress
 from .run._runner import run_stages
@@ -59,8 +59,9 @@ class _Prepared:
 
 
 def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
-    """Every check that needs no weights and no expert call: data spec, expert, model and layer,
-    budgets against the test split's size."""
+    """Every check that needs no weights and no expert call: the shared places (runs root, store,
+    caches), data spec, expert, model and layer, budgets against the test split's size."""
+    check_roots(runs_root)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
     spec = pick_expert(config.expert, model=config.expert_model)
     try:
@@ -139,15 +140,21 @@ def run_eval(
         f"ctd eval {config.run_name}: {len(data.train)} train, {len(data.dev)} dev, {len(data.test)} test"
     )
     # The endpoint is checked once per run, before the first expensive stage, and only if the
-    # query stage will run.
+    # query stage will ask it something: with every answer in the cache the expert may be down.
     query = QueryStage(ctx)
     if retry_failed and (manifests.read("query") or {}).get("failed", 0):
         manifests.invalidate("query")
     if not manifests.up_to_date("query", query.fingerprint()[0]):
-        preflight_cache(ctx.roots.cache)  # a damaged, full or read-only cache costs no request
-        serve = config.serve == "auto"
-        start_server = preflight_expert(spec, shown=config.expert, serve=serve)
-        query = QueryStage(ctx, start_server=start_server, may_serve=serve and spec.server != "external")
+        # A damaged, full or read-only cache costs no request.
+        items = [example.item() for example in query.examples()]
+        missing = preflight_cache(ctx.roots.cache, spec, items)
+        may_serve = config.serve == "auto" and spec.server != "external"
+        if missing:
+            start_server = preflight_expert(spec, named=config.expert_named, serve=may_serve)
+            query = QueryStage(ctx, start_server=start_server, may_serve=may_serve)
+        else:
+            manifests.log(f"query: all {len(items)} answers are in the cache; the expert is not needed")
+            query = QueryStage(ctx, may_serve=may_serve, checked=False)
     stages: list[Stage] = [
         ProbeStage(ctx),
         query,

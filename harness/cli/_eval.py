@@ -16,7 +16,7 @@ from probes import ARCHS
 
 from .._errors import InputError
 from ..run._config import DV_TARGET_CHOICES, MIN_SELECTION, RunConfig, load_run_config
-from ..run._layout import Roots, RunLayout
+from ..run._layout import Roots, RunLayout, check_roots
 from ..run._log import StageStatus
 from ..run._progress import StageProgress
 from ..run._stage import StageOutcome
@@ -45,7 +45,11 @@ EVAL_HELP = (
     "With no options: the built-in data set, SmolLM2-135M-Instruct as the monitored model and the same "
     "model as a local llama.cpp expert, started and stopped by the run. Rerunning the same command skips "
     "every stage whose inputs have not changed and resumes an interrupted one (extraction from the "
-    "activation store, expert queries from the SQLite cache). The report is in runs/NAME/report/."
+    "activation store, expert queries from the SQLite cache); with every expert answer cached, the expert "
+    "is neither asked nor started. The report is in runs/NAME/report/.\n\n"
+    "Shared places, checked before any work: $CTD_RUNS_DIR (the runs folder, or --runs-dir), $CTD_STORE "
+    "(the activation store, a folder), $CTD_MODEL_CACHE (converted and fetched weights, a folder) and "
+    "$CTD_CACHE (the expert cache: a SQLite file, not a folder)."
 )
 
 
@@ -119,7 +123,10 @@ def eval_command(
     serve: Annotated[
         str | None,
         typer.Option(
-            "--serve", help="auto: start a local expert server if none answers; never" + _d("serve") + "."
+            "--serve",
+            help="auto: start a local expert server if none serving it answers at its URL; never"
+            + _d("serve")
+            + ".",
         ),
     ] = None,
     dv_target: Annotated[
@@ -241,6 +248,7 @@ def eval_command(
         "max_failed": max_failed,
     }
     run_config = load_run_config(config, overrides)
+    check_roots(runs_dir)  # before the run's imports: a mistyped path is told at once
     from .._eval import run_eval  # torch, the expert engine and matplotlib load only when a run starts
 
     # One console for the stage lines and the bars: a line printed while the bars are up goes

@@ -31,6 +31,8 @@ MethodOption = Annotated[
 ]
 CacheOption = Annotated[
     Path | None,
-    typer.Option("--cache", help="SQLite cache (default: $CTD_CACHE or runs/cache/experts.sqlite)."),
+    typer.Option(
+        "--cache", help="The expert cache, a SQLite file (default: $CTD_CACHE or runs/cache/experts.sqlite)."
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]

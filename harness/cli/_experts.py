@@ -48,6 +48,7 @@ def experts_list(json_output: JsonOption = False) -> None:
                     "model": s.model,
                     "urls": list(s.resolved_urls()),
                     "method": s.method,
+                    "template": s.template,
                     "source": s.source,
                 }
                 for name, s in registry.items()
@@ -55,10 +56,11 @@ def experts_list(json_output: JsonOption = False) -> None:
         )
         return
     table = Table(title=f"Experts (user file: {experts.experts_file()})")
-    for column in ("name", "served model", "base URL(s)", "method", "from"):
+    for column in ("name", "served model", "base URL(s)", "method", "template", "from"):
         table.add_column(column)
     for name, spec in sorted(registry.items()):
-        table.add_row(name, spec.model, ", ".join(spec.resolved_urls()), spec.method, spec.source)
+        urls = ", ".join(spec.resolved_urls())
+        table.add_row(name, spec.model, urls, spec.method, spec.template, spec.source)
     stdout.print(table)
 
 
@@ -72,6 +74,7 @@ def experts_show(
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
     spec = registry[name]
+    _warn_unset_key(spec)
     record = asdict(spec)
     del record["served_at"]  # where one run's own server listens: never a setting
     record["resolved_urls"] = list(spec.resolved_urls())
@@ -89,6 +92,9 @@ def experts_show(
                 seconds = inner is not None and (key == "timeout" or setting in _SECONDS)
                 shown = _readable(inner, unlimited=key == "rate") + (" s" if seconds else "")
                 stdout.print(f"  {setting}: {escape(shown)}{defaults.get(setting, '')}")
+        elif key == "template":  # what it asks, which decides the expert's answers
+            about = experts.describe_template(spec.template)
+            stdout.print(f"[bold]{key}[/bold]: {escape(spec.template)} ({escape(about)})")
         else:
             stdout.print(f"[bold]{key}[/bold]: {escape(_readable(value))}")
 
@@ -108,6 +114,13 @@ def _readable(value: object, *, unlimited: bool = False) -> str:
     return str(value)
 
 
+_TEMPLATE_HELP = (
+    "Prompt template: a built-in name or a .toml file (see experts/prompts/ for the format). "
+    + " ".join(f"{name}: {about}." for name, about in experts.BUILTIN_TEMPLATES.items())
+    + f" [default: {experts.DEFAULT_TEMPLATE}]"
+)
+
+
 @experts_app.command("add")
 @clean_errors
 def experts_add(
@@ -119,23 +132,22 @@ def experts_add(
         typer.Option("--api-key-env", help="Name of the variable holding the API key (never the key)."),
     ] = None,
     method: Annotated[ScoringMethod, typer.Option("--method", help="Scoring method.")] = "next-token",
-    template: Annotated[
-        str, typer.Option("--template", help="Prompt template name or .toml path.")
-    ] = "stakes-v1",
+    template: Annotated[str | None, typer.Option("--template", help=_TEMPLATE_HELP)] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", help=f"Requests in flight (1-{LIMITS['--concurrency']}).")
     ] = 16,
     rpm: Annotated[float | None, typer.Option("--rpm", help="Requests per minute.")] = None,
     tpm: Annotated[float | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
 ) -> None:
-    """Add an expert to the user registry file (or replace one of the same name)."""
+    """Add an expert to the user registry file (or replace one of the same name), and say which
+    prompt template it asks with: the template decides its answers as much as the model does."""
     check_count("--concurrency", concurrency)
     entry = {
         "base_urls": list(url),
         "model": model,
         "api_key_env": api_key_env,
         "method": method,
-        "template": template,
+        "template": template or experts.DEFAULT_TEMPLATE,
         "concurrency": concurrency,
         "rpm": rpm,
         "tpm": tpm,
@@ -147,7 +159,41 @@ def experts_add(
         raise InputError(f"{option} {exc.shown}: {exc.problem}") from None
     except ConfigError as exc:
         raise InputError(str(exc)) from None
+    registry = _registry()
+    spec = registry[name]
     stdout.print(f"added {name} to {path}; check it with `ctd experts check {name}`")
+    why = "given with --template" if template else "the default, as no --template was given"
+    about = experts.describe_template(spec.template)
+    stdout.print(f"template: {escape(spec.template)} ({why}): {escape(about)}")
+    others = " or ".join(f"--template {n}" for n in experts.BUILTIN_TEMPLATES if n != spec.template)
+    stdout.print(
+        f"to ask otherwise: {others}, or --template FILE.toml (`ctd experts add --help` says what each asks)"
+    )
+    for other in sorted(registry.values(), key=lambda s: s.name):
+        if other.name != name and other.template != spec.template and _same_model(other, spec):
+            print(
+                f"warning: {other.name} ({other.source}) asks this model at this URL with template "
+                f"{other.template}, not {spec.template}, and the answers differ: pass --template "
+                f"{other.template} to ask as {other.name} does",
+                file=sys.stderr,
+            )
+    _warn_unset_key(spec)
+
+
+def _same_model(one: experts.ExpertSpec, other: experts.ExpertSpec) -> bool:
+    """Both entries ask the same served model at the same base URLs."""
+    return one.model == other.model and one.endpoint_id() == other.endpoint_id()
+
+
+def _warn_unset_key(spec: experts.ExpertSpec) -> None:
+    """One line on stderr when a user entry names an API key variable that is not set (a
+    built-in's is optional: a local server needs none). The key itself is never printed."""
+    if spec.api_key_env and spec.source != "built-in" and not os.environ.get(spec.api_key_env):
+        print(
+            f"warning: {spec.api_key_env} is not set, so requests to {spec.name} go without an API key "
+            f"(set it where `ctd` runs with {spec.name})",
+            file=sys.stderr,
+        )
 
 
 @experts_app.command("check")
@@ -165,6 +211,7 @@ def experts_check(
     from ..stages._query import check_expert, pick_expert
 
     spec = pick_expert(name, expert_url, expert_model, method)
+    _warn_unset_key(spec)
     report = check_expert(spec)
     if json_output:
         print_json(asdict(report))
@@ -226,7 +273,12 @@ def experts_serve(
         raise InputError(f"--{exc.setting.replace('_', '-')} {exc.shown}: {exc.problem}") from None
     log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}-{os.getuid()}.log"  # one per user
     server = local_server(
-        registry[name], shown=name, port=port, log=None if dry_run else log, vllm=vllm, prepare=not dry_run
+        registry[name],
+        named=f"expert {name}",
+        port=port,
+        log=None if dry_run else log,
+        vllm=vllm,
+        prepare=not dry_run,
     )
     stdout.print(" ".join(server.command))
     if dry_run:

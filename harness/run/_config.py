@@ -136,6 +136,14 @@ class RunConfig:
             data += f"-limit{self.limit}"
         return "-".join(_slug(part) for part in (self.model, self.expert, data))
 
+    @property
+    def expert_named(self) -> str:
+        """The expert as an error line names it: `--expert X` when another expert was chosen, and
+        "the default expert smollm2" when it is the default, which the user may never have typed."""
+        if self.expert == _DEFAULT_EXPERT:
+            return f"the default expert {self.expert}"
+        return f"--expert {self.expert}"
+
     def to_toml(self) -> str:
         """The resolved configuration, as a TOML file `load_run_config` reads back."""
         lines = ["# ctd eval: the resolved configuration of this run", "[run]"]
@@ -173,6 +181,7 @@ def _toml(value: object) -> str:
     raise TypeError(type(value))
 
 
+_DEFAULT_EXPERT = RunConfig.expert  # the class attribute holds the field's default
 _TUPLES = {f.name for f in fields(RunConfig) if str(f.type).startswith("tuple")}
 
 

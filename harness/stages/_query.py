@@ -45,6 +45,7 @@ __all__ = [
     "preflight_expert",
     "query_dataset",
     "query_items",
+    "uncached_count",
 ]
 
 
@@ -109,7 +110,7 @@ def check_expert(spec: ExpertSpec) -> EndpointCheck:
 def local_server(
     spec: ExpertSpec,
     *,
-    shown: str,
+    named: str,
     port: int | None = None,
     log: Path | None = None,
     move_if_taken: bool = False,
@@ -119,8 +120,9 @@ def local_server(
     """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
     GGUF, found (or fetched once) by the same function that gives the probe stage its weights; a
     vLLM entry whose hf_model is the embedded model serves the Hugging Face folder converted from
-    that GGUF (the probe stage's own). InputError, naming `shown`, when the weights or the
-    server's package are missing. `move_if_taken`: a run's own server, which serves on a free
+    that GGUF (the probe stage's own). InputError, starting with `named` (the expert as the user
+    gave it: "--expert X", "the default expert smollm2"), when the weights or the server's
+    package are missing. `move_if_taken`: a run's own server, which serves on a free
     port when the expert's is taken; `vllm`: a vLLM server's resources (default: the device's);
     `prepare=False`: the command only (a dry run), the GGUF not converted for vLLM."""
     gguf = folder = None
@@ -133,15 +135,15 @@ def local_server(
             if spec.server == "vllm":
                 gguf, folder = None, _embedded_folder(gguf, convert=prepare)
         except ProbeError as error:
-            raise InputError(f"--expert {shown}: {error}") from None
+            raise InputError(f"{named}: {error}") from None
     try:
         server = experts.LocalServer(
             spec, port=port, gguf=gguf, folder=folder, vllm=vllm, log=log, move_if_taken=move_if_taken
         )
     except ConfigError as error:
-        raise InputError(f"--expert {shown}: {error}") from None
+        raise InputError(f"{named}: {error}") from None
     if server.missing():
-        raise InputError(f"--expert {shown}: {server.missing()}")
+        raise InputError(f"{named}: {server.missing()}")
     return server
 
 
@@ -156,24 +158,47 @@ def _embedded_folder(gguf: Path, *, convert: bool = True) -> Path:
     return gguf_as_folder(gguf, convert=convert)
 
 
-def preflight_expert(spec: ExpertSpec, *, shown: str, serve: bool) -> bool:
+def preflight_expert(spec: ExpertSpec, *, named: str, serve: bool) -> bool:
     """A run's one endpoint check, before any expensive work. True when the expert is a local
-    server (llama.cpp or vLLM) that is not running and `serve` allows starting it for the query
-    stage (its weights are then found or fetched, and its package is there)."""
+    server (llama.cpp or vLLM) that `serve` allows the run to start for the query stage: none
+    answers at its URL, or what answers there lists other models (another program on its port:
+    the run's own server then moves to a free port). Its weights are then found or fetched, and
+    its package checked. Any other problem (a server of its model that cannot score, one that
+    refuses the key) is one InputError starting with `named`."""
     report = check_expert(spec)
     if report.ok:
         return False
-    if serve and spec.server != "external" and not report.reachable:
-        local_server(spec, shown=shown)
+    another_program = bool(report.served_models) and not report.model_served
+    if serve and spec.server != "external" and (not report.reachable or another_program):
+        local_server(spec, named=named)
         return True
-    raise InputError(f"--expert {shown}: {report.problem}")
+    raise InputError(f"{named}: {report.problem}")
 
 
-def preflight_cache(path: Path) -> None:
+def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
     """A run's cache, checked before its endpoint check: writable, room on its device, its pages
     sound, no other process holding its lock (`ScoreCache.for_run`); a problem is one
-    StorageError naming the file, and nothing has been paid."""
-    ScoreCache.for_run(path).close()
+    StorageError naming the file, and nothing has been paid. Returns how many of `items` have no
+    answer in it: with none, the query stage needs no expert (nor its server)."""
+    cache = ScoreCache.for_run(path)
+    try:
+        return uncached_count(items, spec, cache)
+    finally:
+        cache.close()
+
+
+def uncached_count(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> int:
+    """How many of `items` have no answer in `cache`, by the keys the client computes (a failure
+    is never an answer: those items are asked again)."""
+    keys = _cache_keys(items, spec)
+    stored = cache.get_many(keys)
+    return sum(key not in stored for key in keys)
+
+
+def _cache_keys(items: Sequence[Item], spec: ExpertSpec) -> list[str]:
+    """Each item's cache key, computed as the client computes it."""
+    keys_of = experts.ExpertClient(spec, cache=None)
+    return [keys_of.request_for(item)[1] for item in items]
 
 
 class ExpertProgress:
@@ -355,8 +380,7 @@ def _top_tokens(items: list[Item], spec: ExpertSpec, cache: ScoreCache) -> np.nd
     """Per item, the expert's next-token alternatives and their logprobs, read back from the
     answers the cache stored (JSON text, a list of [token, logprob], most likely first; "" when
     the item failed or its scoring method has no such answer)."""
-    keys_of = experts.ExpertClient(spec, cache=None)  # the keys the client used, computed alike
-    keys = [keys_of.request_for(item)[1] for item in items]
+    keys = _cache_keys(items, spec)
     stored = cache.responses(keys)
     out = []
     for key in keys:

@@ -21,7 +21,7 @@ from ..data._tables import read_table, write_table
 from ..run._context import RunContext
 from ..run._log import fingerprint
 from ..run._stage import StageResult
-from ._query import QuerySummary, check_expert, local_server, query_items
+from ._query import QuerySummary, check_expert, local_server, preflight_cache, preflight_expert, query_items
 
 __all__ = ["QueryStage", "expert_identity"]
 
@@ -35,11 +35,17 @@ class QueryStage:
     local server this run found running (another run's) that goes away mid-stage is replaced by
     one of its own, and the stage goes on from the cache. A server the run starts is its own: on
     the expert's port when that is free, else on a free one (requests go there, the cache key
-    stays the expert's URL), and ready only when that very process answers."""
+    stays the expert's URL), and ready only when that very process answers.
+
+    `checked` False: every answer was in the cache when the run began, so the expert was neither
+    checked nor started (it may be down). Answers gone from the cache since then (a `ctd cache`
+    command, another file at $CTD_CACHE) are met here: the expert is checked, and its server
+    started, at that point."""
 
     ctx: RunContext
     start_server: bool = False
     may_serve: bool = False
+    checked: bool = True
     name: ClassVar[str] = "query"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
@@ -52,9 +58,19 @@ class QueryStage:
     def outputs(self) -> list[Path]:
         return [self.ctx.layout.expert_scores]
 
+    def examples(self) -> list[Example]:
+        """What the stage asks the expert about: every dev example, then every test example."""
+        return [*self.ctx.data.dev, *self.ctx.data.test]
+
     def run(self) -> StageResult:
         ctx = self.ctx
-        examples = [*ctx.data.dev, *ctx.data.test]
+        examples = self.examples()
+        if not self.checked:
+            missing = preflight_cache(ctx.roots.cache, ctx.spec, [e.item() for e in examples])
+            if missing:
+                ctx.manifests.log(f"query: {missing} answers left the cache since the run began")
+                start_server = preflight_expert(ctx.spec, named=ctx.config.expert_named, serve=self.may_serve)
+                return replace(self, checked=True, start_server=start_server).run()
         out = ctx.layout.expert_scores
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -111,11 +127,12 @@ class QueryStage:
             from probes import release_device_memory
 
             release_device_memory()
-        server = local_server(spec, shown=spec.name, log=self.ctx.layout.server_log, move_if_taken=True)
+        named = self.ctx.config.expert_named
+        server = local_server(spec, named=named, log=self.ctx.layout.server_log, move_if_taken=True)
         try:
             server.start()
         except ConfigError as error:
-            raise InputError(f"--expert {spec.name}: the local server did not start: {error}") from None
+            raise InputError(f"{named}: the local server did not start: {error}") from None
         assert server.process is not None
         asked = spec.resolved_urls()[0].rstrip("/")
         taken = f", {asked} being taken" if server.url != asked else ""

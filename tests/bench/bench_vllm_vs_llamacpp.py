@@ -82,7 +82,7 @@ def main() -> None:
                     rate=dataclasses.replace(spec.rate, concurrency=concurrency),
                 )
                 started = time.perf_counter()
-                with local_server(served, shown=name, log=work / f"{name}.log") as server:
+                with local_server(served, named=f"expert {name}", log=work / f"{name}.log") as server:
                     up = time.perf_counter() - started
                     warm = build_request(
                         "next-token", load_template(spec.template), WARM_UP, spec.model, top_logprobs=10

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from experts import BUILTIN_EXPERTS, ConfigError, load_template
+from experts import (
+    BUILTIN_EXPERTS,
+    BUILTIN_TEMPLATES,
+    DEFAULT_TEMPLATE,
+    ConfigError,
+    describe_template,
+    load_template,
+)
 
 # Private: conversation rendering, unit-tested.
 from experts._prompts import render_conversation
@@ -130,3 +137,15 @@ def test_load_template_syntax_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="line 2") as info:
         load_template(str(path))
     assert str(path) in str(info.value)
+
+
+def test_every_builtin_template_is_described_and_every_description_loads() -> None:
+    """`ctd experts add` and `show` say what a built-in template asks: each file in
+    experts/prompts/ has its description, and each description names a template that loads."""
+    files = {path.stem for path in STAKES_V1.parent.glob("*.toml")}
+    assert set(BUILTIN_TEMPLATES) == files
+    for name, about in BUILTIN_TEMPLATES.items():
+        assert load_template(name).name == name and about
+        assert describe_template(name) == about
+    assert DEFAULT_TEMPLATE in BUILTIN_TEMPLATES
+    assert describe_template(str(STAKES_V1)) == f"a template file ({STAKES_V1})"

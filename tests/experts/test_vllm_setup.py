@@ -101,7 +101,7 @@ def test_a_missing_venv_says_how_to_install(tmp_path: Path, monkeypatch: pytest.
 def test_serve_without_vllm_is_one_line(tmp_path: Path) -> None:
     env = {experts.VLLM_ENV_VAR: str(tmp_path / "none")}
     result = run_ctd("experts", "serve", "smollm2-vllm", "--port", str(free_port()), cwd=tmp_path, env=env)
-    assert_one_line_error(result, "--expert smollm2-vllm", "ctd experts setup vllm")
+    assert_one_line_error(result, "error: expert smollm2-vllm:", "ctd experts setup vllm")
 
 
 def test_vllm_dying_at_start_is_one_line_with_its_reason(tmp_path: Path) -> None:
@@ -154,15 +154,15 @@ def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
     monkeypatch.setattr(_query, "check_expert", lambda spec: down)
     monkeypatch.setattr(_query, "_embedded_folder", lambda gguf, convert=True: tmp_path)
     monkeypatch.setenv(experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", "exit 1\n")))
-    assert _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True) is True
-    server = _query.local_server(SPEC, shown="smollm2-vllm")
+    assert _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=True) is True
+    server = _query.local_server(SPEC, named="--expert smollm2-vllm")
     assert _flag(server.command, "--model") == str(tmp_path)
     assert server.environment == VllmSettings().environment()
     with pytest.raises(InputError, match="unreachable"):
-        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=False)
+        _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=False)
     monkeypatch.setenv(experts.VLLM_ENV_VAR, str(tmp_path / "none"))
     with pytest.raises(InputError, match="ctd experts setup vllm"):
-        _query.preflight_expert(SPEC, shown="smollm2-vllm", serve=True)
+        _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=True)
 
 
 def test_a_process_the_server_leaves_behind_is_killed() -> None:

@@ -29,7 +29,7 @@ from probes import ModelInfo
 def main(name: str, limit: int, hold: Path) -> int:
     data = load_data(None, limit=limit)
     spec = pick_expert("smollm2")
-    start_server = preflight_expert(spec, shown="smollm2", serve=True)
+    start_server = preflight_expert(spec, named="the default expert smollm2", serve=True)
     hold.with_suffix(".checked").write_text(str(start_server))
     while not hold.exists():
         time.sleep(0.05)

