@@ -168,6 +168,9 @@ def run_eval(
         tmp.write_text(config.to_toml(), encoding="utf-8")
     run_log.started(asdict(config))
     with progress:
+        names = [stage.name for stage in stages]
+        header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
+        progress.plan(header, names)
         outcomes = run_stages(stages, manifests, run_log, on_start=progress.stage_started, on_stage=on_stage)
     return EvalResult(
         layout.root,

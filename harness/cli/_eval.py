@@ -18,7 +18,7 @@ from .._errors import InputError
 from ..run._config import DV_TARGET_CHOICES, MIN_SELECTION, RunConfig, load_run_config
 from ..run._layout import Roots, RunLayout, check_roots
 from ..run._log import StageStatus
-from ..run._progress import StageProgress
+from ..run._progress import StageProgress, took
 from ..run._stage import StageOutcome
 from ._common import (
     clean_errors,
@@ -249,8 +249,6 @@ def eval_command(
     }
     run_config = load_run_config(config, overrides)
     check_roots(runs_dir)  # before the run's imports: a mistyped path is told at once
-    from .._eval import run_eval  # torch, the expert engine and matplotlib load only when a run starts
-
     # One console for the stage lines and the bars: a line printed while the bars are up goes
     # above them and stays on the screen.
     display = StageProgress(stderr, enabled=not json_out)
@@ -260,19 +258,26 @@ def eval_command(
             verb = (
                 "skipped (up to date)"
                 if outcome.status is StageStatus.SKIPPED
-                else f"done in {outcome.seconds:.1f} s"
+                else f"done in {took(outcome.seconds)}"
             )
             detail = f": {escape(outcome.detail)}" if outcome.detail else ""
-            display.print(f"[bold]{outcome.stage}[/bold] {verb}{detail}")
+            display.print(f"{display.counter(outcome.stage)}[bold]{outcome.stage}[/bold] {verb}{detail}")
 
     try:
-        result = run_eval(
-            run_config,
-            runs_root=runs_dir,
-            display=display,
-            on_stage=announce,
-            retry_failed=retry_failed,
-        )
+        with display:
+            # In a terminal, a line at once: the imports and checks before the first stage take
+            # seconds (the status row is removed again when a check refuses the run).
+            display.status(f"ctd eval {run_config.run_name}: checking the data, the model and the expert")
+            # torch, the expert engine and matplotlib load only when a run starts
+            from .._eval import run_eval
+
+            result = run_eval(
+                run_config,
+                runs_root=runs_dir,
+                display=display,
+                on_stage=announce,
+                retry_failed=retry_failed,
+            )
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(code=130) from None

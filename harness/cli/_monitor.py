@@ -264,7 +264,7 @@ def monitor_serve(
         head_timeout=head_timeout, body_timeout=body_timeout, max_connections=max_connections
     )
     listener = bind_listener(host, port)  # a port in use is one line now, before the model loads
-    address = f"http://{host}:{port}"
+    address = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"  # IPv6 in brackets
     try:
         asyncio.run(
             _load_and_serve(
@@ -341,9 +341,13 @@ async def _load_and_serve(
     except BaseException:
         await monitor.aclose()
         raise
-    # Until now stderr holds nothing, so that a start-up failure is its one line.
-    print(f"ctd monitor: serving {root.name} on {address}", file=sys.stderr)
-    await serve(app, listener, limits)  # the app's shutdown closes the monitor
+
+    def ready() -> None:
+        # Until now stderr holds nothing, so that a start-up failure is its one line; from now on
+        # a request is answered, so a script may wait for this line instead of polling /healthz.
+        print(f"ctd monitor: serving {root.name}; ready: listening on {address}", file=sys.stderr, flush=True)
+
+    await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
 
 
 def register(app: typer.Typer) -> None:

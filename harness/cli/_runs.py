@@ -30,6 +30,7 @@ class RunSummary:
     path: str
     status: str  # done, incomplete, "failed at STAGE", "interrupted at STAGE", "running STAGE", unreadable
     data: str  # the data spec tokens, or "built-in"
+    limit: int | None  # --limit: at most this many examples per split (None: every example)
     model: str
     expert: str
     invocations: int
@@ -45,7 +46,9 @@ def summarise(layout: RunLayout) -> RunSummary:
     try:
         log = RunLog.read(layout.run_log)
     except RunLogError as error:
-        return RunSummary(layout.name, str(layout.root), "unreadable", "", "", "", 0, None, {}, str(error))
+        return RunSummary(
+            layout.name, str(layout.root), "unreadable", "", None, "", "", 0, None, {}, str(error)
+        )
     latest = log.invocations[-1] if log.invocations else None
     config = latest.config if latest else {}
     changed = _changed_on_disk(layout, log)
@@ -55,6 +58,7 @@ def summarise(layout: RunLayout) -> RunSummary:
         path=str(layout.root),
         status=f"changed on disk: {listed_paths(changed)}" if changed else status,
         data=" ".join(config.get("data") or ()) or "built-in",
+        limit=config.get("limit"),
         model=str(config.get("model", "")),
         expert=str(config.get("expert", "")),
         invocations=len(log.invocations),
@@ -107,10 +111,11 @@ def runs_command(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the runs as one JSON object.")] = False,
 ) -> None:
-    """List the runs under the runs root: status, data, model, expert, and when each stage last
-    ran (UTC), from each run's run.json. Every output is checked against the sha256 its stage's
-    manifest recorded: a run with an output edited, truncated or deleted since shows "changed on
-    disk" (and its next `ctd eval` redoes the stages concerned)."""
+    """List the runs under the runs root: status, data, --limit (examples per split; "all"
+    without one), model, expert, and when each stage last ran (UTC), from each run's run.json.
+    Every output is checked against the sha256 its stage's manifest recorded: a run with an
+    output edited, truncated or deleted since shows "changed on disk" (and its next `ctd eval`
+    redoes the stages concerned)."""
     roots = Roots.resolve(runs_dir)
     layouts = (
         [RunLayout(p) for p in sorted(roots.runs.iterdir()) if RunLayout(p).run_log.is_file()]
@@ -126,10 +131,11 @@ def runs_command(
         return
     stage_names = list(dict.fromkeys(name for run in runs for name in run.stages))
     table = Table(title=f"runs under {escape(str(roots.runs))} (stage times: when each last ran, UTC)")
-    for column in ("run", "status", "data", "model", "expert", *stage_names):
+    for column in ("run", "status", "data", "limit", "model", "expert", *stage_names):
         table.add_column(column, overflow="fold")  # a long URL or path is folded, never cut
     for run in runs:
-        cells = [run.name, run.status, _short_data(run.data), run.model, run.expert]
+        limit = "" if run.status == "unreadable" else "all" if run.limit is None else f"{run.limit:,}"
+        cells = [run.name, run.status, _short_data(run.data), limit, run.model, run.expert]
         cells += [_when(run.stages[name]) if name in run.stages else "-" for name in stage_names]
         table.add_row(*(escape(cell) for cell in cells))
     stdout.print(table)

@@ -15,6 +15,7 @@ import errno
 import resource
 import socket
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -121,9 +122,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(app: Any, sock: socket.socket, limits: ServeLimits) -> None:
+async def serve(
+    app: Any, sock: socket.socket, limits: ServeLimits, on_ready: Callable[[], None] | None = None
+) -> None:
     """Serve `app` on the bound socket until SIGINT/SIGTERM, which end it within
-    `limits.graceful_shutdown` seconds (requests still running then are cancelled)."""
+    `limits.graceful_shutdown` seconds (requests still running then are cancelled). `on_ready`
+    is called once the server accepts connections (the app's start-up done)."""
     config = uvicorn.Config(
         app,
         http=guarded_protocol(limits),
@@ -133,11 +137,17 @@ async def serve(app: Any, sock: socket.socket, limits: ServeLimits) -> None:
         timeout_graceful_shutdown=max(1, round(limits.graceful_shutdown)),
         backlog=ACCEPT_BURST,  # also the accept burst: see ACCEPT_BURST
     )
-    await _Server(config).serve(sockets=[sock])
+    await _Server(config, on_ready).serve(sockets=[sock])
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         for sock in sockets or []:  # asyncio shortened the kernel's queue to the accept burst
             sock.listen(LISTEN_BACKLOG)
+        if self.started and not self.should_exit and self._on_ready is not None:
+            self._on_ready()

@@ -3,10 +3,16 @@ stage work (extraction, training, the expert, sweeps).
 
 In a terminal the progress is drawn as live bars on the same Console that prints the stage lines,
 so a stage's summary line is printed above the bars and stays on the screen; a stage's bars are
-removed when its line is printed. When stderr is not a terminal (a file, a pipe, nohup, a job
-scheduler), live bars cannot work: a plain line per unfinished task is printed every
-`progress_interval()` seconds instead (and a "STAGE: working" line while a stage reports no
-progress), never cut at 80 columns.
+removed when its line is printed. Above the bars a status row says what the run is doing now
+("[2/6] query", "loading the monitored model smollm2") and for how long, so that the screen is
+never blank during slow work that has no bar; each stage's lines carry its counter ("[2/6]").
+Each bar counts in a unit ("422/2,237 tokens") and a finished one says "done in 8.2s".
+
+When stderr is not a terminal (a file, a pipe, nohup, a job scheduler), live bars cannot work: a
+plain line per unfinished task is printed every `progress_interval()` seconds instead (and a
+"STAGE: working" line while a stage reports no progress), a time-stamped line when a stage starts
+and before each of its slow steps, never cut at 80 columns. The status row is not printed there:
+a run refused by its checks says only its one error line.
 """
 
 from __future__ import annotations
@@ -14,11 +20,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+)
+from rich.text import Text
 
 from .._errors import InputError
 
@@ -28,6 +44,7 @@ __all__ = [
     "StageProgress",
     "make_console",
     "progress_interval",
+    "took",
 ]
 
 PROGRESS_INTERVAL_ENV = "CTD_PROGRESS_INTERVAL"  # seconds between plain progress lines
@@ -60,12 +77,44 @@ def make_console(*, stderr: bool) -> Console:
 
 
 def _duration(seconds: float) -> str:
+    """Whole seconds, for times that run on ("12s so far", "about 1m52s left")."""
     seconds = int(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def took(seconds: float) -> str:
+    """How long finished work took, as a stage line and a finished bar say it ("done in 8.2s",
+    "done in 1m15s"): tenths below ten seconds, where whole seconds would read "0s"."""
+    return f"{seconds:.1f}s" if seconds < 10 else _duration(seconds)
+
+
+class _CountColumn(ProgressColumn):
+    """ "422/2,237 tokens": done and total in the task's unit; nothing on the status row."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        unit = task.fields.get("unit", "")
+        return Text(f"{task.completed:,.0f}/{task.total:,.0f}" + (f" {unit}" if unit else ""))
+
+
+class _TimeColumn(ProgressColumn):
+    """The time left while a bar runs ("about 16s left"), "done in 8.2s" once it is full, and the
+    time so far on the status row."""
+
+    max_refresh = 0.5  # a remaining time that changes ten times a second cannot be read
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text(_duration(task.elapsed or 0.0))
+        if task.finished:
+            return Text(f"done in {took(task.finished_time or 0.0)}")
+        left = task.time_remaining
+        return Text(f"about {_duration(left)} left" if left is not None else "")
 
 
 @dataclass
@@ -75,6 +124,7 @@ class _Task:
     done: int
     total: int
     detail: str
+    unit: str  # what is counted: "tokens", "examples", ...
     started: float  # when the task was first reported
     first_done: int  # its count then (work resumed from a store or a cache starts above 0)
     finished_shown: bool = False
@@ -82,11 +132,12 @@ class _Task:
     def line(self, what: str, now: float) -> str:
         elapsed = now - self.started
         share = self.done / self.total if self.total else 0.0
-        text = f"{what}: {self.done:,}/{self.total:,} ({share:.0%})"
+        unit = f" {self.unit}" if self.unit else ""
+        text = f"{what}: {self.done:,}/{self.total:,}{unit} ({share:.0%})"
         if self.detail:
             text += f"  {self.detail}"
         if self.done >= self.total:
-            return f"{text}  done in {_duration(elapsed)}"
+            return f"{text}  done in {took(elapsed)}"
         text += f"  {_duration(elapsed)} elapsed"
         if self.done > self.first_done:  # the rate of this run's work, not of what was resumed
             left = elapsed / (self.done - self.first_done) * (self.total - self.done)
@@ -95,9 +146,11 @@ class _Task:
 
 
 class StageProgress:
-    """A callable `(what, done, total, detail="")`: one bar (or plain line) per `what`, and
-    `print` for stage lines through the same Console. Use as a context manager. Output goes to
-    stderr so stdout stays clean for --json; `enabled=False` shows nothing."""
+    """A callable `(what, done, total, detail="", unit="")`: one bar (or plain line) per `what`;
+    `print` for stage lines through the same Console; `plan`, `stage_started`, `step` and
+    `status` for what the run is doing now. Use as a context manager (entered again inside, it
+    stays up until the outermost exit). Output goes to stderr so stdout stays clean for --json;
+    `enabled=False` shows nothing."""
 
     def __init__(
         self, console: Console | None = None, *, enabled: bool = True, interval: float | None = None
@@ -106,27 +159,33 @@ class StageProgress:
         self._enabled = enabled
         self._live = enabled and self.console.is_terminal
         self._interval = interval if interval is not None else progress_interval()
+        self._depth = 0  # nested `with` blocks
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._ticker: threading.Thread | None = None
         self._last_line = time.monotonic()  # when the plain output last printed anything
+        self._stages: tuple[str, ...] = ()  # the run's stages in order, for the counters
         self._stage = ""  # the stage at work, for the "STAGE: working" lines
         self._stage_since = time.monotonic()  # when it started
         self._tasks: dict[str, _Task] = {}  # plain mode
         self._bars: dict[str, TaskID] = {}  # live mode
+        self._status: TaskID | None = None  # live mode: the row saying what the run does now
         self._last_redraw = 0.0
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
-            TextColumn("{task.completed:,}/{task.total:,}"),
+            _CountColumn(),
             TextColumn("{task.fields[detail]}"),
-            TimeRemainingColumn(),
+            _TimeColumn(),
             console=self.console,
             disable=not self._live,
         )
 
     def __enter__(self) -> StageProgress:
+        self._depth += 1
+        if self._depth > 1:
+            return self
         if self._live:
             self._progress.start()
         elif self._enabled:
@@ -135,54 +194,119 @@ class StageProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
         self._stopped.set()
         if self._ticker is not None:
             self._ticker.join()
         if self._live:
+            self._clear_status()  # what the run was doing is over; a bar left shows where it stopped
             self._progress.stop()
 
-    def __call__(self, what: str, done: int, total: int, detail: str = "") -> None:
+    def __call__(self, what: str, done: int, total: int, detail: str = "", unit: str = "") -> None:
         if not self._enabled:
             return
         if self._live:
-            self._draw(what, done, total, detail)
+            self._draw(what, done, total, detail, unit)
             return
         now = time.monotonic()
         with self._lock:
             task = self._tasks.get(what)
             if task is None or done < task.done:  # a new task, or the same work started again
-                task = self._tasks[what] = _Task(done, total, detail, now, done)
+                task = self._tasks[what] = _Task(done, total, detail, unit, now, done)
             task.done, task.total, task.detail = done, total, detail
             if done >= total and not task.finished_shown:
                 task.finished_shown = True
                 self._say(task.line(what, now))
 
+    def plan(self, header: str, stages: Sequence[str]) -> None:
+        """A run of `stages` begins (its checks passed): `header` is printed as a line of its
+        own, and from now on each stage's lines carry its counter ("[2/6] query")."""
+        self._stages = tuple(stages)
+        self.print(escape(header))
+
+    def counter(self, stage: str) -> str:
+        """ "[2/6] " for the second of six planned stages; "" for a stage outside the plan."""
+        if stage not in self._stages:
+            return ""
+        return f"[{self._stages.index(stage) + 1}/{len(self._stages)}] "
+
     def stage_started(self, stage: str) -> None:
-        """A stage starts its work (the plain "STAGE: working" lines name it)."""
+        """A stage starts its work: the status row names it with its counter (live), a line says
+        so (plain), and the plain "STAGE: working" lines name it."""
+        if not self._enabled:
+            return
         with self._lock:
             self._stage, self._stage_since = stage, time.monotonic()
+        if self._live:
+            self._set_status(f"{self.counter(stage)}{stage}", "")
+        else:
+            with self._lock:
+                self._say(f"{self.counter(stage)}{stage}: started")
+
+    def step(self, text: str) -> None:
+        """The stage at work starts a slow step that shows no bar of its own (loading a model,
+        starting a server, drawing figures): shown on the status row (live) or as a line
+        (plain)."""
+        if not self._enabled:
+            return
+        stage = self._stage
+        if self._live:
+            if stage:
+                self._set_status(f"{self.counter(stage)}{stage}", escape(text))
+            else:
+                self._set_status(escape(text), "")
+            return
+        with self._lock:
+            self._say(f"{self.counter(stage)}{stage}: {text}" if stage else text)
+
+    def status(self, text: str) -> None:
+        """What the run does before its stages (its checks): on the status row in a terminal,
+        nowhere else, so that a run refused by a check prints only its one error line."""
+        if self._live:
+            self._set_status(escape(text), "")
 
     def print(self, markup: str) -> None:
         """A stage line (rich markup): above the live bars, which belong to the finished stage
-        and are removed; in plain mode, a line of its own."""
+        and are removed, as is the status row; in plain mode, a line of its own."""
+        if not self._enabled:
+            return
         if self._live:
             for bar in self._bars.values():
                 self._progress.remove_task(bar)
             self._bars.clear()
+            self._clear_status()
             self._progress.refresh()  # else the line is printed above the last frame, bars and all
         with self._lock:
             self._tasks.clear()
             self._stage, self._last_line = "", time.monotonic()
         self.console.print(markup)
 
-    def _draw(self, what: str, done: int, total: int, detail: str) -> None:
+    def _set_status(self, description: str, detail: str) -> None:
+        """The status row: created at the top of the live display, or its text replaced (its
+        clock keeps running while the stage is the same)."""
+        if self._status is None:
+            self._status = self._progress.add_task(description, total=None, detail=detail, unit="")
+        else:
+            self._progress.update(self._status, description=description, detail=detail)
+        self._progress.refresh()
+
+    def _clear_status(self) -> None:
+        if self._status is not None:
+            self._progress.remove_task(self._status)
+            self._status = None
+
+    def _draw(self, what: str, done: int, total: int, detail: str, unit: str) -> None:
         if what not in self._bars:
-            self._bars[what] = self._progress.add_task(escape(what), total=total, detail="")
+            self._bars[what] = self._progress.add_task(escape(what), total=total, detail="", unit=unit)
+            if self._status is not None and self._stage:  # the step before this bar is over
+                self._progress.update(self._status, detail="")
         now = time.monotonic()
         if now - self._last_redraw < _REDRAW_SECONDS and done < total:
             return
         self._last_redraw = now
-        self._progress.update(self._bars[what], completed=done, total=total, detail=escape(detail))
+        self._progress.update(self._bars[what], completed=done, total=total, detail=escape(detail), unit=unit)
 
     def _say(self, text: str) -> None:
         """One plain line, stamped with the local time; called with the lock held."""
@@ -199,4 +323,5 @@ class StageProgress:
                 for what, task in running.items():
                     self._say(task.line(what, now))
                 if not running and self._stage and now - self._last_line >= self._interval:
-                    self._say(f"{self._stage}: working, {_duration(now - self._stage_since)} so far")
+                    stage = f"{self.counter(self._stage)}{self._stage}"
+                    self._say(f"{stage}: working, {_duration(now - self._stage_since)} so far")

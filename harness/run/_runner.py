@@ -49,9 +49,9 @@ def run_stages(
             manifests.log(f"{stage.name}: started")
             run_log.record(stage.name, StageStatus.RUNNING, None, "")
             run_log.write(layout.run_log)
-            if on_start is not None:
-                on_start(stage.name)
-            try:
+            try:  # from here a Ctrl-C is recorded as this stage's interruption, even while it is shown
+                if on_start is not None:
+                    on_start(stage.name)
                 result = stage.run()
             except BaseException as error:
                 status = (

@@ -1,7 +1,7 @@
 """Stop signals (SIGTERM, and SIGINT unless ignored) handled inside a running event loop.
 
 Outside an event loop a stop signal raises KeyboardInterrupt where the code happens to be
-(`harness.cli._terminate`), as Ctrl-C does. Inside one that is unsafe: raised in the middle of
+(`harness.cli._app._terminate`), as Ctrl-C does. Inside one that is unsafe: raised in the middle of
 asyncio's own machinery (a callback, a task switch) it can end as a traceback rather than a
 clean stop, and asyncio.run only guards SIGINT, and only when SIGINT is not ignored (a
 background job of a shell script runs with SIGINT ignored). So the async parts of a run take

@@ -12,10 +12,13 @@ __all__ = ["ProgressFn", "Stage", "StageOutcome", "StageResult"]
 
 
 class ProgressFn(Protocol):
-    """progress(what, done, total, detail): a stage's long work, drawn as a bar (or a plain line
-    when the output is not a terminal) by the run's display."""
+    """progress(what, done, total, detail, unit): a stage's long work, drawn as a bar (or a plain
+    line when the output is not a terminal) by the run's display, counted in `unit` ("tokens",
+    "examples"); `step(text)` names a slow step that has no bar (loading a model)."""
 
-    def __call__(self, what: str, done: int, total: int, detail: str = "") -> None: ...
+    def __call__(self, what: str, done: int, total: int, detail: str = "", unit: str = "") -> None: ...
+
+    def step(self, text: str) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ class CalibrateStage:
         total, done, parts = len(archs) * len(merges), 0, []
         for arch in archs:
             for merge in merges:
-                ctx.progress("calibrate sweeps", done, total)
+                ctx.progress("calibrate", done, total, unit="sweeps")
                 sweep = SweepConfig(
                     budgets=config.budgets,
                     batch_sizes=config.batch_sizes,
@@ -325,7 +325,7 @@ class CalibrateStage:
                 done += 1
                 if merge == "default":
                     parts.append(f"{arch}: {summary['rows']} rows")
-        ctx.progress("calibrate sweeps", total, total)
+        ctx.progress("calibrate", total, total, unit="sweeps")
         return StageResult("; ".join(parts))
 
     def check_outputs(self) -> None:

@@ -27,7 +27,7 @@ from ..data._scores import binary_twin, read_scores, scores_from_columns, write_
 from ..data._tables import check_writable, read_table, write_json
 from ..run._context import RunContext
 from ..run._log import file_sha256, fingerprint
-from ..run._stage import StageResult
+from ..run._stage import ProgressFn, StageResult
 from ._probe import open_stores
 
 __all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
@@ -64,7 +64,7 @@ def dv_stage(
     *,
     target: DVTarget = "continuous",
     training: ProbeConfig | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: ProgressFn | None = None,
     artifacts: tuple[Callable[[str, int], Path], Callable[[str, int], Path]] | None = None,
 ) -> DVStageResult:
     """Train one DV probe per (arch, seed) of the probe stage in `probe_dir` and write the scores
@@ -105,7 +105,7 @@ def dv_stage(
     value_fn = calibrate.delegation_value if target == "continuous" else calibrate.binary_delegation_value
     for number, (arch, seed) in enumerate(pairs):
         if progress is not None:
-            progress("train DV probes", number, len(pairs))
+            progress("DV probes", number, len(pairs), unit="trained")
         rows = (table["arch"] == arch) & (table["seed"] == seed) & np.isfinite(expert_col)
         dev_rows, test_rows = (
             np.flatnonzero(rows & (split == "dev")),
@@ -155,7 +155,7 @@ def dv_stage(
                 replace(reads, task="dv", config=config, metrics=runs[-1]),
             )
     if progress is not None:
-        progress("train DV probes", len(pairs), len(pairs))
+        progress("DV probes", len(pairs), len(pairs), unit="trained")
     keep = np.isfinite(expert_col)
     columns = {
         "id": ids[keep],

@@ -25,7 +25,7 @@ from ..data._tables import read_json, write_json, write_table
 from ..run._context import RunContext
 from ..run._layout import Roots
 from ..run._log import fingerprint
-from ..run._stage import StageResult
+from ..run._stage import ProgressFn, StageResult
 
 if TYPE_CHECKING:
     from probes import ExtractStats, LoadedModel
@@ -69,9 +69,6 @@ class ProbeStageResult:
     layer: int
 
 
-Progress = Callable[[str, int, int], None]  # (task description, done, total)
-
-
 def open_stores(out_dir: Path) -> dict[SplitName, Ragged]:
     """The activations of each split recorded by a finished probe stage in `out_dir`."""
     record = read_json(out_dir / "stores.json")
@@ -91,7 +88,7 @@ def _extract_split(
     settings: ProbeSettings,
     layer: int,
     store_root: Path,
-    progress: Progress | None,
+    progress: ProgressFn | None,
 ) -> tuple[ActivationStore, ExtractStats]:
     from probes import extract  # torch loads when the stage runs, not when a rerun skips it
 
@@ -99,7 +96,7 @@ def _extract_split(
 
     def on_batch(done: int, total: int) -> None:
         if progress is not None:
-            progress(f"extract {split}", done, total)
+            progress(f"extract {split}", done, total, unit="tokens")
 
     return extract(
         model,
@@ -119,7 +116,7 @@ def probe_stage(
     out_dir: Path,
     *,
     store_root: Path | None = None,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     model: LoadedModel | None = None,
     artifact: Callable[[str, int], Path] | None = None,
 ) -> ProbeStageResult | None:
@@ -162,7 +159,7 @@ def probe_stage(
     total = len(settings.archs) * len(settings.seeds)
     for number, (arch, seed) in enumerate((a, s) for a in settings.archs for s in settings.seeds):
         if progress is not None:
-            progress("train safety probes", number, total)
+            progress("safety probes", number, total, unit="trained")
         config = replace(settings.training, arch=arch)
         try:
             result = train_probe(acts["train"], labels["train"], task="safety", config=config, seed=seed)
@@ -203,7 +200,7 @@ def probe_stage(
                 ),
             )
     if progress is not None:
-        progress("train safety probes", total, total)
+        progress("safety probes", total, total, unit="trained")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(
@@ -294,6 +291,8 @@ class ProbeStage:
 
     def run(self) -> StageResult:
         ctx = self.ctx
+        # torch, transformers and the weights: the longest wait before the first bar
+        ctx.progress.step(f"loading the monitored model {ctx.config.model}")
         try:
             result = probe_stage(
                 ctx.data,

@@ -218,7 +218,7 @@ class ExpertProgress:
         )
         if stats.waiting:  # items another run on this cache is asking about
             detail += f"  waiting on another run {stats.waiting}"
-        self._progress("expert", stats.done, stats.total, detail)
+        self._progress("expert", stats.done, stats.total, detail, unit="examples")
 
 
 @dataclass(frozen=True)

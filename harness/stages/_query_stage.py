@@ -123,6 +123,7 @@ class QueryStage:
             yield spec
             return
         manifests.log(f"starting a local {spec.server} server for {spec.name}")
+        self.ctx.progress.step(f"starting a local {spec.server} server for {spec.name}")
         if "torch" in sys.modules:  # the probe stage ran in this process: free the GPU it cached
             from probes import release_device_memory
 

@@ -40,7 +40,7 @@ class ReportStage:
         from ..report import read_warnings
         from ..report._build import build_report  # matplotlib is imported only when a report is built
 
-        path = build_report(self.ctx.layout.root)
+        path = build_report(self.ctx.layout.root, progress=self.ctx.progress.step)
         warnings = read_warnings(self.ctx.layout.root)
         return StageResult(str(path) + (f"; {len(warnings)} warnings (below)" if warnings else ""))
 

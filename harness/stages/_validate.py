@@ -252,7 +252,7 @@ class ValidateStage:
             folder = layout.validation(arch)
             folder.mkdir(parents=True, exist_ok=True)
             for job in JOBS:
-                ctx.progress("validate guarantees", done, total)
+                ctx.progress("validate", done, total, unit="guarantees")
                 record = run_job(
                     layout.scores,
                     folder,
@@ -274,7 +274,7 @@ class ValidateStage:
                         f"{arch} {job.name}: {n_levels} levels, population violations <= {worst:.1%}"
                     )
                 done += 1
-        ctx.progress("validate guarantees", total, total)
+        ctx.progress("validate", total, total, unit="guarantees")
         return StageResult("; ".join(parts))
 
     def check_outputs(self) -> None:

@@ -21,6 +21,7 @@ from harness.run._config import RunConfig
 from harness.run._context import RunContext
 from harness.run._layout import Roots
 from harness.run._log import Manifests
+from harness.run._progress import StageProgress
 from harness.stages._query import pick_expert, preflight_expert
 from harness.stages._query_stage import QueryStage
 from probes import ModelInfo
@@ -42,7 +43,7 @@ def main(name: str, limit: int, hold: Path) -> int:
         data=data,
         spec=spec,
         model=ModelInfo(identity="unused by the query stage", n_layers=1, config=None),
-        progress=lambda what, done, total, detail="": None,
+        progress=StageProgress(enabled=False),
     )
     stage = QueryStage(ctx, start_server=start_server, may_serve=True)
     result = stage.run()

@@ -192,10 +192,11 @@ def test_plain_progress_prints_at_a_steady_interval_and_never_cuts_lines() -> No
             time.sleep(0.1)
         progress.print("[bold]query[/bold] done in 1.5 s: 10 scored")
     lines = out.getvalue().splitlines()
-    assert re.match(r"\d\d:\d\d:\d\d query: working, 0s so far$", lines[0]), lines
+    assert re.match(r"\d\d:\d\d:\d\d query: started$", lines[0]), lines
+    assert re.match(r"\d\d:\d\d:\d\d query: working, 0s so far$", lines[1]), lines
     expert = [line for line in lines if " expert: " in line]
     assert len(expert) >= 4 and all(len(line) > 150 for line in expert), lines  # one line each, whole
-    assert expert[-1].endswith("done in 1s") and " 10/10 (100%) " in expert[-1]
+    assert re.search(r"done in \d\.\ds$", expert[-1]) and " 10/10 (100%) " in expert[-1]
     assert lines[-1] == "query done in 1.5 s: 10 scored"
 
 
@@ -211,3 +212,70 @@ def test_live_bars_share_the_console_of_the_stage_lines() -> None:
     # The probe's bar was removed with its stage line: the last frame holds the expert bar only.
     last_frame = text.rsplit("probe done in 2.0 s: trained", 1)[1]
     assert "expert" in last_frame and "extract train" not in last_frame
+
+
+STAGES = ("probe", "query", "dv", "calibrate", "validate", "report")
+
+
+def test_live_display_names_the_stage_at_work_counts_in_units_and_says_done_in() -> None:
+    """In a terminal: the status row says what the run checks before its stages, then the stage
+    at work with its counter and slow step; bars count in their unit; a finished bar reads
+    "done in", never rich's 0:00:00; a stage line keeps its counter."""
+    out = io.StringIO()
+    console = Console(file=out, width=150, force_terminal=True, color_system=None)
+    with StageProgress(console) as progress:
+        progress.status("ctd eval t: checking the data, the model and the expert")
+        time.sleep(0.2)
+        frames = [out.getvalue()]
+        progress.plan("ctd eval t: 6 stages (probe, ...) in runs/t", STAGES)
+        progress.stage_started("probe")
+        progress.step("loading the monitored model smollm2")
+        time.sleep(0.2)
+        frames.append(out.getvalue())
+        progress("extract train", 0, 2237, unit="tokens")
+        time.sleep(0.2)
+        progress("extract train", 2237, 2237, unit="tokens")
+        progress("extract dev", 0, 2995, unit="tokens")
+        time.sleep(0.7)  # the time column is redrawn at most twice a second
+        frames.append(out.getvalue())
+        progress.print(f"{progress.counter('probe')}[bold]probe[/bold] done in 1.2s: trained")
+    shown = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).split("\r")[-1] for frame in frames]
+    assert "ctd eval t: checking the data, the model and the expert" in shown[0], shown[0]
+    assert re.search(r"\[1/6\] probe .*loading the monitored model smollm2", shown[1]), shown[1]
+    assert re.search(r"extract train .* 2,237/2,237 tokens +done in 0\.\ds", shown[2]), shown[2]
+    assert re.search(r"extract dev .* 0/2,995 tokens", shown[2]) and "0:00:00" not in shown[2], shown[2]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "\rctd eval t: 6 stages (probe, ...) in runs/t\n" in text
+    assert "[1/6] probe done in 1.2s: trained" in text
+    assert "checking the data" not in text.rsplit("[1/6] probe done", 1)[1]  # the status row went
+
+
+def test_plain_display_logs_stage_starts_and_steps_but_not_the_checks_status() -> None:
+    """With output to a file: no status line before the stages (a run its checks refuse prints
+    only its error), then the header, a time-stamped line at each stage's start and slow step,
+    bars' lines with their unit; with enabled=False, nothing at all."""
+    out = io.StringIO()
+    with StageProgress(Console(file=out, width=80, soft_wrap=True), interval=60) as progress:
+        progress.status("ctd eval t: checking the data, the model and the expert")
+        progress.plan("ctd eval t: 6 stages", STAGES)
+        progress.stage_started("query")
+        progress.step("starting a local llama.cpp server for smollm2")
+        progress("expert", 4, 4, unit="examples")
+        progress.print(f"{progress.counter('query')}query done in 0.5s: 4 scored")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "ctd eval t: 6 stages", lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d \[2/6\] query: started", lines[1]), lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d \[2/6\] query: starting a local llama.cpp server for \w+", lines[2])
+    assert re.fullmatch(r"\d\d:\d\d:\d\d expert: 4/4 examples \(100%\)  done in \d\.\ds", lines[3]), lines
+    assert lines[4:] == ["[2/6] query done in 0.5s: 4 scored"], lines
+
+    silent = io.StringIO()
+    console = Console(file=silent, force_terminal=True)
+    with StageProgress(console, enabled=False) as progress:
+        progress.status("checking")
+        progress.plan("header", STAGES)
+        progress.stage_started("probe")
+        progress.step("loading")
+        progress("extract train", 1, 1, unit="tokens")
+        progress.print("probe done")
+    assert silent.getvalue() == ""

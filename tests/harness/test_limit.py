@@ -3,8 +3,10 @@ part of the run's name and fingerprints as the data is."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd
 from harness.data._dataspec import SPLITS, load_data
 from harness.data._limit import stratified_limit
 from harness.run._config import RunConfig
+from harness.run._log import RunLog, StageStatus
 
 
 def strata(examples) -> Counter[tuple[str, int]]:  # type: ignore[no-untyped-def]
@@ -101,3 +104,30 @@ def test_a_too_small_test_split_names_the_budgets_that_would_work(tmp_path: Path
     # Asked only for budgets that 14 rows cannot certify: none to keep, the smallest that could.
     too_low = run_ctd("eval", "--limit", "40", "--budgets", "0.05,0.1", cwd=tmp_path, env=env)
     assert_one_line_error(too_low, "none of those asked for can; pass budgets of 0.16 or more")
+
+
+def test_runs_shows_the_limit_in_the_table_and_in_json(tmp_path: Path) -> None:
+    """`ctd runs` tells a --limit run from the full run on the same built-in data: a limit
+    column (all for the full run) and a `limit` field in --json, from run.json's configuration
+    as `ctd eval` records it."""
+    runs = tmp_path / "runs"
+    for config in (RunConfig(), RunConfig(limit=40, budgets=(0.5, 0.7))):
+        log = RunLog()
+        log.started(asdict(config))
+        log.record("probe", StageStatus.RAN, 3.0, "trained")
+        (runs / config.run_name).mkdir(parents=True)
+        log.write(runs / config.run_name / "run.json")
+    listed = run_ctd("runs", "--json", "--runs-dir", str(runs), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    by_name = {r["name"]: r for r in json.loads(listed.stdout)["runs"]}
+    assert by_name["smollm2-smollm2-builtin"]["limit"] is None
+    assert by_name["smollm2-smollm2-builtin-limit40"]["limit"] == 40
+    assert {r["data"] for r in by_name.values()} == {"built-in"}
+    table = run_ctd("runs", "--runs-dir", str(runs), cwd=tmp_path, env={"COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if " limit " in line)
+    rows = {line.split("│")[1].strip(): line for line in table.stdout.splitlines() if "smollm2-" in line}
+    column = [cell.strip() for cell in header.split("┃")].index("limit")
+    assert rows["smollm2-smollm2-builtin"].split("│")[column].strip() == "all", table.stdout
+    assert rows["smollm2-smollm2-builtin-limit40"].split("│")[column].strip() == "40", table.stdout
+    assert re.search(r"built-in\s*│\s*40\s*│", table.stdout), table.stdout

@@ -6,6 +6,7 @@ model, see tests/monitor_bundle.py) served by the real command in a subprocess:
 - malformed bodies over HTTP (a 10,000-digit integer, deep nesting, a lone surrogate) are 4xx;
 - a bearer token from an environment variable guards the POSTs and never shows in any output;
 - /healthz shows the bundle's name, never its absolute path; SIGTERM stops the server in bounded time;
+- once it accepts connections it says so in one "ready: listening on URL" line, and that URL answers;
 - every bad option and every start-up failure is one line and exit code 2, before the model loads.
 """
 
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,6 +246,51 @@ def test_healthz_names_the_bundle_without_its_absolute_path(served: dict, bundle
     health = httpx.get(f"{served['url']}/healthz", timeout=30).json()
     assert health["bundle"] == bundle.name and len(health["bundle_id"]) == 12
     assert str(bundle.parent) not in str(health) and "/" not in health["bundle"]
+
+
+def test_serve_says_ready_once_it_accepts_connections(bundle: Path, tmp_path: Path) -> None:
+    """No polling of /healthz needed: stderr's "ready: listening on URL" line comes once the server
+    accepts connections, and the URL it names answers the very next request."""
+    port = free_port()
+    process = start_ctd(
+        "monitor", "serve", str(bundle), "--no-expert", "--port", str(port),
+        "--log", str(tmp_path / "d.jsonl"), cwd=tmp_path,
+    )  # fmt: skip
+    assert process.stderr is not None and process.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
+    reader.start()
+    before: list[str] = []  # what stderr said before the ready line
+    ready = ""
+    try:
+        deadline = time.monotonic() + 300
+        while not ready and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                assert process.poll() is None, before
+                continue
+            if "ready: listening on " in line:
+                ready = line
+            else:
+                before.append(line)
+        assert ready, before
+        url = ready.rsplit("ready: listening on ", 1)[1].strip()
+        health = httpx.get(f"{url}/healthz", timeout=10)  # once, no retry
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    assert url == f"http://127.0.0.1:{port}" and health.status_code == 200, (url, health.text)
+    assert ready == f"ctd monitor: serving {bundle.name}; ready: listening on {url}\n"
+    assert before == [], before
+    reader.join(10)  # the rest of stderr, to the exit
+    rest = list(lines.queue)
+    assert not any("ready:" in line for line in rest), rest  # said once
+    assert process.stdout.read() == ""  # stdout is for results: nothing here
 
 
 def test_sigterm_stops_the_server_within_a_bounded_time(bundle: Path, tmp_path: Path) -> None:
