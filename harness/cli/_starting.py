@@ -28,18 +28,15 @@ def say_eval_is_starting() -> None:
     sys.stderr = _ReplacesTheLine(sys.stderr)
 
 
-class _ReplacesTheLine:
-    """stderr, whose first write starts by erasing the starting line; every other attribute
-    (isatty, fileno, encoding) is the wrapped stream's."""
+class StreamWrapper:
+    """A text stream that writes to the wrapped one; every other attribute (isatty, fileno,
+    encoding, the byte buffer) is the wrapped stream's, so consoles still see a terminal.
+    Subclasses change `write`."""
 
     def __init__(self, stream: TextIO) -> None:
         self.wrapped = stream
-        self._pending = True
 
     def write(self, text: str) -> int:
-        if self._pending and text:
-            self._pending = False
-            self.wrapped.write(_CLEAR_LINE)
         self.wrapped.write(text)
         return len(text)
 
@@ -52,3 +49,17 @@ class _ReplacesTheLine:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.wrapped, name)
+
+
+class _ReplacesTheLine(StreamWrapper):
+    """stderr, whose first write starts by erasing the starting line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._pending = True
+
+    def write(self, text: str) -> int:
+        if self._pending and text:
+            self._pending = False
+            self.wrapped.write(_CLEAR_LINE)
+        return super().write(text)

@@ -139,7 +139,7 @@ def test_a_refused_run_in_a_terminal_leaves_only_its_error_line(
         "new-session",
         "-d",
         "-x",
-        "130",
+        "500",  # wide enough that the error line (it names the budgets that would work) never wraps
         "-y",
         "20",
         "-c",
