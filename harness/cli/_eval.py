@@ -260,7 +260,8 @@ def eval_command(
                 if outcome.status is StageStatus.SKIPPED
                 else f"done in {took(outcome.seconds)}"
             )
-            detail = f": {escape(outcome.detail)}" if outcome.detail else ""
+            shown = outcome.detail and outcome.status is not StageStatus.SKIPPED  # its detail is the verb
+            detail = f": {escape(outcome.detail)}" if shown else ""
             display.print(f"{display.counter(outcome.stage)}[bold]{outcome.stage}[/bold] {verb}{detail}")
 
     try:

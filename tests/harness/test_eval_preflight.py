@@ -22,6 +22,7 @@ from harness.run._config import RunConfig
 from harness.run._context import RunContext
 from harness.run._layout import Roots
 from harness.run._log import Manifests
+from harness.run._progress import StageProgress
 from harness.stages._query import pick_expert, preflight_expert
 from harness.stages._query_stage import QueryStage
 from probes import ModelInfo
@@ -183,7 +184,7 @@ def query_context(tmp_path: Path, url: str) -> RunContext:
         data=data,
         spec=pick_expert(url, model="fault-model"),
         model=ModelInfo(identity="unused by the query stage", n_layers=1, config=None),
-        progress=lambda what, done, total, detail="": None,
+        progress=StageProgress(enabled=False),
     )
 
 
