@@ -122,9 +122,7 @@ def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
     except OSError as error:
-        raise ProbeError(
-            f"{folder.parent}: cannot write the converted model there ({error.strerror})"
-        ) from None
+        raise _unwritable(folder.parent, error) from None
     try:
         model, tokenizer = _load_gguf(path, dtype)
         model.save_pretrained(staging)
@@ -137,12 +135,14 @@ def _converted_gguf(path: Path, digest: str, dtype: torch.dtype) -> Path:
                 raise
             # Another process (e.g. another rank of `torchrun`) converted it first: keep theirs.
     except OSError as error:
-        raise ProbeError(
-            f"{folder.parent}: cannot write the converted model there ({error.strerror})"
-        ) from None
+        raise _unwritable(folder.parent, error) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _unwritable(cache: Path, error: OSError) -> ProbeError:
+    return ProbeError(f"{cache}: cannot write the converted model there ({error.strerror})")
 
 
 def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:

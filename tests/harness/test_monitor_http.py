@@ -30,6 +30,7 @@ import httpx
 import pytest
 from ctd_cli import CTD, assert_one_line_error, free_port, run_ctd, start_ctd
 from monitor_bundle import seal, write_untrained_bundle
+from monitor_run import stop
 
 TOKEN = "t0ken-for-tests-8f3a"  # given to the server through the environment
 TOKEN_ENV = {"CTD_TEST_MONITOR_TOKEN": TOKEN}
@@ -278,12 +279,7 @@ def test_serve_says_ready_once_it_accepts_connections(bundle: Path, tmp_path: Pa
         url = ready.rsplit("ready: listening on ", 1)[1].strip()
         health = httpx.get(f"{url}/healthz", timeout=10)  # once, no retry
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
     assert url == f"http://127.0.0.1:{port}" and health.status_code == 200, (url, health.text)
     assert ready == f"ctd monitor: serving {bundle.name}; ready: listening on {url}\n"
     assert before == [], before
