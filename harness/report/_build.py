@@ -7,7 +7,7 @@ Reads (run folder layout):
         sweep.csv, baselines.csv, summary.json (SweepConfig, DV quality), groups.csv (optional)
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
-        one record per level (harness.stages._validate), the per-trial table <name>.parquet beside it
+        one record per level (harness.run._validation), the per-trial table <name>.parquet beside it
     config.toml                             the resolved run config                 (optional)
 
 The report reads the numbers the stages wrote and re-runs none of them (no sweep, no
