@@ -131,8 +131,8 @@ def run_eval(
     if _launched_worker():
         # Under `accelerate launch`, the other processes extract their share of the activations
         # and stop; the main process runs every stage.
-        probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe, store_root=ctx.roots.store)
-        return EvalResult(layout.root, layout.report_md, ())
+        probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe.root, store_root=ctx.roots.store)
+        return EvalResult(layout.root, layout.report.markdown, ())
     run_log = RunLog.read(layout.run_log)  # before anything is written: it may refuse the file
     manifests = ctx.manifests
     data = ctx.data
@@ -174,9 +174,9 @@ def run_eval(
         outcomes = run_stages(stages, manifests, run_log, on_start=progress.stage_started, on_stage=on_stage)
     return EvalResult(
         layout.root,
-        layout.report_md,
+        layout.report.markdown,
         outcomes,
-        read_summary(layout.summary_table),
+        read_summary(layout.report.summary_table),
         read_warnings(layout.root),
     )
 

@@ -25,6 +25,7 @@ from calibrate import (
 from .._bounds import LIMITS
 from .._errors import InputError
 from ..data._simulate import Scenario
+from ..run._layout import RunLayout
 from ..stages._calibrate import calibrate_scores, resolve_scores, simulate, validate_scores
 from ._common import (
     BUDGETS_TEXT,
@@ -42,7 +43,10 @@ ScoresOption = Annotated[
     typer.Option("--scores", help="A scores table (.parquet, or .csv) with the SPEC section 2 columns."),
 ]
 RunOption = Annotated[
-    str | None, typer.Option("--run", help="A run name: uses runs/NAME/scores.parquet instead of --scores.")
+    str | None,
+    typer.Option(
+        "--run", help=f"A run name: uses {RunLayout(Path('runs', 'NAME')).scores} instead of --scores."
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 ArchOption = Annotated[

@@ -310,7 +310,8 @@ def _print_summary(rows: list[dict[str, str]]) -> None:
 
     tables = summary_tables(rows)
     if tables:
-        stdout.print("summary: means over seeds, as report.md's Summary shows them")
+        shown_in = RunLayout(Path()).report.markdown.name
+        stdout.print(f"summary: means over seeds, as {shown_in}'s Summary shows them")
     for found in tables:
         # No outer border: the summary and every stage line above it fit one screen.
         table = Table(title=escape(found.title), title_justify="left", box=box.HEAVY_HEAD, show_edge=False)
@@ -337,12 +338,12 @@ def report_command(
     from ..report._build import build_report
 
     folder = Path(name)
-    if not (folder / "scores.parquet").is_file():
+    if not RunLayout(folder).scores.is_file():
         folder = Roots.resolve(runs_dir).run(name).root
     if not folder.is_dir():
         raise InputError(f"run {name!r}: no such run folder ({folder})")
     path = build_report(folder)
-    _print_summary(read_summary(RunLayout(folder).summary_table))
+    _print_summary(read_summary(RunLayout(folder).report.summary_table))
     _print_warnings(read_warnings(folder))
     print(f"report: {path}")
 

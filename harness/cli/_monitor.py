@@ -13,7 +13,7 @@ import typer
 
 from .._errors import InputError
 from ..monitor._limits import ServeLimits
-from ..run._layout import Roots
+from ..run._layout import BundleLayout, Roots
 from ._common import clean_errors, print_json
 
 __all__ = ["register"]
@@ -175,7 +175,10 @@ def monitor_serve(
     ] = None,
     log: Annotated[
         Path | None,
-        typer.Option("--log", help="Decision log, JSONL, appended (default: BUNDLE/decisions.jsonl)."),
+        typer.Option(
+            "--log",
+            help=f"Decision log, JSONL, appended (default: {BundleLayout(Path('BUNDLE')).decisions}).",
+        ),
     ] = None,
     log_text: Annotated[bool, typer.Option("--log-text", help="Also log each conversation's text.")] = False,
     max_delegation_rate: Annotated[

@@ -161,8 +161,8 @@ def calibrate_bundle(
             f"holds {splits.cal.shape[1]}; level {alpha:g} at --delta {delta:g} needs at least {need}"
         )
     sources = {
-        "safety": layout.probe_artifact(base, rows.seed),
-        "dv": layout.dv_artifact(target_kind, base, rows.seed),
+        "safety": layout.probe.artifact(base, rows.seed),
+        "dv": layout.dv.artifact(target_kind, base, rows.seed),
     }
     for source in sources.values():
         for suffix in PROBE_SUFFIXES:

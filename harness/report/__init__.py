@@ -24,7 +24,7 @@ def build_report(run_dir: Path) -> Path:
 def read_warnings(run_dir: Path) -> list[str]:
     """The warnings (degenerate scorers) of a built report, for the terminal; none when the run
     has no report yet."""
-    path = RunLayout(Path(run_dir)).report_numbers
+    path = RunLayout(Path(run_dir)).report.numbers
     if not path.is_file():
         return []
     return [str(w) for w in json.loads(path.read_text(encoding="utf-8")).get("warnings", [])]

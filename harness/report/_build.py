@@ -7,7 +7,7 @@ Reads (run folder layout):
         sweep.csv, baselines.csv, summary.json (SweepConfig, DV quality), groups.csv (optional)
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
-        one record per level (harness.stages._validate), the per-trial table <name>.parquet beside it
+        one record per level (harness.run._validation), the per-trial table <name>.parquet beside it
     config.toml                             the resolved run config                 (optional)
 
 The report reads the numbers the stages wrote and re-runs none of them (no sweep, no
@@ -34,7 +34,7 @@ from ..data._scores import read_scores
 from ..data._tables import atomic_path, read_table, write_json
 from ..run._layout import RunLayout
 from ._checks import checks_section
-from ._context import ReportContext, markdown_table, slug
+from ._context import ReportContext, markdown_table
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
 from ._sections import (
@@ -87,17 +87,17 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         # last; it is placed first, right under the title.
         ctx.lines[summary_at:summary_at] = summary_lines(ctx)
         for arch, rows in ctx.curve_rows.items():
-            ctx.table(f"tables/{slug(arch)}/curves.csv", rows)
+            ctx.table(ctx.files.table(arch, "curves"), rows)
         numbers = ctx.numbers | {"missing": ctx.missing, "warnings": ctx.warnings}
-        write_json(ctx.out / RunLayout(run_dir).report_numbers.name, numbers)
-        with atomic_path(ctx.out / "report.md") as tmp:
+        write_json(ctx.files.numbers, numbers)
+        with atomic_path(ctx.files.markdown) as tmp:
             tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
         ctx.progress("publishing report/")
-        _publish(ctx.out, RunLayout(run_dir).report)
+        _publish(ctx.out, RunLayout(run_dir).report.root)
     except BaseException:
         shutil.rmtree(ctx.out, ignore_errors=True)
         raise
-    return RunLayout(run_dir).report_md
+    return RunLayout(run_dir).report.markdown
 
 
 def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
@@ -111,7 +111,7 @@ def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
     progress(f"reading {scores_path}")
     table = read_scores(scores_path)
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
-    sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch)) for arch in table.archs}
+    sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch).root) for arch in table.archs}
     staging = Path(tempfile.mkdtemp(prefix=".report.", dir=run_dir))
     return ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
 
@@ -138,26 +138,27 @@ def _title(ctx: ReportContext) -> None:
         "",
         f"Probe configurations: {', '.join(ctx.by_arch)}; probe seeds: {', '.join(map(str, seeds))}. "
         "Curves and bands show the mean and one (population) standard deviation over seeds unless a "
-        "caption says otherwise. Every number in the tables is also in `numbers.json`; the run's "
-        "configuration and any warnings follow the summary.",
+        f"caption says otherwise. Every number in the tables is also in `{ctx.files.numbers.name}`; "
+        "the run's configuration and any warnings follow the summary.",
         "",
     ]
 
 
 def _config(ctx: ReportContext) -> None:
-    text = read_config_text(RunLayout(ctx.run_dir).config)
+    path = RunLayout(ctx.run_dir).config
+    text = read_config_text(path)
     ctx.lines += ["## Configuration", ""]
     if text is None:
-        ctx.lines += ["No config.toml in the run folder.", ""]
+        ctx.lines += [f"No {path.name} in the run folder.", ""]
     else:
-        ctx.lines += ["<details><summary>config.toml</summary>", "", "```toml", text.rstrip(), "```", ""]
+        ctx.lines += [f"<details><summary>{path.name}</summary>", "", "```toml", text.rstrip(), "```", ""]
         ctx.lines += ["</details>", ""]
 
 
 def _left_out(ctx: ReportContext) -> None:
     """How many examples the expert failed on, per split and group: they are not in the scores
     table, so calibration and every number below went without them."""
-    path = RunLayout(ctx.run_dir).failed
+    path = RunLayout(ctx.run_dir).query.failed
     if not path.is_file():
         return
     table = read_table(path).columns
@@ -173,7 +174,7 @@ def _left_out(ctx: ReportContext) -> None:
     rows = [[s, g, str(c)] for (s, g), c in sorted(counts.items())]
     ctx.lines += [
         f"**Left out**: the expert failed on {n} examples, which are not in the scores table "
-        "(their ids and reasons: `query/failed.csv`; `ctd eval --retry-failed` asks again).",
+        f"(their ids and reasons: `{path.relative_to(ctx.run_dir)}`; `ctd eval --retry-failed` asks again).",
         "",
         *markdown_table(["split", "group", "left out"], rows),
     ]

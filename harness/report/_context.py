@@ -3,7 +3,6 @@ and files they produce; plus the small formatting helpers of the Markdown tables
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import calibrate
 
 from ..data._scores import ScoresTable
 from ..data._tables import write_table
+from ..run._layout import ReportLayout, slug
 from ._data import Sweep, mean_std
 
 __all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]
@@ -44,16 +44,21 @@ class ReportContext:
     def arch_numbers(self, arch: str) -> dict[str, Any]:
         return self.numbers.setdefault("archs", {}).setdefault(arch, {})
 
-    def figure_path(self, arch: str, name: str) -> tuple[Path, str]:
-        relative = f"figures/{slug(arch)}/{name}.png"
-        return self.out / relative, relative
+    @property
+    def files(self) -> ReportLayout:
+        """Where the report's files go: in `out`, the staging folder that becomes report/."""
+        return ReportLayout(self.out)
 
-    def table(self, relative: str, rows: list[dict[str, Any]]) -> str:
-        """Write rows (dicts with the same keys) as a CSV under the report; return its path."""
-        if not rows:
-            return relative
-        write_table(self.out / relative, {k: np.asarray([r[k] for r in rows]) for k in rows[0]})
-        return relative
+    def figure_path(self, arch: str, name: str) -> tuple[Path, str]:
+        path = self.files.figure(arch, name)
+        return path, self.files.relative(path)
+
+    def table(self, path: Path, rows: list[dict[str, Any]]) -> str:
+        """Write rows (dicts with the same keys) as a CSV at `path`, one of `files`; return the
+        path as the report links it."""
+        if rows:
+            write_table(path, {k: np.asarray([r[k] for r in rows]) for k in rows[0]})
+        return self.files.relative(path)
 
     def image(self, relative: str, caption: str) -> None:
         """A figure and its one-line caption."""
@@ -64,10 +69,6 @@ class ReportContext:
         text = text.replace(f"{self.run_dir}/", "")
         self.lines += [f"> Missing: {text}", ""]
         self.missing.append(text)
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

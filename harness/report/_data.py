@@ -22,6 +22,7 @@ from calibrate import POLICIES, SweepConfig
 from .._errors import InputError
 from ..data._scores import BINARY_SUFFIX
 from ..data._tables import RawTable, read_table
+from ..run._layout import SweepLayout
 
 __all__ = [
     "BINARY_SUFFIX",
@@ -43,10 +44,6 @@ __all__ = [
     "seed_mean",
 ]
 
-SWEEP_FILES: tuple[str, ...] = ("sweep.csv", "baselines.csv", "summary.json")
-# Written by `calibrate_scores` beside the sweep; optional, so that a run calibrated before it
-# existed still gets a report (its group section says what is missing).
-GROUPS_FILE = "groups.csv"
 # The policies of the report's group table.
 GROUP_POLICIES: tuple[str, ...] = ("ctd", "unc-topk")
 # k/N = 0.01, ..., 1: k / 100 is correctly rounded, so 0.05 here == the literal 0.05.
@@ -143,6 +140,10 @@ class Sweep:
     groups: dict[str, NDArray] | None
 
     @property
+    def files(self) -> SweepLayout:
+        return SweepLayout(self.folder)
+
+    @property
     def batch_sizes(self) -> list[int]:
         return sorted(int(b) for b in np.unique(self.table["batch_size"]))
 
@@ -202,25 +203,27 @@ def _read_groups(path: Path) -> dict[str, NDArray] | None:
 
 def read_sweep(folder: Path) -> Sweep:
     """Read a `calibrate_scores` output folder; a missing or malformed file is an InputError
-    (groups.csv may be absent, not malformed)."""
-    for name in SWEEP_FILES:
-        if not (folder / name).is_file():
-            raise InputError(f"{folder / name}: no such file (run `ctd calibrate` for this run first)")
-    raw = read_table(folder / "sweep.csv")
+    (groups.csv may be absent, so that a run calibrated before it existed still gets a report
+    whose group section says what is missing; it may not be malformed)."""
+    files = SweepLayout(folder)
+    for path in files.required:
+        if not path.is_file():
+            raise InputError(f"{path}: no such file (run `ctd calibrate` for this run first)")
+    raw = read_table(files.table)
     _require(raw, calibrate.SWEEP_COLUMNS)
     table = _columns(raw, ("policy", "merge", "objective"))
     if table["seed"].size == 0:
         raise InputError(f"{raw.path}: the table has no rows")
-    raw_baselines = read_table(folder / "baselines.csv")
+    raw_baselines = read_table(files.baselines)
     _require(raw_baselines, ("seed", "probe_auroc", "probe_accuracy", "expert_auroc", "expert_accuracy"))
-    summary = _read_json(folder / "summary.json")
+    summary = _read_json(files.summary)
     return Sweep(
         folder=folder,
         table=table,
         baselines=_columns(raw_baselines, ()),
         summary=summary,
-        config=_sweep_config(summary, folder / "summary.json"),
-        groups=_read_groups(folder / GROUPS_FILE),
+        config=_sweep_config(summary, files.summary),
+        groups=_read_groups(files.groups),
     )
 
 
@@ -371,7 +374,7 @@ def dv_quality_rows(sweep: Sweep, by_seed: dict[int, calibrate.Scores]) -> list[
     the scores table when an older summary.json lacks it)."""
     found = sweep.summary.get("dv_quality")
     if not isinstance(found, dict):
-        raise InputError(f"{sweep.folder / 'summary.json'}: no 'dv_quality' (run `ctd calibrate` again)")
+        raise InputError(f"{sweep.files.summary}: no 'dv_quality' (run `ctd calibrate` again)")
     rows = []
     for seed, q in sorted(found.items(), key=lambda item: int(item[0])):
         n = q.get("n", by_seed[int(seed)].n if int(seed) in by_seed else -1)

@@ -18,8 +18,7 @@ import calibrate
 
 from ..data._tables import read_table, write_table
 from ..run._layout import RunLayout
-from ..stages._calibrate import DECISIONS_FILE
-from ._context import ReportContext, fmt, markdown_table, slug
+from ._context import ReportContext, fmt, markdown_table
 from ._data import Sweep
 from ._figures import POLICY_LABELS
 
@@ -33,7 +32,7 @@ TEXT_SHOWN = 300  # characters of an input shown in a case study
 TOP_SHOWN = 5  # the expert's most likely next tokens shown in a case study
 _UNC, _DV = "unc-topk", "ctd"
 _LONG = ("text", "top_tokens")  # in examples.parquet, not in the case-study CSV
-_NO_TEXT = "(the input is not in this run's query/expert_scores.parquet)"
+_NO_TEXT = f"(the input is not in this run's {RunLayout(Path()).query.expert_scores})"
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Decisions:
 
 
 def read_decisions(sweep: Sweep) -> Decisions | None:
-    path = sweep.folder / DECISIONS_FILE
+    path = sweep.files.decisions
     if not path.is_file():
         return None
     return Decisions(read_table(path).columns)
@@ -71,7 +70,7 @@ class ExpertExtra:
 def _expert_extras(run_dir: Path) -> dict[tuple[str, str], ExpertExtra]:
     """(split, id) -> what the expert's table holds besides the score; empty when the run has
     none (a scores table made elsewhere), blank fields for columns an older query stage lacked."""
-    path = RunLayout(run_dir).expert_scores
+    path = RunLayout(run_dir).query.expert_scores
     if not path.is_file():
         return {}
     c = read_table(path).columns
@@ -119,7 +118,10 @@ def examples_table(ctx: ReportContext) -> None:
     for arch, sweep in ctx.sweeps.items():
         decisions = read_decisions(sweep)
         if decisions is None:
-            ctx.note(f"{arch}: no calibrate/{arch}/{DECISIONS_FILE}; no decisions in examples.parquet.")
+            ctx.note(
+                f"{arch}: no {sweep.files.decisions.relative_to(ctx.run_dir)}; "
+                f"no decisions in {ctx.files.examples.name}."
+            )
             continue
         batch, objective = max(sweep.batch_sizes), sweep.objective_for("auroc")
         for seed in table.seeds:
@@ -138,8 +140,8 @@ def examples_table(ctx: ReportContext) -> None:
                     if not calibrate.POLICIES[policy].calibrated:
                         ranks = extra_columns.setdefault(f"{policy}_rank@B{batch}", np.full(n, None, object))
                         ranks[rows] = decisions.columns["batch_rank"][at] + 1
-    relative = RunLayout(ctx.run_dir).examples.relative_to(RunLayout(ctx.run_dir).report)
-    write_table(ctx.out / relative, out | extra_columns)
+    relative = ctx.files.relative(ctx.files.examples)
+    write_table(ctx.files.examples, out | extra_columns)
     ctx.lines += [
         "## Every example",
         "",
@@ -299,7 +301,7 @@ def case_study_section(ctx: ReportContext) -> None:
     for arch, sweep in ctx.sweeps.items():
         decisions = read_decisions(sweep)
         if decisions is None or _UNC not in sweep.policies or _DV not in sweep.policies:
-            needs = f"CTD and Unc. top-k in calibrate/{arch}/{DECISIONS_FILE}"
+            needs = f"CTD and Unc. top-k in {sweep.files.decisions.relative_to(ctx.run_dir)}"
             ctx.note(f"{arch}: no case studies (they need {needs}).")
             continue
         found = _cases(ctx, arch, sweep, decisions)
@@ -338,5 +340,5 @@ def case_study_section(ctx: ReportContext) -> None:
             for c in cases
         ]
         if rows:
-            relative = ctx.table(f"tables/{slug(arch)}/case-studies.csv", rows)
+            relative = ctx.table(ctx.files.table(arch, "case-studies"), rows)
             ctx.lines += [f"Every such example: `{relative}`.", ""]

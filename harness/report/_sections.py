@@ -5,6 +5,7 @@ score-merging controls. Each appends Markdown lines, numbers, CSV tables and fig
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,11 +14,10 @@ from numpy.typing import NDArray
 from .._errors import InputError
 from ..run._layout import RunLayout
 from . import _figures as fig
-from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm, slug
+from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm
 from ._data import (
     BINARY_SUFFIX,
     GROUP_POLICIES,
-    GROUPS_FILE,
     MEAN_V_FRACTIONS,
     Curve,
     Sweep,
@@ -129,7 +129,7 @@ def realised_section(ctx: ReportContext) -> None:
 def group_section(ctx: ReportContext) -> None:
     ctx.lines += [f"## Group-conditional results at budget {GROUP_BUDGET:g}", ""]
     for arch, sweep in ctx.sweeps.items():
-        where = f"calibrate/{arch}/{GROUPS_FILE}"
+        where = sweep.files.groups.relative_to(ctx.run_dir)
         budget = sweep.grid_point(GROUP_BUDGET)
         if sweep.groups is None:
             ctx.note(f"{arch}: no {where} (an older `ctd calibrate` wrote this folder; run it again).")
@@ -152,7 +152,7 @@ def group_section(ctx: ReportContext) -> None:
         if not result.rows:
             ctx.note(f"{arch}: the scores table has no groups.")
             continue
-        relative = ctx.table(f"tables/{slug(arch)}/groups.csv", result.rows)
+        relative = ctx.table(ctx.files.table(arch, "groups"), result.rows)
         header = ["group", "n", "mean v all", "mean v CTD", "mean v Unc", "rate CTD", "rate Unc"]
         body = [
             [
@@ -188,14 +188,14 @@ def dv_quality_section(ctx: ReportContext) -> None:
             "mse": dict(zip(("mean", "std"), mean_std(mse), strict=True)),
             "spearman": dict(zip(("mean", "std"), mean_std(spearman), strict=True)),
         }
-        relative = ctx.table(f"tables/{slug(arch)}/dv-quality.csv", rows)
+        relative = ctx.table(ctx.files.table(arch, "dv-quality"), rows)
         body = [[str(r["seed"]), str(r["n"]), fmt(r["mse"]), fmt(r["spearman"])] for r in rows]
         body.append(["mean ± std", "", pm(mse), pm(spearman)])
         ctx.lines += [f"**{arch}** (`{relative}`)", ""]
         ctx.lines += markdown_table(["seed", "test rows", "MSE", "Spearman"], body)
     ctx.lines += [
         "MSE and Spearman's rho of the DV score against the true v on each seed's test rows, as "
-        "`ctd calibrate` wrote them (`calibrate/<arch>/summary.json`, `dv_quality`).",
+        f"`ctd calibrate` wrote them (`{RunLayout(Path()).sweep('<arch>').summary}`, `dv_quality`).",
         "",
     ]
 
@@ -229,7 +229,7 @@ def mean_value_section(ctx: ReportContext) -> None:
             for name, values in signals.items()
             for i, f in enumerate(MEAN_V_FRACTIONS)
         ]
-        relative = ctx.table(f"tables/{slug(arch)}/mean-v-at-k.csv", rows)
+        relative = ctx.table(ctx.files.table(arch, "mean-v-at-k"), rows)
         body = [[name, *(pm(values[:, i]) for i in at.values())] for name, values in signals.items()]
         ctx.lines += markdown_table(["signal", *(f"k/N = {f:g}" for f in at)], body)
         path, fig_relative = ctx.figure_path(arch, "mean-v-at-k")
@@ -289,7 +289,7 @@ def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep
                 )
         rows.append(row)
     ctx.arch_numbers(arch)["binary_vs_continuous"] = {"batch_size": batch, "rows": rows}
-    relative = ctx.table(f"tables/{slug(arch)}/binary-vs-continuous.csv", rows)
+    relative = ctx.table(ctx.files.table(arch, "binary-vs-continuous"), rows)
     header = ["budget", "binary AUROC", "binary acc.", "continuous AUROC", "continuous acc."]
     body = [
         [fmt(r["budget"], 3), *(fmt(r[f"{n}_{m}"]) for n in ("binary", "continuous") for m in METRICS)]
@@ -328,7 +328,8 @@ def binary_section(ctx: ReportContext) -> None:
     ctx.lines += ["## DV top-k by batch size", ""]
     for arch in alone:
         ctx.note(
-            f"{arch}: no binary-DV probe (arch '{arch}{BINARY_SUFFIX}' in scores.parquet, its DV probe "
+            f"{arch}: no binary-DV probe (arch '{arch}{BINARY_SUFFIX}' in "
+            f"{RunLayout(ctx.run_dir).scores.name}, its DV probe "
             "trained on v_bin), so no binary vs continuous comparison; `ctd eval --dv-target both` trains "
             "one. Continuous DV top-k curves only."
         )
@@ -346,9 +347,10 @@ def merge_section(ctx: ReportContext) -> None:
     ctx.lines += ["## Score-merging controls", ""]
     for arch in ctx.sweeps:
         for rule in MERGE_CONTROLS:
-            folder = RunLayout(ctx.run_dir).sweep(arch, rule)
+            folder = RunLayout(ctx.run_dir).sweep(arch, rule).root
             if not folder.is_dir():
-                ctx.note(f"{arch}: no calibrate/{arch}/merge-{rule}/ (calibrate with --merge {rule} there).")
+                where = folder.relative_to(ctx.run_dir)
+                ctx.note(f"{arch}: no {where}/ (calibrate with --merge {rule} there).")
                 continue
             ctx.progress(f"{arch}: merge control {rule}")
             try:

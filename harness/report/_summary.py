@@ -186,7 +186,7 @@ def summary_lines(ctx: ReportContext) -> list[str]:
         performance, performance_numbers = _performance_part(ctx, arch)
         ctx.arch_numbers(arch)["summary"] = numbers | {"performance": performance_numbers}
         rows += budget.rows + (performance.rows if performance else [])
-    relative = ctx.table("tables/summary.csv", rows)
+    relative = ctx.table(ctx.files.summary_table, rows)
     lines = ["## Summary", ""]
     for table in summary_tables(rows):
         lines += [f"**{table.title}**", ""]

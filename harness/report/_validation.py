@@ -13,9 +13,9 @@ from numpy.typing import NDArray
 from .._errors import InputError
 from ..run._config import MIN_SELECTION
 from ..run._layout import RunLayout
-from ..stages._validate import JOBS, JobRecord, read_job
+from ..run._validation import JOBS, JobRecord, read_job
 from . import _figures as fig
-from ._context import ReportContext, markdown_table, pct, slug
+from ._context import ReportContext, markdown_table, pct
 
 __all__ = ["validation_section"]
 
@@ -83,7 +83,7 @@ def _selectors(record: JobRecord) -> dict[str, list[dict[str, Any]]]:
 
 
 def _read_jobs(ctx: ReportContext, arch: str) -> dict[str, JobRecord]:
-    folder = RunLayout(ctx.run_dir).validation(arch)
+    folder = RunLayout(ctx.run_dir).validation(arch).root
     if not folder.is_dir():
         ctx.note(f"{arch}: no validate/{arch}/ folder; `ctd eval` writes it in its validate stage.")
         return {}
@@ -114,7 +114,7 @@ def validation_section(ctx: ReportContext) -> None:
                             {"procedure": label, "alpha": alpha, "measurement": measurement}
                             | _measured(level, measurement)
                         )
-        relative = ctx.table(f"tables/{slug(arch)}/validation.csv", csv_rows)
+        relative = ctx.table(ctx.files.table(arch, "validation"), csv_rows)
         delta = next(iter(found.values())).levels[0]["delta"]  # read_job: every record has levels
         ctx.lines += [f"### {arch} (`{relative}`)", ""]
         _budget_table(ctx, found)

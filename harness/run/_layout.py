@@ -1,6 +1,9 @@
 """Where things live: the roots (runs, the shared activation store, the shared expert cache) and
-every path inside one run folder. Each path is spelled here once; stages, the report and the CLI
-ask a `RunLayout` for it.
+every path inside one run folder. Each file name is spelled here once, in one layout object per
+folder kind (`RunLayout` hands out the others: `ProbeLayout`, `QueryLayout`, `DVLayout`,
+`SweepLayout`, `ValidationLayout`, `ReportLayout`, `BundleLayout`); stages, the report, the CLI and
+the monitor ask them for every path, and tests/harness/test_layout_names.py checks that no other
+source file spells a name.
 
 A run folder `runs/NAME/` holds:
     config.toml            the resolved configuration
@@ -8,7 +11,7 @@ A run folder `runs/NAME/` holds:
     log.txt                what ran, what was skipped and why, with times
     manifests/STAGE.json   the stage's fingerprint (its settings and the hashes of its inputs) and
                            the hashes of its outputs; written only when the stage has finished
-    probe/                 probe_scores.parquet, stores.json, metrics
+    probe/                 probe_scores.parquet, stores.json, probe_metrics.json
     probe/probes/          every trained safety probe: ARCH-seedS.safetensors and .json
     query/                 expert_scores.parquet (with each input's start and the expert's top
                            tokens), failed.csv, server.log
@@ -25,14 +28,29 @@ A run folder `runs/NAME/` holds:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from probes import MODEL_CACHE_ENV, model_cache_root
 
 from .._errors import InputError
 
-__all__ = ["BundleLayout", "Roots", "RunLayout", "check_roots"]
+__all__ = [
+    "BundleLayout",
+    "DVLayout",
+    "ProbeLayout",
+    "QueryLayout",
+    "ReportLayout",
+    "ReportTable",
+    "Roots",
+    "RunLayout",
+    "SweepLayout",
+    "ValidationLayout",
+    "check_roots",
+    "slug",
+]
 
 RUNS_DIR_ENV = "CTD_RUNS_DIR"  # the runs root (default ./runs)
 STORE_ENV = "CTD_STORE"  # the activation store shared by runs (default RUNS/cache/activations)
@@ -107,7 +125,8 @@ def _check_makeable(named: str, path: Path) -> None:
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Every path of one run folder (see the module docstring for what each holds)."""
+    """Every path of one run folder (see the module docstring for what each holds); each stage's
+    folder is a layout object of its own, handed out here."""
 
     root: Path
 
@@ -133,51 +152,16 @@ class RunLayout:
 
     # stage outputs, in stage order
     @property
-    def probe(self) -> Path:
-        return self.root / "probe"
+    def probe(self) -> ProbeLayout:
+        return ProbeLayout(self.root / "probe")
 
     @property
-    def probe_scores(self) -> Path:
-        return self.probe / "probe_scores.parquet"
+    def query(self) -> QueryLayout:
+        return QueryLayout(self.root / "query")
 
     @property
-    def stores(self) -> Path:
-        return self.probe / "stores.json"
-
-    def probe_artifact(self, arch: str, seed: int) -> Path:
-        """The saved safety probe of (arch, seed): a stem, see `probes.save_probe`."""
-        return self.probe / "probes" / f"{arch}-seed{seed}"
-
-    @property
-    def query(self) -> Path:
-        return self.root / "query"
-
-    @property
-    def expert_scores(self) -> Path:
-        return self.query / "expert_scores.parquet"
-
-    @property
-    def failed(self) -> Path:
-        return self.query / "failed.csv"
-
-    @property
-    def server_log(self) -> Path:
-        return self.query / "server.log"
-
-    @property
-    def dv(self) -> Path:
-        return self.root / "dv"
-
-    def dv_scores(self, target: str) -> Path:
-        return self.dv / f"scores-{target}.parquet"
-
-    def dv_artifact(self, target: str, arch: str, seed: int) -> Path:
-        """The saved DV probe of (target, arch, seed): a stem, see `probes.save_probe`."""
-        return self.dv / "probes" / f"{target}-{arch}-seed{seed}"
-
-    @property
-    def dv_metrics(self) -> Path:
-        return self.dv / "dv_metrics.json"
+    def dv(self) -> DVLayout:
+        return DVLayout(self.root / "dv")
 
     @property
     def scores(self) -> Path:
@@ -185,48 +169,196 @@ class RunLayout:
 
     @property
     def calibrate(self) -> Path:
+        """The folder of every sweep of the run."""
         return self.root / "calibrate"
 
-    def sweep(self, arch: str, merge: str = "default") -> Path:
-        """The folder of one sweep: calibrate/ARCH/, or calibrate/ARCH/merge-RULE/."""
+    def sweep(self, arch: str, merge: str = "default") -> SweepLayout:
+        """One sweep: calibrate/ARCH/, or calibrate/ARCH/merge-RULE/ for a merge control."""
         folder = self.calibrate / arch
-        return folder if merge == "default" else folder / f"merge-{merge}"
+        return SweepLayout(folder if merge == "default" else folder / f"merge-{merge}")
 
     @property
     def validate(self) -> Path:
+        """The folder of every validation of the run."""
         return self.root / "validate"
 
-    def validation(self, arch: str) -> Path:
-        return self.validate / arch
+    def validation(self, arch: str) -> ValidationLayout:
+        return ValidationLayout(self.validate / arch)
 
     @property
-    def report(self) -> Path:
-        return self.root / "report"
-
-    @property
-    def report_md(self) -> Path:
-        return self.report / "report.md"
-
-    @property
-    def summary_table(self) -> Path:
-        return self.report / "tables" / "summary.csv"
-
-    @property
-    def report_numbers(self) -> Path:
-        """Every number of the report, its warnings and what it found missing (JSON)."""
-        return self.report / "numbers.json"
-
-    @property
-    def examples(self) -> Path:
-        """One row per (example, arch, seed): scores, v and each policy's decision (Parquet)."""
-        return self.report / "examples.parquet"
+    def report(self) -> ReportLayout:
+        return ReportLayout(self.root / "report")
 
     @property
     def monitor(self) -> Path:
+        """The folder of every monitor bundle of the run."""
         return self.root / "monitor"
 
     def bundle(self, name: str) -> BundleLayout:
         return BundleLayout(self.monitor / name)
+
+
+@dataclass(frozen=True)
+class ProbeLayout:
+    """probe/: the safety probes' scores, where their activations are, their metrics and the
+    probes themselves (`ctd probe --out` writes the same folder)."""
+
+    root: Path
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "probe_scores.parquet"
+
+    @property
+    def stores(self) -> Path:
+        """The activation store of each split (folder and key), shared by runs."""
+        return self.root / "stores.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "probe_metrics.json"
+
+    def artifact(self, arch: str, seed: int) -> Path:
+        """The saved safety probe of (arch, seed): a stem, see `probes.save_probe`."""
+        return self.root / "probes" / f"{arch}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class QueryLayout:
+    """query/: the expert's scores, the examples it failed on, and the local server's log."""
+
+    root: Path
+
+    @property
+    def expert_scores(self) -> Path:
+        return self.root / "expert_scores.parquet"
+
+    @property
+    def failed(self) -> Path:
+        return self.root / "failed.csv"
+
+    @property
+    def server_log(self) -> Path:
+        return self.root / "server.log"
+
+
+@dataclass(frozen=True)
+class DVLayout:
+    """dv/: the delegation-value probes' scores per target, their metrics, and the probes."""
+
+    root: Path
+
+    def scores(self, target: str) -> Path:
+        return self.root / f"scores-{target}.parquet"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "dv_metrics.json"
+
+    def artifact(self, target: str, arch: str, seed: int) -> Path:
+        """The saved DV probe of (target, arch, seed): a stem, see `probes.save_probe`."""
+        return self.root / "probes" / f"{target}-{arch}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """One `calibrate_scores` output folder (calibrate/ARCH[/merge-RULE]/, or `ctd calibrate --out`)."""
+
+    root: Path
+
+    @property
+    def table(self) -> Path:
+        """The tidy sweep: one row per (seed, policy, objective, budget, batch size)."""
+        return self.root / "sweep.csv"
+
+    @property
+    def groups(self) -> Path:
+        """The group-conditional table of the same masks (calibrate.GROUP_COLUMNS)."""
+        return self.root / "groups.csv"
+
+    @property
+    def decisions(self) -> Path:
+        """The sweep's per-example masks (calibrate.DECISION_COLUMNS plus the example's id)."""
+        return self.root / "decisions.parquet"
+
+    @property
+    def ltt(self) -> Path:
+        """One LTT audit record per calibrated row (JSON lines)."""
+        return self.root / "ltt.jsonl"
+
+    @property
+    def baselines(self) -> Path:
+        return self.root / "baselines.csv"
+
+    @property
+    def summary(self) -> Path:
+        """Every SweepConfig field, the DV quality and the means over budgets (JSON)."""
+        return self.root / "summary.json"
+
+    @property
+    def required(self) -> tuple[Path, ...]:
+        """What a reader of the sweep cannot do without (the rest may be absent in older runs)."""
+        return self.table, self.baselines, self.summary
+
+
+@dataclass(frozen=True)
+class ValidationLayout:
+    """validate/ARCH/: per validation job a record (JSON) and its per-trial table (Parquet)."""
+
+    root: Path
+
+    def record(self, job: str) -> Path:
+        return self.root / f"{job}.json"
+
+    def trials(self, job: str) -> Path:
+        return self.root / f"{job}.parquet"
+
+
+ReportTable = Literal[
+    "curves", "groups", "validation", "dv-quality", "mean-v-at-k", "binary-vs-continuous", "case-studies"
+]
+"""The report's tables of one probe configuration (tables/ARCH/NAME.csv)."""
+
+
+def slug(name: str) -> str:
+    """A name as one path part of the report (a probe configuration may hold any character)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+@dataclass(frozen=True)
+class ReportLayout:
+    """report/ (or the staging folder it is built in): report.md, numbers.json, examples.parquet,
+    tables/summary.csv, and per probe configuration tables/ARCH/*.csv and figures/ARCH/*.png."""
+
+    root: Path
+
+    @property
+    def markdown(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def numbers(self) -> Path:
+        """Every number of the report, its warnings and what it found missing (JSON)."""
+        return self.root / "numbers.json"
+
+    @property
+    def examples(self) -> Path:
+        """One row per (example, arch, seed): scores, v and each policy's decision (Parquet)."""
+        return self.root / "examples.parquet"
+
+    @property
+    def summary_table(self) -> Path:
+        return self.root / "tables" / "summary.csv"
+
+    def table(self, arch: str, name: ReportTable) -> Path:
+        return self.root / "tables" / slug(arch) / f"{name}.csv"
+
+    def figure(self, arch: str, name: str) -> Path:
+        return self.root / "figures" / slug(arch) / f"{name}.png"
+
+    def relative(self, path: Path) -> str:
+        """A path of the report as the report's Markdown links it."""
+        return str(path.relative_to(self.root))
 
 
 @dataclass(frozen=True)

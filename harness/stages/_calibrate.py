@@ -19,13 +19,12 @@ from ..data._scores import ScoresTable, read_scores, write_scores
 from ..data._simulate import Scenario, simulate_scores
 from ..data._tables import check_writable, write_json, write_jsonl, write_table
 from ..run._context import RunContext
-from ..run._layout import Roots
+from ..run._layout import Roots, SweepLayout
 from ..run._log import file_sha256, fingerprint
 from ..run._stage import StageResult
 
 __all__ = [
     "CALIBRATE_SETTINGS",
-    "DECISIONS_FILE",
     "CalibrateStage",
     "calibrate_scores",
     "check_calibration_size",
@@ -33,10 +32,6 @@ __all__ = [
     "simulate",
     "validate_scores",
 ]
-
-
-DECISIONS_FILE = "decisions.parquet"
-"""Beside sweep.csv: the sweep's per-example masks (calibrate.DECISION_COLUMNS plus the example's id)."""
 
 
 def resolve_scores(scores: Path | None, run: str | None, runs_root: Path | None = None) -> Path:
@@ -155,6 +150,7 @@ def calibrate_scores(
     config = config or SweepConfig()
     started = time.perf_counter()
     out_dir = Path(out_dir)
+    files = SweepLayout(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: exists and is not a folder")
     table = read_scores(scores_path)
@@ -176,9 +172,9 @@ def calibrate_scores(
         "scores": str(scores_path),
         "arch": arch or table.archs[0],
         "out": str(out_dir),
-        "table": str(out_dir / "sweep.csv"),
+        "table": str(files.table),
         "rows": int(result.table["seed"].size),
-        "groups_table": str(out_dir / "groups.csv"),
+        "groups_table": str(files.groups),
         "group_rows": int(result.groups["seed"].size),
         "seeds": table.seeds,
         # Every SweepConfig field (tuples as lists): the report rebuilds the config from these.
@@ -196,12 +192,12 @@ def calibrate_scores(
         "mean_over_budgets": _mean_by(at_largest, ("objective", "policy"), ("auroc", "accuracy", "realised")),
         "elapsed_s": round(elapsed, 3),
     }
-    write_table(out_dir / "sweep.csv", result.table)
-    write_table(out_dir / "groups.csv", result.groups)
-    write_table(out_dir / DECISIONS_FILE, _with_ids(result.decisions, table, arch or table.archs[0]))
-    write_table(out_dir / "baselines.csv", result.baselines)
-    write_jsonl(out_dir / "ltt.jsonl", result.ltt)
-    write_json(out_dir / "summary.json", summary)
+    write_table(files.table, result.table)
+    write_table(files.groups, result.groups)
+    write_table(files.decisions, _with_ids(result.decisions, table, arch or table.archs[0]))
+    write_table(files.baselines, result.baselines)
+    write_jsonl(files.ltt, result.ltt)
+    write_json(files.summary, summary)
     return summary
 
 
@@ -321,7 +317,7 @@ class CalibrateStage:
                     merge=merge,
                     pvalue=config.pvalue,
                 )
-                summary = calibrate_scores(layout.scores, layout.sweep(arch, merge), sweep, arch=arch)
+                summary = calibrate_scores(layout.scores, layout.sweep(arch, merge).root, sweep, arch=arch)
                 done += 1
                 if merge == "default":
                     parts.append(f"{arch}: {summary['rows']} rows")

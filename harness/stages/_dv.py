@@ -26,6 +26,7 @@ from .._errors import InputError
 from ..data._scores import binary_twin, read_scores, scores_from_columns, write_scores
 from ..data._tables import check_writable, read_table, write_json
 from ..run._context import RunContext
+from ..run._layout import DVLayout, ProbeLayout
 from ..run._log import file_sha256, fingerprint
 from ..run._stage import ProgressFn, StageResult
 from ._probe import open_stores
@@ -79,7 +80,7 @@ def dv_stage(
         raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
     check_writable(out, "--out")
     training = training or ProbeConfig()
-    table = read_table(probe_dir / "probe_scores.parquet").columns
+    table = read_table(ProbeLayout(probe_dir).scores).columns
     acts = open_stores(probe_dir)
     ids = np.asarray(table["id"]).astype(str)
     split = np.asarray(table["split"]).astype(str)
@@ -171,7 +172,7 @@ def dv_stage(
     scores_from_columns(columns, str(out))  # the contract, checked before anything is written
     missing = len(set(ids[~keep]))
     metrics = {"target": target, "missing_expert": missing, "runs": runs, "mean": _means(runs)}
-    write_json(Path(out).parent / "dv_metrics.json", metrics)
+    write_json(DVLayout(Path(out).parent).metrics, metrics)
     write_scores(out, columns)
     return DVStageResult(Path(out), metrics, missing)
 
@@ -200,8 +201,8 @@ class DVStage:
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         layout = self.ctx.layout
         inputs = {
-            "probe_scores": file_sha256(layout.probe_scores),
-            "stores": file_sha256(layout.stores),
+            "probe_scores": file_sha256(layout.probe.scores),
+            "stores": file_sha256(layout.probe.stores),
             # What this stage reads from the query table (split, id, expert): a rerun answered from
             # the cache (its `source` column says "cache") must not look like new input.
             "expert_scores": fingerprint(sorted((s, i, repr(v)) for (s, i), v in self._expert().items())),
@@ -212,7 +213,7 @@ class DVStage:
 
     def _expert(self) -> dict[tuple[str, str], float]:
         """(split, id) -> expert P(y=1) (NaN where it failed): ids are unique within a split only."""
-        table = read_table(self.ctx.layout.expert_scores).columns
+        table = read_table(self.ctx.layout.query.expert_scores).columns
         keys = zip(table["split"], table["id"], strict=True)
         return {(str(s), str(i)): float(e) for (s, i), e in zip(keys, table["expert"], strict=True)}
 
@@ -220,14 +221,14 @@ class DVStage:
         """A run from before DV probes were saved trains them again."""
         layout, config = self.ctx.layout, self.ctx.config
         return all(
-            layout.dv_artifact(target, arch, seed).with_suffix(".json").is_file()
+            layout.dv.artifact(target, arch, seed).with_suffix(".json").is_file()
             for target in self.targets
             for arch in config.archs
             for seed in config.seeds
         )
 
     def outputs(self) -> list[Path]:
-        return [self.ctx.layout.scores, self.ctx.layout.dv]
+        return [self.ctx.layout.scores, self.ctx.layout.dv.root]
 
     def run(self) -> StageResult:
         ctx, layout = self.ctx, self.ctx.layout
@@ -235,16 +236,16 @@ class DVStage:
         training = ProbeConfig(epochs=ctx.config.epochs)
         parts, metrics = [], {}
         for target in self.targets:
-            path = layout.dv_scores(target)
+            path = layout.dv.scores(target)
             path.parent.mkdir(parents=True, exist_ok=True)
             result = dv_stage(
-                layout.probe,
+                layout.probe.root,
                 expert,
                 path,
                 target=target,
                 training=training,
                 progress=ctx.progress,
-                artifacts=(layout.probe_artifact, partial(layout.dv_artifact, target)),
+                artifacts=(layout.probe.artifact, partial(layout.dv.artifact, target)),
             )
             metrics[target] = result.metrics
             columns = read_table(path).columns
@@ -252,7 +253,7 @@ class DVStage:
                 columns["arch"] = np.array([binary_twin(str(a)) for a in columns["arch"]])
             parts.append(columns)
         merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        write_json(layout.dv_metrics, metrics)
+        write_json(layout.dv.metrics, metrics)
         write_scores(layout.scores, merged)
         read_scores(layout.scores)  # the contract holds
         first = metrics[self.targets[0]]

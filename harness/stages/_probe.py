@@ -23,7 +23,7 @@ from .._errors import InputError
 from ..data._dataspec import SPLITS, DataSplits, SplitName
 from ..data._tables import read_json, write_json, write_table
 from ..run._context import RunContext
-from ..run._layout import Roots
+from ..run._layout import ProbeLayout, Roots
 from ..run._log import fingerprint
 from ..run._stage import ProgressFn, StageResult
 
@@ -71,7 +71,7 @@ class ProbeStageResult:
 
 def open_stores(out_dir: Path) -> dict[SplitName, Ragged]:
     """The activations of each split recorded by a finished probe stage in `out_dir`."""
-    record = read_json(out_dir / "stores.json")
+    record = read_json(ProbeLayout(out_dir).stores)
     out: dict[SplitName, Ragged] = {}
     for split, entry in record["splits"].items():
         store = ActivationStore(Path(entry["folder"]), StoreKey(**entry["key"]))
@@ -203,8 +203,9 @@ def probe_stage(
         progress("safety probes", total, total, unit="trained")
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    files = ProbeLayout(out_dir)
     write_json(
-        out_dir / "stores.json",
+        files.stores,
         {
             "splits": {
                 split: {"folder": str(store.folder.resolve()), "key": asdict(store.key)}
@@ -223,10 +224,9 @@ def probe_stage(
         "runs": runs,
         "mean": _means(runs),
     }
-    write_json(out_dir / "probe_metrics.json", metrics)
-    scores_path = out_dir / "probe_scores.parquet"
-    write_table(scores_path, {k: np.array(v) for k, v in columns.items()})
-    return ProbeStageResult(scores_path, metrics, layer)
+    write_json(files.metrics, metrics)
+    write_table(files.scores, {k: np.array(v) for k, v in columns.items()})
+    return ProbeStageResult(files.scores, metrics, layer)
 
 
 def _means(runs: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -274,20 +274,21 @@ class ProbeStage:
         """The activation stores live outside the run folder (shared by runs): when one is gone,
         the stage runs again and refills it."""
         try:
-            record = read_json(self.ctx.layout.stores)
+            record = read_json(self.ctx.layout.probe.stores)
         except InputError:
             return False
         saved = all(
-            self.ctx.layout.probe_artifact(arch, seed).with_suffix(".json").is_file()
+            self.ctx.layout.probe.artifact(arch, seed).with_suffix(".json").is_file()
             for arch in self.ctx.config.archs
             for seed in self.ctx.config.seeds
         )  # a run from before probes were saved trains them again
         return saved and all(
-            (Path(s["folder"]) / "complete.json").is_file() for s in record["splits"].values()
+            ActivationStore(Path(s["folder"]), StoreKey(**s["key"])).is_complete
+            for s in record["splits"].values()
         )
 
     def outputs(self) -> list[Path]:
-        return [self.ctx.layout.probe]
+        return [self.ctx.layout.probe.root]
 
     def run(self) -> StageResult:
         ctx = self.ctx
@@ -297,10 +298,10 @@ class ProbeStage:
             result = probe_stage(
                 ctx.data,
                 self.settings(ctx),
-                ctx.layout.probe,
+                ctx.layout.probe.root,
                 store_root=ctx.roots.store,
                 progress=ctx.progress,
-                artifact=ctx.layout.probe_artifact,
+                artifact=ctx.layout.probe.artifact,
             )
         except ProbeError as error:
             raise InputError(str(error)) from None

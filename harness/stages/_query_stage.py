@@ -56,7 +56,7 @@ class QueryStage:
         return True
 
     def outputs(self) -> list[Path]:
-        return [self.ctx.layout.expert_scores]
+        return [self.ctx.layout.query.expert_scores]
 
     def examples(self) -> list[Example]:
         """What the stage asks the expert about: every dev example, then every test example."""
@@ -71,7 +71,7 @@ class QueryStage:
                 ctx.manifests.log(f"query: {missing} answers left the cache since the run began")
                 start_server = preflight_expert(ctx.spec, named=ctx.config.expert_named, serve=self.may_serve)
                 return replace(self, checked=True, start_server=start_server).run()
-        out = ctx.layout.expert_scores
+        out = ctx.layout.query.expert_scores
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._server() as spec:
@@ -129,7 +129,7 @@ class QueryStage:
 
             release_device_memory()
         named = self.ctx.config.expert_named
-        server = local_server(spec, named=named, log=self.ctx.layout.server_log, move_if_taken=True)
+        server = local_server(spec, named=named, log=self.ctx.layout.query.server_log, move_if_taken=True)
         try:
             server.start()
         except ConfigError as error:
@@ -161,10 +161,10 @@ class QueryStage:
         scores table), and stop before the DV stage when more than --max-failed of a split
         failed: leaving many examples out can bias the calibration set."""
         layout = self.ctx.layout
-        table = read_table(layout.expert_scores).columns
+        table = read_table(layout.query.expert_scores).columns
         failed = table["source"].astype(str) == "failed"
         write_table(
-            layout.failed, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")}
+            layout.query.failed, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")}
         )
         for split in ("dev", "test"):
             rows = table["split"].astype(str) == split
@@ -174,7 +174,7 @@ class QueryStage:
                 self.ctx.config.max_failed,
                 what=f"the expert failed on {split} examples",
                 remedy=(
-                    f"rerun with --retry-failed to ask again for those (their ids: {layout.failed}), "
+                    f"rerun with --retry-failed to ask again for those (their ids: {layout.query.failed}), "
                     "or raise --max-failed to go on without them"
                 ),
             )

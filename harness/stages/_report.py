@@ -34,7 +34,7 @@ class ReportStage:
         return True
 
     def outputs(self) -> list[Path]:
-        return [self.ctx.layout.report]
+        return [self.ctx.layout.report.root]
 
     def run(self) -> StageResult:
         from ..report import read_warnings

@@ -7,9 +7,8 @@ calibration samples (a split seed of its own, so no two jobs reuse the same tria
     budget-ltt      budget-only LTT (no Pareto filter), at every budget of the run
     performance     performance control against the empirical selector, at every error level
 
-validate/<arch>/<job>.json holds {"job", "headline_alpha", "headline_rule", "levels": [one
-`ValidationResult.to_dict()` per level], "not_validated": [{"alpha", "why"}]};
-validate/<arch>/<job>.parquet holds every trial of every level (column `alpha`). The headline
+validate/<arch>/ holds per job its record and its per-trial table (what each holds:
+harness.run._validation, which reads them; where: `ValidationLayout`). The headline
 level is the one whose per-trial histogram the report draws and whose performance control the
 summary shows (the paper validated one level; every level is in the table): the level given
 (`headline_rule` "given"), or, when none is given, the smallest level at which the tested
@@ -23,37 +22,22 @@ import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import Any, ClassVar
 
 import calibrate
 
 from .._errors import InputError
 from ..data._scores import BINARY_SUFFIX, read_scores
-from ..data._tables import read_json, read_table, write_json
+from ..data._tables import write_json
 from ..run._config import MIN_SELECTION
 from ..run._context import RunContext
+from ..run._layout import ValidationLayout
 from ..run._log import file_sha256, fingerprint
 from ..run._stage import StageResult
+from ..run._validation import JOBS, HeadlineRule, ValidationJob
 from ._calibrate import validate_scores
 
-__all__ = [
-    "HEADLINE_RULES",
-    "JOBS",
-    "VALIDATE_SETTINGS",
-    "HeadlineRule",
-    "JobRecord",
-    "ValidateStage",
-    "ValidationJob",
-    "headline_level",
-    "read_job",
-    "run_job",
-]
-
-HeadlineRule = Literal["given", "smallest-certifiable", "most-selected"]
-HEADLINE_RULES: tuple[str, ...] = get_args(HeadlineRule)
+__all__ = ["VALIDATE_SETTINGS", "ValidateStage", "headline_level", "run_job"]
 
 VALIDATE_SETTINGS: tuple[str, ...] = (
     "trials",
@@ -65,21 +49,6 @@ VALIDATE_SETTINGS: tuple[str, ...] = (
     "pvalue",
 )
 """The RunConfig fields the validate stage's outputs depend on (with the scores table)."""
-
-
-@dataclass(frozen=True)
-class ValidationJob:
-    name: str
-    label: str  # as the report names it
-    mode: calibrate.ValidationMode
-    pareto: bool
-
-
-JOBS: tuple[ValidationJob, ...] = (
-    ValidationJob("budget-pareto", "Pareto LTT", "budget", True),
-    ValidationJob("budget-ltt", "budget-only LTT", "budget", False),
-    ValidationJob("performance", "CTD (LTT)", "performance", True),
-)
 
 
 def split_seed(arch: str, job: ValidationJob) -> tuple[int, int]:
@@ -134,7 +103,8 @@ def run_job(
     if not levels:
         raise ValueError("run_job: no level to validate (no alphas and no headline level)")
     record: dict[str, Any] = {"job": job.name, "headline_alpha": headline_alpha, "headline_rule": "given"}
-    trials_path = folder / f"{job.name}.parquet"
+    files = ValidationLayout(Path(folder))
+    trials_path = files.trials(job.name)
     trials_path.unlink(missing_ok=True)
     try:
         by_seed = read_scores(scores_path).test_scores(arch)
@@ -155,70 +125,13 @@ def run_job(
         )
     except InputError as error:  # e.g. one class in a split: say so, keep the run going
         record["error"] = str(error)
-        write_json(folder / f"{job.name}.json", record)
+        write_json(files.record(job.name), record)
         return record
     record |= {"levels": [r.to_dict() for r in results], "not_validated": dropped}
     if headline_alpha is None:
         record["headline_alpha"], record["headline_rule"] = headline_level(record["levels"])
-    write_json(folder / f"{job.name}.json", record)
+    write_json(files.record(job.name), record)
     return record
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """A job's record as the report reads it: the per-level records (ascending alpha), the
-    headline level, and the per-trial table when it was written."""
-
-    job: ValidationJob
-    path: Path
-    levels: list[dict[str, Any]]
-    headline_alpha: float
-    headline_rule: HeadlineRule
-    not_validated: list[dict[str, Any]]
-    per_trial: dict[str, NDArray] | None
-
-    @property
-    def headline(self) -> dict[str, Any] | None:
-        return next((r for r in self.levels if np.isclose(r["alpha"], self.headline_alpha)), None)
-
-    def trials_at(self, alpha: float) -> dict[str, NDArray] | None:
-        if self.per_trial is None:
-            return None
-        rows = np.isclose(self.per_trial["alpha"], alpha)
-        return {k: v[rows] for k, v in self.per_trial.items()}
-
-
-def read_job(folder: Path, job: ValidationJob) -> JobRecord:
-    """Read a job's files; a missing, malformed or not-run record is an InputError saying why."""
-    path = folder / f"{job.name}.json"
-    record = read_json(path)
-    if "error" in record:
-        raise InputError(f"{path}: not run: {record['error']}")
-    levels = record.get("levels")
-    keys = {"alpha", "delta", "violation_rate", "population"} | (
-        {"empirical"} if job.mode == "performance" else set()
-    )
-    if (
-        not isinstance(levels, list)
-        or not levels
-        or not all(isinstance(r, dict) and keys <= r.keys() for r in levels)
-    ):
-        raise InputError(f"{path}: no per-level records; rerun `ctd eval` to validate at every level")
-    rule = record.get("headline_rule", "given")  # records written before the rule: a given level
-    if rule not in HEADLINE_RULES:
-        raise InputError(f"{path}: headline_rule {rule!r}: expected one of {', '.join(HEADLINE_RULES)}")
-    per_trial = None
-    if (folder / f"{job.name}.parquet").is_file():
-        per_trial = {k: np.asarray(v) for k, v in read_table(folder / f"{job.name}.parquet").columns.items()}
-    return JobRecord(
-        job=job,
-        path=path,
-        levels=sorted(levels, key=lambda r: r["alpha"]),
-        headline_alpha=float(record.get("headline_alpha") or levels[0]["alpha"]),
-        headline_rule=rule,
-        not_validated=list(record.get("not_validated", [])),
-        per_trial=per_trial,
-    )
 
 
 @dataclass(frozen=True)
@@ -249,7 +162,7 @@ class ValidateStage:
         shutil.rmtree(layout.validate, ignore_errors=True)
         total, done, parts = len(archs) * len(JOBS), 0, []
         for arch in archs:
-            folder = layout.validation(arch)
+            folder = layout.validation(arch).root
             folder.mkdir(parents=True, exist_ok=True)
             for job in JOBS:
                 ctx.progress("validate", done, total, unit="guarantees")

@@ -28,7 +28,8 @@ import harness
 from harness import RunConfig
 
 # Private: the validation jobs, timed one by one.
-from harness.stages._validate import JOBS, run_job
+from harness.run._validation import JOBS
+from harness.stages._validate import run_job
 
 DEFAULT = RunConfig()  # the levels and headline levels of the default run
 BUDGETS = DEFAULT.budgets

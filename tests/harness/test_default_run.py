@@ -63,9 +63,9 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     """What the run's report tables fail to show of CTD's weak-expert behaviour (empty: all of
     it)."""
     layout = RunLayout(run)
-    with layout.summary_table.open(newline="") as file:
+    with layout.report.summary_table.open(newline="") as file:
         summary = [r for r in csv.DictReader(file) if r["arch"] == arch]
-    curves_table = layout.summary_table.parent / slug(arch) / "curves.csv"  # as the report names it
+    curves_table = layout.report.summary_table.parent / slug(arch) / "curves.csv"  # as the report names it
     with curves_table.open(newline="") as file:
         curves = list(csv.DictReader(file))
     probe = float(next(iter(_summary(summary, "budget", "probe alone AUROC").values()))["value"])
@@ -113,7 +113,7 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
             f"CTD's realised delegation {realised:.3f} at target {top} is not below {PLATEAU_BELOW}"
         )
 
-    examples = read_table(layout.examples).columns
+    examples = read_table(layout.report.examples).columns
     mine = (examples["arch"].astype(str) == arch) & (examples["split"].astype(str) == "test")
     v = examples["v"][mine].astype(float)
     for b in EXAMPLE_BUDGETS:  # the budgets report/examples.parquet holds decisions for

@@ -32,7 +32,8 @@ from harness.report._sections import MEAN_V_TABLE_FRACTIONS  # private: the repo
 from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
 from harness.report._summary_table import summary_tables
 from harness.run._config import MIN_SELECTION
-from harness.stages._validate import JOBS, read_job, run_job  # private: the jobs the report reads
+from harness.run._validation import JOBS, read_job  # private: the jobs the report reads
+from harness.stages._validate import run_job
 
 ARCH = "simulated"
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.8)

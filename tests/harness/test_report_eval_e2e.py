@@ -39,7 +39,7 @@ def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
     layout = RunLayout(tmp_path / "runs" / "t")
     assert "warning: expert" not in result.stderr
-    numbers = json.loads(layout.report_numbers.read_text())
+    numbers = json.loads(layout.report.numbers.read_text())
     assert not [w for w in numbers["warnings"] if w.startswith("expert")]
     # Whatever the report warns about (a probe trained 8 epochs on 48 rows may be degenerate) is
     # what the terminal printed, one line each.
@@ -47,7 +47,7 @@ def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None
     printed = [line[len("warning: ") :] for line in lines if line.startswith("warning: ")]
     assert printed == numbers["warnings"]
 
-    expert = read_table(layout.expert_scores).columns
+    expert = read_table(layout.query.expert_scores).columns
     # The expert's next-token alternatives, read back from the cache, reproduce its score.
     for score, top in zip(expert["expert"], expert["top_tokens"].astype(str), strict=True):
         mass = {"high": 0.0, "low": 0.0}
@@ -59,7 +59,7 @@ def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None
     assert all(t.startswith("[User] ") or t.startswith("[Sys] ") for t in expert["text"].astype(str))
     assert all("item-" in t or t.endswith("…") for t in expert["text"].astype(str))
     by_id = dict(zip(expert["id"].astype(str), expert["top_tokens"].astype(str), strict=True))
-    examples = read_table(layout.examples).columns
+    examples = read_table(layout.report.examples).columns
     test_rows = examples["split"] == "test"
     assert test_rows.sum() == SIZES["test"] and (examples["text"][test_rows] != "").all()
     expected = np.array([by_id[i] for i in examples["id"].astype(str)])
@@ -67,7 +67,7 @@ def test_eval_with_a_spread_expert_warns_about_no_expert(tmp_path: Path) -> None
     decided = np.array([v is not None for v in examples["ctd@0.2"]])
     assert decided.sum() == SIZES["test"] // 2  # the evaluation half
 
-    report = layout.report_md.read_text(encoding="utf-8")
+    report = layout.report.markdown.read_text(encoding="utf-8")
     assert "## Case studies at budget 0.2" in report
     cases = numbers["archs"]["attention"]["case_studies"]
     for kind, title in (("misrouted", "Misrouted expert call"), ("missed", "Missed expert call")):

@@ -25,7 +25,7 @@ def _run(folder: Path, columns: dict[str, np.ndarray]) -> Path:
     folder.mkdir(parents=True)
     write_scores(folder / "scores.parquet", columns)
     _write_expert_table(RunLayout(folder), columns)
-    calibrate_scores(folder / "scores.parquet", RunLayout(folder).sweep(ARCH), CONFIG, arch=ARCH)
+    calibrate_scores(folder / "scores.parquet", RunLayout(folder).sweep(ARCH).root, CONFIG, arch=ARCH)
     build_report(folder)
     return folder
 
@@ -41,9 +41,9 @@ def _write_expert_table(layout: RunLayout, columns: dict[str, np.ndarray]) -> No
     """query/expert_scores.parquet as the query stage writes it (one row per example)."""
     first = columns["seed"] == columns["seed"].min()
     ids, splits = columns["id"][first], columns["split"][first]
-    layout.query.mkdir(parents=True)
+    layout.query.root.mkdir(parents=True)
     write_table(
-        layout.expert_scores,
+        layout.query.expert_scores,
         {
             "id": ids,
             "split": splits,
@@ -70,7 +70,7 @@ def _decided(values: np.ndarray) -> np.ndarray:
 
 
 def test_every_example_with_its_decisions(run: Path) -> None:
-    examples = read_table(RunLayout(run).examples).columns
+    examples = read_table(RunLayout(run).report.examples).columns
     scores = read_table(run / "scores.parquet").columns
     assert examples["id"].size == scores["id"].size
     v = (2 * examples["label"] - 1) * (examples["expert"] - examples["probe"])
@@ -114,7 +114,7 @@ def _case_rows(examples: dict[str, np.ndarray]) -> dict[str, set[tuple[str, int]
 
 
 def test_case_studies_are_the_examples_that_fit_their_definition(run: Path) -> None:
-    examples = read_table(RunLayout(run).examples).columns
+    examples = read_table(RunLayout(run).report.examples).columns
     expected = _case_rows(examples)
     assert expected["misrouted"] and expected["missed"]  # the strong scenario has both
     cases = read_table(run / "report" / "tables" / ARCH / "case-studies.csv").columns  # CSV: strings

@@ -19,7 +19,8 @@ from harness.data._scores import scores_from_columns
 from harness.report import read_warnings
 from harness.report._build import build_report
 from harness.report._checks import NARROW_SPREAD, ONE_CLASS_SHARE, check_scores
-from harness.stages._validate import JOBS, run_job
+from harness.run._validation import JOBS
+from harness.stages._validate import run_job
 
 ARCH = "simulated"
 N = 400
