@@ -83,7 +83,7 @@ def probe_command(
         max_tokens=max_tokens,
         batch_tokens=batch_tokens,
         device_map=device_map,
-        archs=parse_names(arch, "--arch", ARCHS),  # type: ignore[arg-type]
+        archs=parse_names(arch, "--arch", ARCHS),
         seeds=parse_seeds(seeds, "--seeds"),
         training=ProbeConfig(epochs=epochs),
     )
