@@ -13,20 +13,19 @@ Angelopoulos et al. (2021). Learn then Test. Laufer-Goldshtein et al. (2023). Pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._candidates import CandidateBatch, Candidates
-from ._fwer import FixedSequence, FWERMethod, FWERProcedure, fwer_procedure
+from ._fwer import FixedSequence, fwer_procedure
 from ._pareto import pareto_rows
-from ._pvalues import PValueMethod, pvalue_table
+from ._pvalues import pvalue_table
 from ._quota import count_at_most
+from ._settings import ControlConfig, ControlMode
 
 __all__ = [
     "ControlBatch",
-    "ControlMode",
     "ControlResult",
     "budget_control",
     "budget_control_batch",
@@ -35,8 +34,6 @@ __all__ = [
     "performance_control",
     "performance_control_batch",
 ]
-
-ControlMode = Literal["budget", "performance", "empirical"]
 
 
 @dataclass(frozen=True)
@@ -161,11 +158,9 @@ class ControlBatch:
         )
 
 
-def _check(alpha: float, delta: float | None) -> None:
+def _check(alpha: float) -> None:
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    if delta is not None and not 0 < delta < 1:
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
 def _masked_order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
@@ -199,32 +194,29 @@ def _test_in_order(
     order_keys: tuple[NDArray, ...],
     counts: NDArray[np.int64],
     alpha: float,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure,
-    pareto: bool,
-    pvalue: PValueMethod,
+    control: ControlConfig,
 ) -> ControlBatch:
     """Order the family, compute p-values from the integer D_cal counts, and run the FWER
     procedure on every row."""
     order, n_candidates, k = _family_order(in_family, order_keys, counts)
     member = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
     # Every count lies in 0..n_cal: tabulate the p-values once and look the counts up.
-    tail = pvalue_table(pvalue, c.n_cal, alpha)
+    tail = pvalue_table(control.pvalue, c.n_cal, alpha)
     pvalues = np.where(member, tail[k], np.nan)
-    procedure = fwer_procedure(fwer)
-    outcome = procedure.run_batch(pvalues, delta)
+    procedure = fwer_procedure(control.fwer)
+    outcome = procedure.run_batch(pvalues, control.delta)
     certified = np.zeros_like(outcome.rejected)
     np.put_along_axis(certified, order, outcome.rejected, axis=1)
     return ControlBatch(
         mode=mode,
         alpha=float(alpha),
-        delta=float(delta),
+        delta=float(control.delta),
         fwer=procedure.name,
-        pvalue_method=pvalue,
-        pareto=pareto,
+        pvalue_method=control.pvalue,
+        pareto=control.pareto,
         n=c.n_cal,
         # The tail is non-decreasing in k, so "k <= kstar" and "p <= delta" agree exactly.
-        kstar=int(np.flatnonzero(tail <= delta).max(initial=-1))
+        kstar=int(np.flatnonzero(tail <= control.delta).max(initial=-1))
         if procedure.name == FixedSequence.name
         else None,
         n_est=c.n_est,
@@ -258,10 +250,7 @@ def budget_control_batch(
     c: CandidateBatch,
     *,
     alpha: float,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pareto: bool = True,
-    pvalue: PValueMethod = "binomial",
+    control: ControlConfig | None = None,
 ) -> ControlBatch:
     """Certify P(R_B(lambda) <= alpha) >= 1 - delta for every certified lambda, then pick the
     certified lambda with the best empirical objective on D_est; for each of R trials.
@@ -270,12 +259,17 @@ def budget_control_batch(
     conservative to aggressive (increasing D_est budget, then decreasing threshold) with
     p_j = P(Binomial(n_cal, alpha) <= k_j), k_j the delegation count on D_cal. "Never
     delegate" has zero risk, so it is the answer when nothing else is certified.
-    pareto=False is budget-only LTT: every threshold is tested and the most aggressive
+    With `control.pareto` False it is budget-only LTT: every threshold is tested and the most aggressive
     certified one (largest D_est budget, then smallest threshold) is chosen; the objective
     plays no part.
     """
-    _check(alpha, delta)
-    members = _pareto_members(c.est_budget, c.est_objective) if pareto else np.ones(c.thresholds.shape, bool)
+    _check(alpha)
+    control = control or ControlConfig()
+    members = (
+        _pareto_members(c.est_budget, c.est_objective)
+        if control.pareto
+        else np.ones(c.thresholds.shape, bool)
+    )
     batch = _test_in_order(
         c,
         "budget",
@@ -283,12 +277,9 @@ def budget_control_batch(
         (c.est_budget, -c.thresholds),
         c.cal_delegated,
         alpha,
-        delta,
-        fwer,
-        pareto,
-        pvalue,
+        control,
     )
-    if pareto:
+    if control.pareto:
         best = _first_by(batch.certified, c.est_objective, c.est_budget)
     else:
         best = _first_by(batch.certified, -c.est_budget, c.thresholds)
@@ -300,19 +291,19 @@ def performance_control_batch(
     c: CandidateBatch,
     *,
     alpha: float,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pareto: bool = True,
-    pvalue: PValueMethod = "binomial",
+    control: ControlConfig | None = None,
 ) -> ControlBatch:
     """Certify P(R_P(lambda) <= alpha) >= 1 - delta, R_P the cascade's 0-1 error, then pick the
     certified lambda with the smallest empirical budget on D_est; no policy if none is certified.
 
-    Candidates (Pareto-filtered over (budget, error) unless pareto=False) are tested in order
+    Candidates (Pareto-filtered over (budget, error) unless `control.pareto` is False) are tested in order
     of increasing D_est error, ties by D_est budget, with k_j the error count on D_cal.
     """
-    _check(alpha, delta)
-    members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
+    _check(alpha)
+    control = control or ControlConfig()
+    members = (
+        _pareto_members(c.est_budget, c.est_error) if control.pareto else np.ones(c.thresholds.shape, bool)
+    )
     batch = _test_in_order(
         c,
         "performance",
@@ -320,18 +311,19 @@ def performance_control_batch(
         (c.est_error, c.est_budget),
         c.cal_errors,
         alpha,
-        delta,
-        fwer,
-        pareto,
-        pvalue,
+        control,
     )
     return _select(batch, c, _first_by(batch.certified, c.est_budget, c.est_error))
 
 
-def empirical_control_batch(c: CandidateBatch, *, alpha: float, pareto: bool = True) -> ControlBatch:
+def empirical_control_batch(
+    c: CandidateBatch, *, alpha: float, control: ControlConfig | None = None
+) -> ControlBatch:
     """The plug-in baseline: accept every candidate whose D_cal error k/n is at most alpha (no
-    test), then pick the smallest D_est budget. Same candidates and order as performance control."""
-    _check(alpha, None)
+    test), then pick the smallest D_est budget. Same candidates and order as performance control
+    (of `control` it reads `pareto` only)."""
+    _check(alpha)
+    pareto = (control or ControlConfig()).pareto
     members = _pareto_members(c.est_budget, c.est_error) if pareto else np.ones(c.thresholds.shape, bool)
     order, n_candidates, k = _family_order(members, (c.est_error, c.est_budget), c.cal_errors)
     accepted = members & (c.cal_errors <= count_at_most(alpha, c.n_cal))
@@ -362,34 +354,24 @@ def budget_control(
     c: Candidates,
     *,
     alpha: float,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pareto: bool = True,
-    pvalue: PValueMethod = "binomial",
+    control: ControlConfig | None = None,
 ) -> ControlResult:
     """`budget_control_batch` for one calibration split."""
     batch = CandidateBatch.stack([c])
-    return budget_control_batch(
-        batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto, pvalue=pvalue
-    ).trial(0)
+    return budget_control_batch(batch, alpha=alpha, control=control).trial(0)
 
 
 def performance_control(
     c: Candidates,
     *,
     alpha: float,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pareto: bool = True,
-    pvalue: PValueMethod = "binomial",
+    control: ControlConfig | None = None,
 ) -> ControlResult:
     """`performance_control_batch` for one calibration split."""
     batch = CandidateBatch.stack([c])
-    return performance_control_batch(
-        batch, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto, pvalue=pvalue
-    ).trial(0)
+    return performance_control_batch(batch, alpha=alpha, control=control).trial(0)
 
 
-def empirical_control(c: Candidates, *, alpha: float, pareto: bool = True) -> ControlResult:
+def empirical_control(c: Candidates, *, alpha: float, control: ControlConfig | None = None) -> ControlResult:
     """`empirical_control_batch` for one calibration split."""
-    return empirical_control_batch(CandidateBatch.stack([c]), alpha=alpha, pareto=pareto).trial(0)
+    return empirical_control_batch(CandidateBatch.stack([c]), alpha=alpha, control=control).trial(0)

@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._quota import count_nearest
+from ._settings import N_GRID
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -157,7 +158,9 @@ def batch_ranks(signal: ArrayLike, batch_size: int) -> NDArray[np.int64]:
     return rank
 
 
-def threshold_grid(signal: ArrayLike, n_grid: int = 100, *, presorted: bool = False) -> NDArray[np.float64]:
+def threshold_grid(
+    signal: ArrayLike, n_grid: int = N_GRID, *, presorted: bool = False
+) -> NDArray[np.float64]:
     """Candidate thresholds, most conservative first: [+inf (never delegate), then the
     quantiles of the given signal at levels 1, ..., 0 (n_grid values)].
 

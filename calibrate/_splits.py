@@ -17,6 +17,7 @@ from ._candidates import CandidateBatch
 from ._metrics import auroc, delegation_value, predict, twice_mann_whitney_u
 from ._policies import MergeRule, Policy, cascade_scores, merge_scores, threshold_grid, uncertainty_signal
 from ._quota import count_at_most, count_nearest
+from ._settings import CAL_FRACTION, EST_FRACTION, N_GRID
 
 __all__ = [
     "OBJECTIVES",
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 Objective = Literal["auroc", "accuracy"]
-OBJECTIVES: tuple[str, ...] = get_args(Objective)
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 
 # Trials processed together; bounds the (trials, thresholds, examples) work arrays.
 _CHUNK = 128
@@ -97,7 +98,11 @@ class Splits:
 
 
 def split_sizes(
-    n: int, cal_fraction: float = 0.5, est_fraction: float = 0.3, *, cal_size: int | None = None
+    n: int,
+    cal_fraction: float = CAL_FRACTION,
+    est_fraction: float = EST_FRACTION,
+    *,
+    cal_size: int | None = None,
 ) -> tuple[int, int, int]:
     """(n_est, n_cal, n_eval): `cal_size` examples for calibration (default floor(cal_fraction n)),
     of which round(est_fraction .) go to D_est and the rest to D_cal; the remainder is for
@@ -114,8 +119,8 @@ def random_splits(
     trials: int,
     seed: int | ArrayLike,
     *,
-    cal_fraction: float = 0.5,
-    est_fraction: float = 0.3,
+    cal_fraction: float = CAL_FRACTION,
+    est_fraction: float = EST_FRACTION,
     cal_size: int | None = None,
 ) -> Splits:
     """R independent uniformly random splits of range(n), from a numpy Generator seeded by the
@@ -139,8 +144,8 @@ def split_chunks(
     seed: int | ArrayLike,
     *,
     chunk: int,
-    cal_fraction: float = 0.5,
-    est_fraction: float = 0.3,
+    cal_fraction: float = CAL_FRACTION,
+    est_fraction: float = EST_FRACTION,
     cal_size: int | None = None,
 ) -> Iterator[Splits]:
     """The splits of `random_splits`, `chunk` trials at a time: one generator draws them in
@@ -314,7 +319,7 @@ def threshold_candidates(
     *,
     merge: MergeRule,
     objective: Objective | None,
-    n_grid: int = 100,
+    n_grid: int = N_GRID,
 ) -> CandidateBatch:
     """Per-threshold statistics on D_est and D_cal for every trial of `splits`.
 

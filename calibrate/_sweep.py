@@ -23,8 +23,20 @@ from ._policies import (
     topk_mask,
 )
 from ._pvalues import PVALUE_METHODS, PValueMethod
+from ._settings import (
+    CAL_FRACTION,
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_BUDGETS,
+    DEFAULT_DELTA,
+    DEFAULT_FWER,
+    DEFAULT_PVALUE,
+    EST_FRACTION,
+    N_GRID,
+    ControlConfig,
+)
 from ._splits import (
     OBJECTIVES,
+    Objective,
     Scores,
     SplitMetrics,
     evaluate_delegation,
@@ -37,7 +49,6 @@ __all__ = [
     "ANY_BATCH_SIZE",
     "ANY_OBJECTIVE",
     "DECISION_COLUMNS",
-    "DEFAULT_BUDGETS",
     "GROUP_COLUMNS",
     "SWEEP_COLUMNS",
     "MergeChoice",
@@ -47,10 +58,6 @@ __all__ = [
 ]
 
 MergeChoice = Literal["default", "overwrite", "average"]
-
-# The one default budget grid of every command: 0.05, 0.10, ..., 0.95, the paper's range on a
-# grid that holds 0.1, 0.2 and 0.3 exactly (the budgets the report's summary reads).
-DEFAULT_BUDGETS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
 
 SWEEP_COLUMNS: tuple[str, ...] = (
     "seed",
@@ -93,15 +100,15 @@ class SweepConfig:
 
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     policies: tuple[str, ...] = DEFAULT_POLICIES
-    batch_sizes: tuple[int, ...] = (32, 64, 128)
-    objectives: tuple[str, ...] = OBJECTIVES
-    delta: float = 0.1
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    objectives: tuple[Objective, ...] = OBJECTIVES
+    delta: float = DEFAULT_DELTA
     merge: MergeChoice = "default"
-    n_grid: int = 100
-    cal_fraction: float = 0.5
-    est_fraction: float = 0.3
-    fwer: FWERMethod = "fixed-sequence"
-    pvalue: PValueMethod = "binomial"
+    n_grid: int = N_GRID
+    cal_fraction: float = CAL_FRACTION
+    est_fraction: float = EST_FRACTION
+    fwer: FWERMethod = DEFAULT_FWER
+    pvalue: PValueMethod = DEFAULT_PVALUE
     pareto: bool = True
     split_seed: int = 0
 
@@ -125,6 +132,11 @@ class SweepConfig:
             raise ValueError(f"pvalue must be one of {PVALUE_METHODS}, got {self.pvalue!r}")
         if self.n_grid < 1:
             raise ValueError(f"n_grid must be at least 1, got {self.n_grid}")
+
+    @property
+    def control(self) -> ControlConfig:
+        """The testing settings of every calibrated row's budget control."""
+        return ControlConfig(delta=self.delta, fwer=self.fwer, pareto=self.pareto, pvalue=self.pvalue)
 
     def merge_for(self, policy: Policy) -> MergeRule:
         return policy.merge if self.merge == "default" else self.merge
@@ -306,15 +318,7 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                         n_grid=config.n_grid,
                     )
                     results = [
-                        budget_control(
-                            candidates,
-                            alpha=float(a),
-                            delta=config.delta,
-                            fwer=config.fwer,
-                            pareto=config.pareto,
-                            pvalue=config.pvalue,
-                        )
-                        for a in budgets
+                        budget_control(candidates, alpha=float(a), control=config.control) for a in budgets
                     ]
                     thresholds = np.array([r.threshold for r in results], dtype=np.float64)
                     for r in results:

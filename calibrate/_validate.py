@@ -26,9 +26,19 @@ from numpy.typing import NDArray
 
 from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
 from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
-from ._policies import POLICIES, MergeRule, Policy
+from ._policies import POLICIES, CalibratedPolicyName, MergeRule, Policy
 from ._pvalues import PValueMethod
 from ._quota import count_at_most
+from ._settings import (
+    CERTIFIED_MODES,
+    DEFAULT_DELTA,
+    DEFAULT_FWER,
+    DEFAULT_PVALUE,
+    DEFAULT_TRIALS,
+    EST_FRACTION,
+    N_GRID,
+    ControlConfig,
+)
 from ._splits import (
     Objective,
     Scores,
@@ -49,7 +59,7 @@ from ._validation_results import (
     summarise,
 )
 
-__all__ = ["validate", "validate_levels"]
+__all__ = ["ValidationConfig", "validate", "validate_levels"]
 
 
 # Trials whose split-dependent signal is evaluated on a fresh table at once: bounds the
@@ -57,6 +67,57 @@ __all__ = ["validate", "validate_levels"]
 _FRESH_CHUNK = 32
 # Trials drawn and calibrated together: chunk x examples index entries (64 MB of int64).
 _WORK_ELEMENTS = 8_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationConfig:
+    """How `validate` and `validate_levels` draw, calibrate and test (the level and the mode are
+    the call's).
+
+    `trials` random calibration samples are spread round-robin over the probe seeds; each is
+    `cal_size` examples of its seed's test split (None: half), `est_fraction` of them D_est and
+    the rest D_cal, drawn from a generator seeded by (`seed`, probe seed). `policy` (a calibrated
+    one) is calibrated with its own merge rule unless `merge` names one, on `n_grid` + 1
+    thresholds; budget mode optimises `objective` among the Pareto candidates. `delta`, `fwer`,
+    `pareto` and `pvalue` are the tests' settings (`ControlConfig`): P(every certified threshold
+    has R <= alpha) >= 1 - delta.
+    """
+
+    trials: int = DEFAULT_TRIALS
+    policy: CalibratedPolicyName = "ctd"
+    objective: Objective = "auroc"
+    merge: MergeRule | None = None
+    delta: float = DEFAULT_DELTA
+    fwer: FWERMethod | FWERProcedure = DEFAULT_FWER
+    pareto: bool = True
+    pvalue: PValueMethod = DEFAULT_PVALUE
+    cal_size: int | None = None
+    est_fraction: float = EST_FRACTION
+    n_grid: int = N_GRID
+    seed: int | tuple[int, ...] = 0
+
+    def __post_init__(self) -> None:
+        spec = POLICIES.get(self.policy)
+        if spec is None or not spec.calibrated:
+            calibrated = [p.name for p in POLICIES.values() if p.calibrated]
+            raise ValueError(
+                f"validation needs a calibrated policy, one of {calibrated}; got {self.policy!r}"
+            )
+        if self.trials < 1:
+            raise ValueError(f"trials must be at least 1, got {self.trials}")
+        self.control  # checks delta, fwer and pvalue  # noqa: B018
+        if self.cal_size is not None and self.cal_size < 2:
+            raise ValueError(f"cal_size must be at least 2, got {self.cal_size}")
+
+    @property
+    def spec(self) -> Policy:
+        """The calibrated policy validated."""
+        return POLICIES[self.policy]
+
+    @property
+    def control(self) -> ControlConfig:
+        """The testing settings of every trial's controller."""
+        return ControlConfig(delta=self.delta, fwer=self.fwer, pareto=self.pareto, pvalue=self.pvalue)
 
 
 @dataclass(frozen=True)
@@ -118,31 +179,25 @@ def _trials(
     levels: tuple[float, ...],
     *,
     mode: ValidationMode,
-    spec: Policy,
+    config: ValidationConfig,
     merge: MergeRule,
     objective: Objective | None,
-    n_grid: int,
-    delta: float,
-    fwer: FWERMethod | FWERProcedure,
-    pareto: bool,
-    pvalue: PValueMethod,
     fresh: Scores | None,
 ) -> list[dict[str, NDArray]]:
     """Calibrate every trial of `splits` at every level and measure the returned policies: per
     level, the per-trial columns (the empirical selector's prefixed `empirical_`)."""
+    spec, control = config.spec, config.control
     signal = policy_signal(scores, spec, splits)
-    candidates = threshold_candidates(scores, signal, splits, merge=merge, objective=objective, n_grid=n_grid)
-    control = budget_control_batch if mode == "budget" else performance_control_batch
+    candidates = threshold_candidates(
+        scores, signal, splits, merge=merge, objective=objective, n_grid=config.n_grid
+    )
+    tested = budget_control_batch if mode == "budget" else performance_control_batch
     prefixes = ("", "empirical_") if mode == "performance" else ("",)
     chosen: list[ControlBatch] = []  # selector-major: every level of "", then of "empirical_"
     for prefix in prefixes:
         for alpha in levels:
-            if prefix:
-                chosen.append(empirical_control_batch(candidates, alpha=alpha, pareto=pareto))
-            else:
-                chosen.append(
-                    control(candidates, alpha=alpha, delta=delta, fwer=fwer, pareto=pareto, pvalue=pvalue)
-                )
+            select = empirical_control_batch if prefix else tested
+            chosen.append(select(candidates, alpha=alpha, control=control))
     selected = np.stack([c.selected >= 0 for c in chosen], axis=1)  # (R, J)
     thresholds = np.stack([c.threshold for c in chosen], axis=1)
     measured = _measure(scores, splits, signal, np.where(selected, thresholds, np.inf), merge, spec, fresh)
@@ -164,24 +219,11 @@ def _trials(
     return out
 
 
-def _check_options(
-    mode: str, policy: str, trials: int, alphas: tuple[float, ...], delta: float, cal_size: int | None
-) -> Policy:
-    if mode not in ("budget", "performance"):
+def _check_call(mode: str, alphas: tuple[float, ...]) -> None:
+    if mode not in CERTIFIED_MODES:
         raise ValueError(f"mode must be 'budget' or 'performance', got {mode!r}")
-    spec = POLICIES.get(policy)
-    if spec is None or not spec.calibrated:
-        calibrated = [p.name for p in POLICIES.values() if p.calibrated]
-        raise ValueError(f"validation needs a calibrated policy, one of {calibrated}; got {policy!r}")
-    if trials < 1:
-        raise ValueError(f"trials must be at least 1, got {trials}")
     if not alphas or not all(0 < a < 1 for a in alphas):
         raise ValueError(f"alphas must lie in (0, 1), got {alphas}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if cal_size is not None and cal_size < 2:
-        raise ValueError(f"cal_size must be at least 2, got {cal_size}")
-    return spec
 
 
 def validate_levels(
@@ -189,18 +231,7 @@ def validate_levels(
     *,
     mode: ValidationMode,
     alphas: Sequence[float],
-    delta: float,
-    trials: int = 500,
-    policy: str = "ctd",
-    objective: Objective = "auroc",
-    merge: MergeRule | None = None,
-    pareto: bool = True,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pvalue: PValueMethod = "binomial",
-    cal_size: int | None = None,
-    est_fraction: float = 0.3,
-    n_grid: int = 100,
-    seed: int | Sequence[int] = 0,
+    config: ValidationConfig | None = None,
     fresh: Mapping[int, Scores] | None = None,
 ) -> tuple[ValidationResult, ...]:
     """`validate` at every risk level of `alphas`, on the same random splits and candidates
@@ -215,17 +246,18 @@ def validate_levels(
     candidates. `fresh` maps each probe seed to an independent table to measure on.
     """
     levels = tuple(float(a) for a in alphas)
-    spec = _check_options(mode, policy, trials, levels, delta, cal_size)
-    merge_rule: MergeRule = merge or spec.merge
+    _check_call(mode, levels)
+    config = config or ValidationConfig()
+    merge_rule: MergeRule = config.merge or config.spec.merge
     # Performance mode filters on the certified risk itself; budget-only LTT needs no objective.
-    fit_objective: Objective | None = objective if mode == "budget" else "accuracy"
-    if mode == "budget" and not pareto:
+    fit_objective: Objective | None = config.objective if mode == "budget" else "accuracy"
+    if mode == "budget" and not config.pareto:
         fit_objective = None
     seeds = sorted(scores_by_seed)
     if fresh is not None and (missing := [s for s in seeds if s not in fresh]):
         raise ValueError(f"the fresh table has no rows for probe seed {missing[0]}")
-    words = [int(w) for w in np.atleast_1d(seed)]
-    per_seed = np.bincount(np.arange(trials) % len(seeds), minlength=len(seeds))
+    words = [int(w) for w in np.atleast_1d(config.seed)]
+    per_seed = np.bincount(np.arange(config.trials) % len(seeds), minlength=len(seeds))
 
     parts: list[list[dict[str, NDArray]]] = []  # per chunk of trials, per level
     sizes: dict[int, tuple[int, int, int]] = {}
@@ -233,14 +265,14 @@ def validate_levels(
         if count == 0:
             continue
         scores = scores_by_seed[probe_seed]
-        sizes[probe_seed] = split_sizes(scores.n, est_fraction=est_fraction, cal_size=cal_size)
+        sizes[probe_seed] = split_sizes(scores.n, est_fraction=config.est_fraction, cal_size=config.cal_size)
         for splits in split_chunks(
             scores.n,
             int(count),
             [*words, probe_seed],
             chunk=max(1, _WORK_ELEMENTS // scores.n),
-            est_fraction=est_fraction,
-            cal_size=cal_size,
+            est_fraction=config.est_fraction,
+            cal_size=config.cal_size,
         ):
             parts.append(
                 _trials(
@@ -249,14 +281,9 @@ def validate_levels(
                     probe_seed,
                     levels,
                     mode=mode,
-                    spec=spec,
+                    config=config,
                     merge=merge_rule,
                     objective=fit_objective,
-                    n_grid=n_grid,
-                    delta=delta,
-                    fwer=fwer,
-                    pareto=pareto,
-                    pvalue=pvalue,
                     fresh=None if fresh is None else fresh[probe_seed],
                 )
             )
@@ -283,14 +310,14 @@ def validate_levels(
         results.append(
             ValidationResult(
                 mode=mode,
-                policy=policy,
+                policy=config.policy,
                 merge=merge_rule,
-                fwer=fwer_procedure(fwer).name,
-                pvalue_method=pvalue,
+                fwer=fwer_procedure(config.fwer).name,
+                pvalue_method=config.pvalue,
                 alpha=alpha,
-                delta=float(delta),
+                delta=float(config.delta),
                 objective=fit_objective,
-                pareto=pareto,
+                pareto=config.pareto,
                 seed=tuple(words),
                 split_sizes=sizes,
                 fresh_sizes=None if fresh is None else {s: fresh[s].n for s in sizes},
@@ -307,39 +334,11 @@ def validate(
     *,
     mode: ValidationMode,
     alpha: float,
-    delta: float,
-    trials: int = 500,
-    policy: str = "ctd",
-    objective: Objective = "auroc",
-    merge: MergeRule | None = None,
-    pareto: bool = True,
-    fwer: FWERMethod | FWERProcedure = "fixed-sequence",
-    pvalue: PValueMethod = "binomial",
-    cal_size: int | None = None,
-    est_fraction: float = 0.3,
-    n_grid: int = 100,
-    seed: int | Sequence[int] = 0,
+    config: ValidationConfig | None = None,
     fresh: Mapping[int, Scores] | None = None,
 ) -> ValidationResult:
     """Repeat calibration on `trials` random calibration samples and measure the realised risk
     of each returned policy (paper protocol, population, and fresh data when given):
     `validate_levels` at the one level `alpha`."""
-    (result,) = validate_levels(
-        scores_by_seed,
-        mode=mode,
-        alphas=(alpha,),
-        delta=delta,
-        trials=trials,
-        policy=policy,
-        objective=objective,
-        merge=merge,
-        pareto=pareto,
-        fwer=fwer,
-        pvalue=pvalue,
-        cal_size=cal_size,
-        est_fraction=est_fraction,
-        n_grid=n_grid,
-        seed=seed,
-        fresh=fresh,
-    )
+    (result,) = validate_levels(scores_by_seed, mode=mode, alphas=(alpha,), config=config, fresh=fresh)
     return result

@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 
 from ._policies import MergeRule
 from ._pvalues import ProportionCI, PValueMethod, clopper_pearson
+from ._settings import CertifiedMode
 
 __all__ = [
     "MEASUREMENTS",
@@ -22,9 +23,9 @@ __all__ = [
     "summarise",
 ]
 
-ValidationMode = Literal["budget", "performance"]
+ValidationMode = CertifiedMode  # validation measures the modes that certify
 Measurement = Literal["paper", "population", "fresh"]
-MEASUREMENTS: tuple[str, ...] = get_args(Measurement)
+MEASUREMENTS: tuple[Measurement, ...] = get_args(Measurement)
 
 
 @dataclass(frozen=True)

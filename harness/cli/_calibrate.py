@@ -10,6 +10,7 @@ from rich.table import Table
 
 import calibrate
 from calibrate import (
+    DEFAULT_FWER,
     OBJECTIVES,
     POLICIES,
     CalibratedPolicyName,
@@ -19,6 +20,7 @@ from calibrate import (
     Objective,
     PValueMethod,
     SweepConfig,
+    ValidationConfig,
     ValidationMode,
 )
 
@@ -80,6 +82,11 @@ DeltaOption = Annotated[
 ]
 
 
+# The commands' defaults are the config objects' own: one place for each.
+_SWEEP = SweepConfig()
+_VALIDATION = ValidationConfig()
+
+
 def _unit(value: float, option: str) -> float:
     parse_unit_interval((value,), option)
     return value
@@ -129,31 +136,31 @@ def calibrate_command(
     ] = None,
     batch_sizes: Annotated[
         str, typer.Option("--batch-sizes", help="Batch sizes for the top-k policies.")
-    ] = "32,64,128",
+    ] = ",".join(map(str, _SWEEP.batch_sizes)),
     policies: Annotated[
         str, typer.Option("--policies", help=f"Comma-separated, from: {', '.join(POLICIES)}.")
-    ] = ",".join(calibrate.DEFAULT_POLICIES),
+    ] = ",".join(_SWEEP.policies),
     objectives: Annotated[
         str,
         typer.Option(
             "--objectives",
             help=f"Pareto objectives of the calibrated policies: {', '.join(calibrate.OBJECTIVES)}.",
         ),
-    ] = ",".join(OBJECTIVES),
-    delta: DeltaOption = 0.1,
+    ] = ",".join(_SWEEP.objectives),
+    delta: DeltaOption = _SWEEP.delta,
     merge: Annotated[
         MergeChoice,
         typer.Option(
             "--merge",
             help="default: each policy's own rule; overwrite/average: one rule for all (merging controls).",
         ),
-    ] = "default",
-    fwer: FwerOption = "fixed-sequence",
-    pvalue: PValueOption = "binomial",
-    pareto: ParetoOption = True,
+    ] = _SWEEP.merge,
+    fwer: FwerOption = _SWEEP.fwer,
+    pvalue: PValueOption = _SWEEP.pvalue,
+    pareto: ParetoOption = _SWEEP.pareto,
     split_seed: Annotated[
         int, typer.Option("--split-seed", help="Seed of the calibration/evaluation split.")
-    ] = 0,
+    ] = _SWEEP.split_seed,
     arch: ArchOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -174,7 +181,7 @@ def calibrate_command(
             budgets=(
                 parse_unit_interval(parse_floats(budgets, "--budgets"), "--budgets")
                 if budgets is not None
-                else calibrate.DEFAULT_BUDGETS
+                else _SWEEP.budgets
             ),
             batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
             policies=parse_names(policies, "--policies", tuple(POLICIES)),
@@ -259,24 +266,24 @@ def validate_command(
         ),
     ] = "budget",
     alpha: Annotated[float, typer.Option("--alpha", help="Risk target in (0, 1).")] = 0.3,
-    delta: DeltaOption = 0.1,
+    delta: DeltaOption = _VALIDATION.delta,
     trials: Annotated[
         int,
         typer.Option("--trials", min=1, max=LIMITS["--trials"], help="Random calibration samples (trials)."),
-    ] = 500,
+    ] = _VALIDATION.trials,
     policy: Annotated[
         CalibratedPolicyName, typer.Option("--policy", help="Calibrated policy to validate.")
-    ] = "ctd",
+    ] = _VALIDATION.policy,
     objective: Annotated[
         Objective, typer.Option("--objective", help="Pareto objective in budget mode.")
-    ] = "auroc",
-    pareto: ParetoOption = True,
-    fwer: FwerOption = "fixed-sequence",
-    pvalue: PValueOption = "binomial",
+    ] = _VALIDATION.objective,
+    pareto: ParetoOption = _VALIDATION.pareto,
+    fwer: FwerOption = DEFAULT_FWER,
+    pvalue: PValueOption = _VALIDATION.pvalue,
     merge: Annotated[
         MergeRule | None,
         typer.Option("--merge", help="Merge rule on delegated inputs (default: the policy's own)."),
-    ] = None,
+    ] = _VALIDATION.merge,
     seed: Annotated[
         int,
         typer.Option(
@@ -311,21 +318,25 @@ def validate_command(
     json_output: JsonOption = False,
 ) -> None:
     scores_path = resolve_scores(scores, run)
-    (result,) = validate_scores(
-        scores_path,
-        mode=mode,
-        alphas=(_unit(alpha, "--alpha"),),
-        delta=_unit(delta, "--delta"),
+    alphas = (_unit(alpha, "--alpha"),)
+    config = ValidationConfig(
         trials=trials,
         policy=policy,
         objective=objective,
-        pareto=pareto,
-        fwer=fwer,
-        pvalue=pvalue,
         merge=merge,
-        seed=seed,
-        arch=arch,
+        delta=_unit(delta, "--delta"),
+        fwer=fwer,
+        pareto=pareto,
+        pvalue=pvalue,
         cal_size=cal_size,
+        seed=seed,
+    )
+    (result,) = validate_scores(
+        scores_path,
+        mode=mode,
+        alphas=alphas,
+        config=config,
+        arch=arch,
         eval_scores=eval_scores,
         out=out,
     )
@@ -341,7 +352,7 @@ def validate_command(
     selectors = [("LTT", result.tested)] + ([("empirical", result.empirical)] if result.empirical else [])
     for name, selector in selectors:
         for measurement in calibrate.MEASUREMENTS:
-            s = selector.measured(measurement)  # type: ignore[arg-type]
+            s = selector.measured(measurement)
             if s is None:
                 continue
             table.add_row(

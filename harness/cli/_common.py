@@ -30,6 +30,7 @@ from ..run._progress import make_console
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Name = TypeVar("Name", bound=str)
 
 
 def shown(value: object) -> str:
@@ -138,14 +139,15 @@ def parse_seeds(text: str, option: str) -> tuple[int, ...]:
     return seeds
 
 
-def parse_names(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+def parse_names(text: str, option: str, allowed: tuple[Name, ...]) -> tuple[Name, ...]:
+    """Comma-separated names, each one of `allowed` (typed as they are: a Literal's members)."""
     names = tuple(v.strip() for v in text.split(",") if v.strip())
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise InputError(
             f"{option}: unknown value {unknown[0] if unknown else text!r}; choose from {', '.join(allowed)}"
         )
-    return names
+    return tuple(allowed[allowed.index(n)] for n in names)
 
 
 def print_json(value: object) -> None:

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+import calibrate
+
 from .._errors import InputError
 from ..monitor._limits import ServeLimits
 from ..run._layout import BundleLayout, Roots
@@ -43,7 +45,9 @@ def monitor_calibrate(
     accuracy: Annotated[
         float | None, typer.Option("--accuracy", help="Certify a cascade accuracy of at least LEVEL.")
     ] = None,
-    delta: Annotated[float, typer.Option("--delta", help="Failure probability of the guarantee.")] = 0.1,
+    delta: Annotated[
+        float, typer.Option("--delta", help="Failure probability of the guarantee.")
+    ] = calibrate.DEFAULT_DELTA,
     arch: Annotated[
         str | None, typer.Option("--arch", help="Probe configuration (default: the run's first).")
     ] = None,

@@ -8,14 +8,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from calibrate import DVTarget
+from calibrate import DV_TARGETS, DVTarget
 from probes import ARCHS, ProbeConfig
 
 from .._bounds import LIMITS
 from ..data._dataspec import load_data
 from ..run._layout import Roots
 from ..run._progress import StageProgress
+from ..run._sections import ProbeSettings
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
+
+# The commands' defaults are the probe section's own: one place for each.
+_PROBE = ProbeSettings()
 
 DataOption = Annotated[
     list[str] | None,
@@ -39,7 +43,7 @@ def probe_command(
     ] = None,
     model: Annotated[
         str, typer.Option("--model", help="'smollm2' (embedded), a .gguf file, a model folder or a hub id.")
-    ] = "smollm2",
+    ] = _PROBE.model,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision.")] = None,
     layer: Annotated[
         int | None,
@@ -50,18 +54,20 @@ def probe_command(
     max_tokens: Annotated[
         int,
         typer.Option("--max-tokens", min=1, max=LIMITS["--max-tokens"], help="Token limit per conversation."),
-    ] = 512,
+    ] = _PROBE.max_tokens,
     batch_tokens: Annotated[
         int,
         typer.Option("--batch-tokens", min=1, max=LIMITS["--batch-tokens"], help="Padded tokens per batch."),
-    ] = 8192,
-    arch: Annotated[
-        str, typer.Option("--arch", help=f"Probe architectures: {', '.join(ARCHS)}.")
-    ] = "attention",
-    seeds: Annotated[str, typer.Option("--seeds", help="Probe training seeds.")] = "0,1,2",
+    ] = _PROBE.batch_tokens,
+    arch: Annotated[str, typer.Option("--arch", help=f"Probe architectures: {', '.join(ARCHS)}.")] = ",".join(
+        _PROBE.archs
+    ),
+    seeds: Annotated[str, typer.Option("--seeds", help="Probe training seeds.")] = ",".join(
+        map(str, _PROBE.seeds)
+    ),
     epochs: Annotated[
         int, typer.Option("--epochs", min=1, max=LIMITS["--epochs"], help="Maximum training epochs.")
-    ] = 60,
+    ] = _PROBE.training.epochs,
     store: Annotated[
         Path | None,
         typer.Option("--store", help="Activation store (default: $CTD_STORE or runs/cache/activations)."),
@@ -83,7 +89,7 @@ def probe_command(
         max_tokens=max_tokens,
         batch_tokens=batch_tokens,
         device_map=device_map,
-        archs=parse_names(arch, "--arch", ARCHS),  # type: ignore[arg-type]
+        archs=parse_names(arch, "--arch", ARCHS),
         seeds=parse_seeds(seeds, "--seeds"),
         training=ProbeConfig(epochs=epochs),
     )
@@ -114,10 +120,10 @@ def dv_command(
     out: Annotated[Path, typer.Option("--out", help="The scores table to write (.parquet or .csv).")],
     target: Annotated[
         DVTarget, typer.Option("--target", help="DV target: v or the binary variant.")
-    ] = "continuous",
+    ] = DV_TARGETS[0],
     epochs: Annotated[
         int, typer.Option("--epochs", min=1, max=LIMITS["--epochs"], help="Maximum training epochs.")
-    ] = 60,
+    ] = _PROBE.training.epochs,
     json_out: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
 ) -> None:
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""

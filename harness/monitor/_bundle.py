@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import calibrate
 from experts import ExpertSpec
@@ -36,8 +36,9 @@ __all__ = [
 ]
 
 BUNDLE_VERSION = 2  # 2: content hashes of what was certified, and the test order and selection named
-ControlMode = Literal["budget", "performance"]
-CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
+# A bundle holds a certified policy: calibrate's modes that certify (not its empirical selector).
+ControlMode = calibrate.CertifiedMode
+CONTROL_MODES: tuple[str, ...] = calibrate.CERTIFIED_MODES
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
 # What the expert entry keeps: where and how to ask, never a key (api_key_env names a variable).
 EXPERT_FIELDS = ("name", "base_urls", "model", "method", "template", "top_logprobs", "api_key_env")

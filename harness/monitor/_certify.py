@@ -41,7 +41,6 @@ from ._bundle import (
 
 __all__ = ["BundleWritten", "TestRows", "calibrate_bundle", "certify", "deploy_splits", "test_rows"]
 
-EST_FRACTION = 0.3  # of the test split for D_est; the rest is D_cal (SPEC section 4)
 PROBE_SUFFIXES = (".safetensors", ".json")
 
 
@@ -84,8 +83,9 @@ def test_rows(layout: RunLayout, arch: str, seed: int | None) -> TestRows:
 
 
 def deploy_splits(n: int, split_seed: int) -> calibrate.Splits:
-    """One random cut of range(n) into D_est (EST_FRACTION) and D_cal, with no evaluation half."""
-    n_est = int(calibrate.split_sizes(n, 1.0, EST_FRACTION)[0])
+    """One random cut of range(n) into D_est (calibrate.EST_FRACTION) and D_cal, with no evaluation
+    half (SPEC section 4)."""
+    n_est = int(calibrate.split_sizes(n, 1.0, calibrate.EST_FRACTION)[0])
     order = np.random.default_rng(split_seed).permutation(n).astype(np.int64)
     return calibrate.Splits(order[None, :n_est], order[None, n_est:], np.zeros((1, 0), np.int64))
 
@@ -107,7 +107,7 @@ def certify(
         scores, signal, splits, merge=POLICY.merge, objective=objective if mode == "budget" else "accuracy"
     )
     control = calibrate.budget_control if mode == "budget" else calibrate.performance_control
-    return candidates, control(candidates, alpha=alpha, delta=delta)
+    return candidates, control(candidates, alpha=alpha, control=calibrate.ControlConfig(delta=delta))
 
 
 def _number(value: float) -> float | str:
@@ -120,7 +120,7 @@ def calibrate_bundle(
     name: str,
     mode: ControlMode,
     alpha: float,
-    delta: float = 0.1,
+    delta: float = calibrate.DEFAULT_DELTA,
     arch: str | None = None,
     seed: int | None = None,
     split_seed: int = 0,

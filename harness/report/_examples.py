@@ -21,11 +21,10 @@ from ..run._layout import RunLayout
 from ._context import ReportContext, fmt, markdown_table
 from ._data import Sweep
 from ._figures import POLICY_LABELS
+from ._summary import SUMMARY_BUDGETS  # the examples are shown at the summary's budgets
 
-__all__ = ["CASE_BUDGET", "EXAMPLE_BUDGETS", "case_study_section", "examples_table"]
+__all__ = ["CASE_BUDGET", "case_study_section", "examples_table"]
 
-EXAMPLE_BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3)
-"""The budgets at which examples.parquet gives each policy's decision (the summary's)."""
 CASE_BUDGET = 0.2  # the paper's case studies are at budget 0.2, B = 128
 CASES_SHOWN = 3  # examples per case kind and arch
 TEXT_SHOWN = 300  # characters of an input shown in a case study
@@ -92,7 +91,7 @@ def _decision_column(name: str, budget: float) -> str:
 def examples_table(ctx: ReportContext) -> None:
     """report/examples.parquet: one row per (arch, seed, example) of the scores table, with v,
     the input's start and the expert's label mass (when the query stage kept them) and, on the
-    seed's evaluation half, each policy's decision at EXAMPLE_BUDGETS (calibrated policies
+    seed's evaluation half, each policy's decision at SUMMARY_BUDGETS (calibrated policies
     selected for AUROC, top-k at the largest batch size) and the top-k ranks in their batches;
     empty (null) off the evaluation half and where the budget is not on the sweep's grid."""
     table = ctx.scores_table
@@ -127,7 +126,7 @@ def examples_table(ctx: ReportContext) -> None:
         for seed in table.seeds:
             index = np.flatnonzero((table.seed == seed) & (table.split == "test") & (table.arch == arch))
             for policy in sweep.policies:
-                for budget in EXAMPLE_BUDGETS:
+                for budget in SUMMARY_BUDGETS:
                     point = sweep.grid_point(budget)
                     if point is None:
                         continue
@@ -149,7 +148,7 @@ def examples_table(ctx: ReportContext) -> None:
         "probe's, DV probe's and expert's scores, v, the expert's probability mass on the label tokens and "
         "its next-token alternatives with their logprobs (`expert_top_tokens`, JSON; empty for likelihood "
         "scoring), the start of the input, and, on each seed's evaluation half, every policy's decision at "
-        f"budgets {', '.join(f'{b:g}' for b in EXAMPLE_BUDGETS)} (columns `POLICY@BUDGET`; calibrated "
+        f"budgets {', '.join(f'{b:g}' for b in SUMMARY_BUDGETS)} (columns `POLICY@BUDGET`; calibrated "
         "policies selected for AUROC, top-k at the largest batch size, with 1-based ranks in their batches).",
         "",
     ]

@@ -7,11 +7,14 @@ from ._context import RunContext
 from ._layout import Roots, RunLayout
 from ._log import Invocation, Manifests, RunLog, RunLogError, StageRecord, StageStatus
 from ._runner import run_stages
+from ._sections import ExpertSettings, ProbeSettings
 from ._stage import Stage, StageOutcome, StageResult
 
 __all__ = [
+    "ExpertSettings",
     "Invocation",
     "Manifests",
+    "ProbeSettings",
     "Roots",
     "RunConfig",
     "RunContext",

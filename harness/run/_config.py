@@ -10,60 +10,69 @@ import hashlib
 import json
 import re
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import calibrate
 import experts
-from probes import ARCHS, EMBEDDED_MODEL
+from probes import ARCHS, Arch
 
 from .._bounds import check_count, check_counts, check_list_length
 from .._errors import MAX_FAILED, InputError, check_max_failed
+from ._sections import ExpertSettings, ProbeSettings, Serve
 
-__all__ = ["DV_TARGET_CHOICES", "MIN_SELECTION", "RunConfig", "load_run_config"]
+__all__ = ["DV_TARGET_CHOICES", "MIN_SELECTION", "DVTargetChoice", "RunConfig", "load_run_config"]
 
-Serve = Literal["auto", "never"]
-DV_TARGET_CHOICES: tuple[str, ...] = (*calibrate.DV_TARGETS, "both")  # "both" trains one DV probe of each
+DVTargetChoice = calibrate.DVTarget | Literal["both"]  # "both" trains one DV probe of each
+DV_TARGET_CHOICES: tuple[str, ...] = (*calibrate.DV_TARGETS, "both")
 # A level counts as certifiable for the headline when the tested selector returned a policy in at
 # least this share of its trials: enough policies (50 of 500 trials) for the histogram to show a
 # distribution, and low enough to sit where certifying is hard, which is where the tested and the
 # untested selector differ. A majority rule lands where the probe alone meets the target and
 # neither selector can violate (the default run: 0.45, against 0.35 by this rule).
 MIN_SELECTION = 0.1
+# The sections' defaults, which RunConfig's fields take (each is written once, in its section).
+_PROBE = ProbeSettings()
+_EXPERT = ExpertSettings()
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything `ctd eval` does, with the defaults of the embedded run."""
+    """Everything `ctd eval` does, with the defaults of the embedded run.
+
+    Flat, as config.toml and the flags spell it (and as the stage fingerprints read it); the
+    sections the stages take are built from it (`probe_settings`, `expert_settings`,
+    `sweep_config(merge)`), and these fields read their defaults from the sections and from
+    calibrate's named constants."""
 
     name: str | None = None  # run folder under the runs root; None: derived from model, expert and data
     # data and monitored model (the probe stage)
     data: tuple[str, ...] = ()  # data spec tokens; empty means the built-in data set
     limit: int | None = None  # at most this many examples per split (stratified); None: all of them
-    model: str = EMBEDDED_MODEL
-    revision: str | None = None
-    layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
-    max_tokens: int = 512
-    batch_tokens: int = 8192
-    device_map: str | None = None
-    archs: tuple[str, ...] = ("attention",)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    epochs: int = 60
+    model: str = _PROBE.model
+    revision: str | None = _PROBE.revision
+    layer: int | None = _PROBE.layer  # None: 11 for Llama-3.2-1B, else two thirds of the depth
+    max_tokens: int = _PROBE.max_tokens
+    batch_tokens: int = _PROBE.batch_tokens
+    device_map: str | None = _PROBE.device_map
+    archs: tuple[Arch, ...] = _PROBE.archs
+    seeds: tuple[int, ...] = _PROBE.seeds
+    epochs: int = _PROBE.training.epochs
     # the expert (the query stage)
-    expert: str = "smollm2"  # a registered name, or a base URL (then expert_model names the model)
-    expert_model: str | None = None
-    serve: Serve = "auto"  # start a local llama.cpp expert when it is not already answering
+    expert: str = _EXPERT.expert  # a registered name, or a base URL (then expert_model names the model)
+    expert_model: str | None = _EXPERT.expert_model
+    serve: Serve = _EXPERT.serve  # start a local llama.cpp expert when it is not already answering
     # the DV stage
-    dv_target: str = calibrate.DV_TARGETS[0]  # "both" also trains the binary variant (arch "<arch>-binary")
+    dv_target: DVTargetChoice = calibrate.DV_TARGETS[0]  # "both" also trains the binary variant
     # calibration and validation
     budgets: tuple[float, ...] = calibrate.DEFAULT_BUDGETS
-    batch_sizes: tuple[int, ...] = (32, 64, 128)
-    delta: float = 0.1
-    objectives: tuple[str, ...] = calibrate.OBJECTIVES
+    batch_sizes: tuple[int, ...] = calibrate.DEFAULT_BATCH_SIZES
+    delta: float = calibrate.DEFAULT_DELTA
+    objectives: tuple[calibrate.Objective, ...] = calibrate.OBJECTIVES
     merge_controls: bool = True  # also sweep with every policy overwriting, and every policy averaging
-    pvalue: calibrate.PValueMethod = "binomial"  # or "hb" (Hoeffding-Bentkus, the authors' code)
-    trials: int = 500
+    pvalue: calibrate.PValueMethod = calibrate.DEFAULT_PVALUE  # or "hb" (Hoeffding-Bentkus)
+    trials: int = calibrate.DEFAULT_TRIALS
     # Validation runs budget control at every budget above and performance control at every
     # error level below; the two alphas here are the levels whose per-trial histograms the
     # report draws (the paper's figures) and whose performance control the summary shows.
@@ -157,6 +166,37 @@ class RunConfig:
     def section(self, *names: str) -> dict[str, Any]:
         """The named fields, for a stage fingerprint."""
         return {n: getattr(self, n) for n in names}
+
+    @property
+    def probe_settings(self) -> ProbeSettings:
+        """The probe stage's section."""
+        return ProbeSettings(
+            model=self.model,
+            revision=self.revision,
+            layer=self.layer,
+            max_tokens=self.max_tokens,
+            batch_tokens=self.batch_tokens,
+            device_map=self.device_map,
+            archs=self.archs,
+            seeds=self.seeds,
+            training=replace(_PROBE.training, epochs=self.epochs),
+        )
+
+    @property
+    def expert_settings(self) -> ExpertSettings:
+        """The query stage's section: the expert as asked for."""
+        return ExpertSettings(expert=self.expert, expert_model=self.expert_model, serve=self.serve)
+
+    def sweep_config(self, merge: calibrate.MergeChoice) -> calibrate.SweepConfig:
+        """The calibrate stage's section: one sweep per merge choice (the others at their defaults)."""
+        return calibrate.SweepConfig(
+            budgets=self.budgets,
+            batch_sizes=self.batch_sizes,
+            delta=self.delta,
+            objectives=self.objectives,
+            merge=merge,
+            pvalue=self.pvalue,
+        )
 
 
 def _slug(text: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 import calibrate
-from calibrate import MergeChoice, SweepConfig, ValidationResult
+from calibrate import MergeChoice, SweepConfig, ValidationConfig, ValidationResult
 
 from .._errors import InputError
 from ..data._scores import ScoresTable, read_scores, write_scores
@@ -57,8 +57,8 @@ def check_calibration_size(
     delta: float,
     *,
     option: str,
-    cal_fraction: float = 0.5,
-    est_fraction: float = 0.3,
+    cal_fraction: float = calibrate.CAL_FRACTION,
+    est_fraction: float = calibrate.EST_FRACTION,
     cal_size: int | None = None,
 ) -> None:
     """Fail early when a split is empty, or D_cal too small for any threshold to be certified:
@@ -206,17 +206,8 @@ def validate_scores(
     *,
     mode: calibrate.ValidationMode,
     alphas: tuple[float, ...],
-    delta: float,
-    trials: int = 500,
-    policy: str = "ctd",
-    objective: calibrate.Objective = "auroc",
-    pareto: bool = True,
-    fwer: calibrate.FWERMethod = "fixed-sequence",
-    pvalue: calibrate.PValueMethod = "binomial",
-    merge: calibrate.MergeRule | None = None,
-    seed: int | tuple[int, ...] = 0,
+    config: ValidationConfig,
     arch: str | None = None,
-    cal_size: int | None = None,
     eval_scores: Path | None = None,
     out: Path | None = None,
 ) -> tuple[ValidationResult, ...]:
@@ -228,7 +219,15 @@ def validate_scores(
         check_writable(out, "--out")
     table = read_scores(scores_path)
     by_seed = table.test_scores(arch)
-    check_calibration_size(by_seed, table.source, min(alphas), delta, option="--alpha", cal_size=cal_size)
+    check_calibration_size(
+        by_seed,
+        table.source,
+        min(alphas),
+        config.delta,
+        option="--alpha",
+        est_fraction=config.est_fraction,
+        cal_size=config.cal_size,
+    )
     fresh = None
     if eval_scores is not None:
         fresh_table = read_scores(eval_scores, purpose="measure on")
@@ -245,22 +244,7 @@ def validate_scores(
                 f"--eval-scores {eval_scores}: no test rows for probe seed {missing[0]} "
                 f"(--scores has seeds {', '.join(map(str, sorted(by_seed)))})"
             )
-    results = calibrate.validate_levels(
-        by_seed,
-        mode=mode,
-        alphas=alphas,
-        delta=delta,
-        trials=trials,
-        policy=policy,
-        objective=objective,
-        merge=merge,
-        pareto=pareto,
-        fwer=fwer,
-        pvalue=pvalue,
-        cal_size=cal_size,
-        seed=seed,
-        fresh=fresh,
-    )
+    results = calibrate.validate_levels(by_seed, mode=mode, alphas=alphas, config=config, fresh=fresh)
     if out is not None:
         trials_table = {k: np.concatenate([r.per_trial[k] for r in results]) for k in results[0].per_trial}
         write_table(Path(out), trials_table)
@@ -309,14 +293,7 @@ class CalibrateStage:
         for arch in archs:
             for merge in merges:
                 ctx.progress("calibrate", done, total, unit="sweeps")
-                sweep = SweepConfig(
-                    budgets=config.budgets,
-                    batch_sizes=config.batch_sizes,
-                    delta=config.delta,
-                    objectives=config.objectives,
-                    merge=merge,
-                    pvalue=config.pvalue,
-                )
+                sweep = config.sweep_config(merge)
                 summary = calibrate_scores(layout.scores, layout.sweep(arch, merge).root, sweep, arch=arch)
                 done += 1
                 if merge == "default":

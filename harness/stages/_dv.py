@@ -196,7 +196,7 @@ class DVStage:
     @property
     def targets(self) -> list[DVTarget]:
         chosen = self.ctx.config.dv_target
-        return list(DV_TARGETS) if chosen == "both" else [chosen]  # type: ignore[list-item]
+        return [target for target in DV_TARGETS if chosen in (target, "both")]
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         layout = self.ctx.layout

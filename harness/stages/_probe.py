@@ -10,14 +10,14 @@ Outputs in `out_dir`:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 import calibrate
-from probes import ARCHS, EMBEDDED_MODEL, ActivationStore, Arch, ProbeConfig, ProbeError, Ragged, StoreKey
+from probes import ActivationStore, ProbeError, Ragged, StoreKey
 
 from .._errors import InputError
 from ..data._dataspec import SPLITS, DataSplits, SplitName
@@ -25,41 +25,13 @@ from ..data._tables import read_json, write_json, write_table
 from ..run._context import RunContext
 from ..run._layout import ProbeLayout, Roots
 from ..run._log import fingerprint
+from ..run._sections import ProbeSettings
 from ..run._stage import ProgressFn, StageResult
 
 if TYPE_CHECKING:
     from probes import ExtractStats, LoadedModel
 
 __all__ = ["ProbeSettings", "ProbeStage", "ProbeStageResult", "open_stores", "probe_stage"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeSettings:
-    """Everything that decides the probe stage's outputs (besides the data)."""
-
-    model: str = EMBEDDED_MODEL  # "smollm2", a .gguf file, a local folder or a Hugging Face id
-    revision: str | None = None
-    layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
-    max_tokens: int = 512  # longer conversations keep their first max_tokens tokens
-    batch_tokens: int = 8192  # padded tokens per extraction batch (bounds memory)
-    device_map: str | None = None  # "auto" for a model larger than one GPU
-    archs: tuple[Arch, ...] = ("attention",)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    training: ProbeConfig = field(default_factory=ProbeConfig)  # hyperparameters; its arch is ignored
-
-    def __post_init__(self) -> None:
-        unknown = [a for a in self.archs if a not in ARCHS]
-        if unknown or not self.archs:
-            raise InputError(
-                f"--arch: unknown {unknown[0] if unknown else 'empty'}; choose from {', '.join(ARCHS)}"
-            )
-        if self.max_tokens < 1 or self.batch_tokens < self.max_tokens:
-            raise InputError(
-                f"--max-tokens {self.max_tokens} / --batch-tokens {self.batch_tokens}: need "
-                "1 <= max-tokens <= batch-tokens"
-            )
-        if not self.seeds:
-            raise InputError("--seeds: at least one seed")
 
 
 @dataclass(frozen=True)
@@ -250,18 +222,7 @@ class ProbeStage:
 
     @staticmethod
     def settings(ctx: RunContext) -> ProbeSettings:
-        config = ctx.config
-        return ProbeSettings(
-            model=config.model,
-            revision=config.revision,
-            layer=config.layer,
-            max_tokens=config.max_tokens,
-            batch_tokens=config.batch_tokens,
-            device_map=config.device_map,
-            archs=config.archs,  # type: ignore[arg-type]
-            seeds=config.seeds,
-            training=ProbeConfig(epochs=config.epochs),
-        )
+        return ctx.config.probe_settings
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         ctx = self.ctx

@@ -115,11 +115,9 @@ def run_job(
             scores_path,
             mode=job.mode,
             alphas=kept,
-            delta=delta,
-            trials=trials,
-            pareto=job.pareto,
-            pvalue=pvalue,
-            seed=split_seed(arch, job),
+            config=calibrate.ValidationConfig(
+                delta=delta, trials=trials, pareto=job.pareto, pvalue=pvalue, seed=split_seed(arch, job)
+            ),
             arch=arch,
             out=trials_path,
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 from timing import timings
@@ -77,16 +78,19 @@ def main() -> None:
     sweep = median_seconds(lambda: calibrate.sweep(by_seed), repeats=5)
     rows.append(("default sweep, 1,800 rows (3 seeds x 1,600 test rows)", sweep, "< 2 s"))
 
-    variants = {
-        "budget, Pareto on AUROC (`ctd validate` default)": dict(mode="budget", objective="auroc"),
-        "budget, Pareto on accuracy": dict(mode="budget", objective="accuracy"),
-        "budget-only LTT (`--no-pareto`)": dict(mode="budget", pareto=False),
-        "performance, alpha = 0.2, with the empirical selector": dict(mode="performance", alpha=0.2),
+    config = calibrate.ValidationConfig(delta=DELTA, trials=TRIALS)
+    variants: dict[str, tuple[calibrate.ValidationMode, float, calibrate.ValidationConfig]] = {
+        "budget, Pareto on AUROC (`ctd validate` default)": ("budget", ALPHA, config),
+        "budget, Pareto on accuracy": ("budget", ALPHA, replace(config, objective="accuracy")),
+        "budget-only LTT (`--no-pareto`)": ("budget", ALPHA, replace(config, pareto=False)),
+        "performance, alpha = 0.2, with the empirical selector": ("performance", 0.2, config),
     }
     timings = {}
-    for name, options in variants.items():
-        kwargs = {"alpha": ALPHA, "delta": DELTA, "trials": TRIALS, **options}
-        timings[name] = median_seconds(lambda kw=kwargs: calibrate.validate(one_seed, **kw), repeats=5)
+    for name, (mode, alpha, options) in variants.items():
+        timings[name] = median_seconds(
+            lambda m=mode, a=alpha, c=options: calibrate.validate(one_seed, mode=m, alpha=a, config=c),
+            repeats=5,
+        )
 
     mapie = median_seconds(mapie_per_trial(by_seed[0], TRIALS), repeats=3)
     for name, seconds in timings.items():

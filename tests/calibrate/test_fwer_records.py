@@ -41,7 +41,9 @@ def test_kstar_decides_exactly_the_fixed_sequence() -> None:
     for _ in range(200):
         c = random_candidates(rng)
         alpha = float(rng.uniform(0.05, 0.6))
-        r = calibrate.budget_control(c, alpha=alpha, delta=0.1, pareto=bool(rng.integers(0, 2)))
+        r = calibrate.budget_control(
+            c, alpha=alpha, control=calibrate.ControlConfig(delta=0.1, pareto=bool(rng.integers(0, 2)))
+        )
         reached = r.order if r.stopped_at is None else r.order[: r.stopped_at + 1]
         k = r.k[: reached.size]
         np.testing.assert_array_equal(np.isin(reached, r.certified), k <= r.kstar)
@@ -50,9 +52,9 @@ def test_kstar_decides_exactly_the_fixed_sequence() -> None:
 
 
 @pytest.mark.parametrize("fwer", ["holm", "bonferroni"])
-def test_kstar_is_not_claimed_for_holm_or_bonferroni(fwer: str) -> None:
+def test_kstar_is_not_claimed_for_holm_or_bonferroni(fwer: calibrate.FWERMethod) -> None:
     c = random_candidates(np.random.default_rng(4))
-    r = calibrate.budget_control(c, alpha=0.3, delta=0.1, fwer=fwer)  # type: ignore[arg-type]
+    r = calibrate.budget_control(c, alpha=0.3, control=calibrate.ControlConfig(delta=0.1, fwer=fwer))
     assert r.kstar is None
     assert r.to_dict()["kstar"] is None
 

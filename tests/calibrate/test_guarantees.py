@@ -9,6 +9,7 @@ population and fresh data; an anti-conservative procedure shows that these check
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -59,9 +60,7 @@ def test_budget_guarantee_holds_at_every_default_budget(scenario: str, pareto: b
         simulated(scenario, 1600, 3),
         mode="budget",
         alphas=calibrate.DEFAULT_BUDGETS,
-        delta=DELTA,
-        trials=500,
-        pareto=pareto,
+        config=calibrate.ValidationConfig(delta=DELTA, trials=500, pareto=pareto),
     )
     assert [r.alpha for r in results] == list(calibrate.DEFAULT_BUDGETS)
     for r in results:
@@ -78,7 +77,10 @@ def test_budget_guarantee_holds_at_every_default_budget(scenario: str, pareto: b
 @pytest.mark.parametrize("scenario", ["strong", "weak"])
 def test_performance_guarantee_holds_where_the_empirical_selector_fails(scenario: str) -> None:
     result = calibrate.validate(
-        simulated(scenario, 1600, 3), mode="performance", alpha=0.22, delta=DELTA, trials=500
+        simulated(scenario, 1600, 3),
+        mode="performance",
+        alpha=0.22,
+        config=calibrate.ValidationConfig(delta=DELTA, trials=500),
     )
     assert result.empirical is not None
     tested, empirical = result.tested.population, result.empirical.population
@@ -103,21 +105,22 @@ def large_table() -> tuple[dict[int, calibrate.Scores], dict[int, calibrate.Scor
 )
 def test_the_guarantee_checks_catch_an_anti_conservative_procedure(
     large_table: tuple[dict[int, calibrate.Scores], dict[int, calibrate.Scores]],
-    mode: str,
+    mode: calibrate.ValidationMode,
     alpha: float,
     pareto: bool,
-    measurements: tuple[str, ...],
+    measurements: tuple[calibrate.Measurement, ...],
 ) -> None:
     """The correct procedure stays below delta; the same procedure testing at 2 delta is caught.
     (Fresh data is not checked in budget mode: the budget-only procedure at 2 delta violates
     only a little above delta, and the fresh rate moves with how the 800 calibration rows'
     table happens to differ from the generator, as `ctd validate --help` explains.)"""
     table, fresh = large_table
-    common = dict(mode=mode, alpha=alpha, delta=DELTA, trials=3000, pareto=pareto, cal_size=800, fresh=fresh)
-    correct = calibrate.validate(table, **common)  # type: ignore[arg-type]
-    loose = calibrate.validate(table, fwer=DoubledDelta(), **common)  # type: ignore[arg-type]
+    config = calibrate.ValidationConfig(delta=DELTA, trials=3000, pareto=pareto, cal_size=800)
+    correct = calibrate.validate(table, mode=mode, alpha=alpha, config=config, fresh=fresh)
+    loose_config = replace(config, fwer=DoubledDelta())
+    loose = calibrate.validate(table, mode=mode, alpha=alpha, config=loose_config, fresh=fresh)
     for name in measurements:
-        right, wrong = correct.tested.measured(name), loose.tested.measured(name)  # type: ignore[arg-type]
+        right, wrong = correct.tested.measured(name), loose.tested.measured(name)
         assert right is not None and wrong is not None
         assert right.violation.high <= DELTA, name
         assert wrong.violation.low > DELTA, name
@@ -130,9 +133,7 @@ def test_paper_protocol_reads_more_violations_than_the_population() -> None:
         simulated("strong", 1600, 3),
         mode="budget",
         alphas=calibrate.DEFAULT_BUDGETS,
-        delta=DELTA,
-        trials=500,
-        pareto=False,
+        config=calibrate.ValidationConfig(delta=DELTA, trials=500, pareto=False),
     )
     paper = np.array([r.tested.paper.violation_rate for r in results])
     population = np.array([r.tested.population.violation_rate for r in results])
@@ -142,7 +143,9 @@ def test_paper_protocol_reads_more_violations_than_the_population() -> None:
 
 @pytest.mark.parametrize("policy", ["ctd", "unc-calibrated"])
 @pytest.mark.parametrize("mode", ["budget", "performance"])
-def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str, mode: str) -> None:
+def test_every_measurement_equals_the_chosen_policy_applied_directly(
+    policy: calibrate.CalibratedPolicyName, mode: calibrate.ValidationMode
+) -> None:
     """The counts behind each measurement agree with delegation masks built from the returned
     thresholds and scored by `evaluate_delegation` (a separate code path), trial by trial."""
     table = simulated("weak", 400, 2)
@@ -150,13 +153,9 @@ def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str
     trials, seed = 40, 5
     levels = calibrate.validate_levels(
         table,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         alphas=(0.2, 0.3),
-        delta=DELTA,
-        trials=trials,
-        policy=policy,
-        seed=seed,
-        cal_size=150,
+        config=calibrate.ValidationConfig(delta=DELTA, trials=trials, policy=policy, seed=seed, cal_size=150),
         fresh=fresh,
     )
     spec = calibrate.POLICIES[policy]
@@ -196,11 +195,10 @@ def test_every_measurement_equals_the_chosen_policy_applied_directly(policy: str
 
 def test_levels_share_splits_and_match_single_level_runs() -> None:
     table = simulated("strong", 600, 3)
-    levels = calibrate.validate_levels(
-        table, mode="budget", alphas=(0.1, 0.3), delta=DELTA, trials=90, seed=3
-    )
+    config = calibrate.ValidationConfig(delta=DELTA, trials=90, seed=3)
+    levels = calibrate.validate_levels(table, mode="budget", alphas=(0.1, 0.3), config=config)
     for result in levels:
-        alone = calibrate.validate(table, mode="budget", alpha=result.alpha, delta=DELTA, trials=90, seed=3)
+        alone = calibrate.validate(table, mode="budget", alpha=result.alpha, config=config)
         for key, values in alone.per_trial.items():
             np.testing.assert_array_equal(result.per_trial[key], values, err_msg=key)
         assert result.to_dict() == alone.to_dict()
@@ -236,11 +234,15 @@ def test_chunked_trials_give_the_chunks_of_one_run(monkeypatch: pytest.MonkeyPat
 
     table = simulated("weak", 500, 2)
     fresh = simulated("weak", 2000, 2, random_state=5)
-    options = dict(mode="performance", alphas=(0.25, 0.35), delta=DELTA, trials=41, policy="unc-calibrated")
-    whole = calibrate.validate_levels(table, fresh=fresh, **options)  # type: ignore[arg-type]
+    config = calibrate.ValidationConfig(delta=DELTA, trials=41, policy="unc-calibrated")
+    whole = calibrate.validate_levels(
+        table, mode="performance", alphas=(0.25, 0.35), config=config, fresh=fresh
+    )
     monkeypatch.setattr(engine, "_WORK_ELEMENTS", 3 * 500)  # 3 trials per chunk
     monkeypatch.setattr(engine, "_FRESH_CHUNK", 2)
-    chunked = calibrate.validate_levels(table, fresh=fresh, **options)  # type: ignore[arg-type]
+    chunked = calibrate.validate_levels(
+        table, mode="performance", alphas=(0.25, 0.35), config=config, fresh=fresh
+    )
     for one, other in zip(whole, chunked, strict=True):
         assert one.tested.population.selections > 0
         assert json.dumps(one.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
@@ -250,9 +252,9 @@ def test_chunked_trials_give_the_chunks_of_one_run(monkeypatch: pytest.MonkeyPat
 
 def test_hoeffding_bentkus_is_never_less_conservative() -> None:
     table = simulated("strong", 1600, 3)
-    options = dict(mode="budget", alpha=0.3, delta=DELTA, trials=300, pareto=False)
-    exact = calibrate.validate(table, **options)  # type: ignore[arg-type]
-    hb = calibrate.validate(table, pvalue="hb", **options)  # type: ignore[arg-type]
+    config = calibrate.ValidationConfig(delta=DELTA, trials=300, pareto=False)
+    exact = calibrate.validate(table, mode="budget", alpha=0.3, config=config)
+    hb = calibrate.validate(table, mode="budget", alpha=0.3, config=replace(config, pvalue="hb"))
     assert hb.pvalue_method == "hb" and hb.to_dict()["pvalue_method"] == "hb"
     # HB p-values are at least the exact ones, so fixed-sequence certifies a prefix of what the
     # exact test certifies and budget-only LTT picks a threshold no more aggressive.
@@ -276,11 +278,9 @@ def test_budget_guarantee_on_fresh_data(scenario: str, alpha: float, pareto: boo
         table,
         mode="budget",
         alpha=alpha,
-        delta=DELTA,
-        trials=trials,
-        pareto=pareto,
-        objective="accuracy",
-        cal_size=CALIBRATION,
+        config=calibrate.ValidationConfig(
+            delta=DELTA, trials=trials, pareto=pareto, objective="accuracy", cal_size=CALIBRATION
+        ),
         fresh=fresh,
     )
     assert result.fresh_sizes == {0: FRESH}
@@ -299,9 +299,7 @@ def test_performance_guarantee_on_fresh_data(scenario: str, alpha: float) -> Non
         table,
         mode="performance",
         alpha=alpha,
-        delta=DELTA,
-        trials=trials,
-        cal_size=CALIBRATION,
+        config=calibrate.ValidationConfig(delta=DELTA, trials=trials, cal_size=CALIBRATION),
         fresh=fresh,
     )
     assert result.tested.fresh is not None
@@ -311,7 +309,8 @@ def test_performance_guarantee_on_fresh_data(scenario: str, alpha: float) -> Non
 @pytest.mark.slow
 def test_pareto_filtering_is_more_conservative_with_a_weak_expert() -> None:
     scores = simulated("weak", 1600, 3)
-    pareto = calibrate.validate(scores, mode="budget", alpha=0.3, delta=DELTA, trials=2000)
-    budget_only = calibrate.validate(scores, mode="budget", alpha=0.3, delta=DELTA, trials=2000, pareto=False)
+    config = calibrate.ValidationConfig(delta=DELTA, trials=2000)
+    pareto = calibrate.validate(scores, mode="budget", alpha=0.3, config=config)
+    budget_only = calibrate.validate(scores, mode="budget", alpha=0.3, config=replace(config, pareto=False))
     assert pareto.tested.population.violation_rate < budget_only.tested.population.violation_rate
     assert pareto.tested.population.mean_realised_budget < budget_only.tested.population.mean_realised_budget

@@ -17,7 +17,8 @@ def test_violation_at_exactly_alpha_is_not_a_violation() -> None:
     y = rng.integers(0, 2, n)
     p = np.where(rng.random(n) < 0.7, y * 0.8 + 0.1, 1 - (y * 0.8 + 0.1))
     scores = {0: calibrate.Scores(label=y, probe=p, expert=p, dv=rng.normal(size=n))}
-    result = calibrate.validate(scores, mode="performance", alpha=0.3, delta=0.1, trials=2000)
+    config = calibrate.ValidationConfig(delta=0.1, trials=2000)
+    result = calibrate.validate(scores, mode="performance", alpha=0.3, config=config)
     trials = result.per_trial
     n_eval = result.split_sizes[0][2]
     errors = np.rint((1 - trials["accuracy"]) * n_eval).astype(int)

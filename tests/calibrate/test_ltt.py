@@ -21,6 +21,7 @@ import calibrate
 from calibrate import (
     POLICIES,
     Candidates,
+    ControlConfig,
     ControlResult,
     Scores,
     SweepConfig,
@@ -112,7 +113,7 @@ def random_scores(rng: np.random.Generator, n: int) -> Scores:
 
 def check_budget_control(c: Candidates, alpha: float, delta: float, pareto: bool) -> ControlResult:
     """Everything budget_control promises, from a reference computation."""
-    r = budget_control(c, alpha=alpha, delta=delta, pareto=pareto)
+    r = budget_control(c, alpha=alpha, control=ControlConfig(delta=delta, pareto=pareto))
     family = pareto_brute_force(c.est_budget, c.est_objective) if pareto else list(range(c.thresholds.size))
     expected_order = sorted(family, key=lambda i: (c.est_budget[i], -c.thresholds[i], i))
     np.testing.assert_array_equal(r.order, expected_order)
@@ -142,7 +143,7 @@ def check_budget_control(c: Candidates, alpha: float, delta: float, pareto: bool
 
 
 def check_performance_control(c: Candidates, alpha: float, delta: float, pareto: bool) -> ControlResult:
-    r = performance_control(c, alpha=alpha, delta=delta, pareto=pareto)
+    r = performance_control(c, alpha=alpha, control=ControlConfig(delta=delta, pareto=pareto))
     family = pareto_brute_force(c.est_budget, c.est_error) if pareto else list(range(c.thresholds.size))
     expected_order = sorted(family, key=lambda i: (c.est_error[i], c.est_budget[i], i))
     np.testing.assert_array_equal(r.order, expected_order)
@@ -190,7 +191,7 @@ def test_budget_control_returns_never_delegate_when_nothing_certified() -> None:
         }
     )
     for pareto in (True, False):
-        r = budget_control(c, alpha=0.1, delta=0.1, pareto=pareto)
+        r = budget_control(c, alpha=0.1, control=ControlConfig(delta=0.1, pareto=pareto))
         assert r.certified.size == 0
         assert r.stopped_at == 0
         assert r.selected == 0 and math.isinf(r.threshold) and r.threshold > 0
@@ -203,7 +204,9 @@ def test_budget_control_certified_set_matches_mapie() -> None:
     for _ in range(300):
         c = random_candidates(rng)
         alpha, delta = random_level(rng)
-        r = budget_control(c, alpha=alpha, delta=delta, pareto=bool(rng.integers(0, 2)))
+        r = budget_control(
+            c, alpha=alpha, control=ControlConfig(delta=delta, pareto=bool(rng.integers(0, 2)))
+        )
         pvalues = binomial_pvalue(c.cal_delegated[r.order], c.n_cal, alpha)
         rejected = mapie_control_fwer(pvalues, delta, fwer_method="fixed_sequence")
         assert sorted(r.certified.tolist()) == sorted(r.order[rejected].tolist())
@@ -216,7 +219,7 @@ def test_budget_control_holm_matches_mapie() -> None:
     for _ in range(150):
         c = random_candidates(rng)
         alpha, delta = random_level(rng)
-        r = budget_control(c, alpha=alpha, delta=delta, fwer="holm")
+        r = budget_control(c, alpha=alpha, control=ControlConfig(delta=delta, fwer="holm"))
         assert r.fwer == "holm"
         pvalues = binomial_pvalue(c.cal_delegated[r.order], c.n_cal, alpha)
         np.testing.assert_array_equal(r.pvalues, pvalues)
@@ -228,7 +231,7 @@ def test_budget_control_rejects_bad_levels() -> None:
     c = random_candidates(np.random.default_rng(45))
     for alpha, delta in ((0.0, 0.1), (1.0, 0.1), (0.1, 0.0), (0.1, 1.0)):
         with pytest.raises(ValueError):
-            budget_control(c, alpha=alpha, delta=delta)
+            budget_control(c, alpha=alpha, control=ControlConfig(delta=delta))
 
 
 # --------------------------------------------------------------------------- performance control
@@ -251,7 +254,7 @@ def test_performance_control_matches_mapie() -> None:
     for _ in range(150):
         c = random_candidates(rng)
         alpha, delta = random_level(rng)
-        r = performance_control(c, alpha=alpha, delta=delta)
+        r = performance_control(c, alpha=alpha, control=ControlConfig(delta=delta))
         pvalues = binomial_pvalue(c.cal_errors[r.order], c.n_cal, alpha)
         rejected = mapie_control_fwer(pvalues, delta, fwer_method="fixed_sequence")
         assert sorted(r.certified.tolist()) == sorted(r.order[rejected].tolist())
@@ -266,7 +269,7 @@ def test_empirical_control_accepts_plug_in_risk(pareto: bool) -> None:
     for _ in range(250):
         c = random_candidates(rng)
         alpha = float(rng.uniform(0.03, 0.6))
-        r = empirical_control(c, alpha=alpha, pareto=pareto)
+        r = empirical_control(c, alpha=alpha, control=ControlConfig(pareto=pareto))
         family = pareto_brute_force(c.est_budget, c.est_error) if pareto else list(range(c.thresholds.size))
         order = sorted(family, key=lambda i: (c.est_error[i], c.est_budget[i], i))
         np.testing.assert_array_equal(r.order, order)
@@ -308,9 +311,9 @@ def test_control_results_are_json_serialisable() -> None:
         c = random_candidates(rng)
         alpha, delta = random_level(rng)
         for r in (
-            budget_control(c, alpha=alpha, delta=delta),
-            budget_control(c, alpha=alpha, delta=delta, pareto=False),
-            performance_control(c, alpha=alpha, delta=delta),
+            budget_control(c, alpha=alpha, control=ControlConfig(delta=delta)),
+            budget_control(c, alpha=alpha, control=ControlConfig(delta=delta, pareto=False)),
+            performance_control(c, alpha=alpha, control=ControlConfig(delta=delta)),
         ):
             record = json.loads(json.dumps(r.to_dict(), allow_nan=False))
             assert record["order"] == r.order.tolist()

@@ -70,9 +70,7 @@ def old_report_masks(
         objective=objective if config.pareto else None,
         n_grid=config.n_grid,
     )
-    result = budget_control(
-        candidates, alpha=budget, delta=config.delta, fwer=config.fwer, pareto=config.pareto
-    )
+    result = budget_control(candidates, alpha=budget, control=config.control)
     unc = policy_signal(scores, POLICIES["unc-topk"], splits)[0][evaluation]
     return evaluation, {
         "ctd": signal[0][evaluation] > result.threshold,

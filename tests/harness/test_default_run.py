@@ -28,7 +28,7 @@ from eval_data import eval_env
 
 from harness.data._tables import read_table
 from harness.report._context import slug
-from harness.report._examples import EXAMPLE_BUDGETS
+from harness.report._summary import SUMMARY_BUDGETS
 from harness.run._config import MIN_SELECTION, RunConfig
 from harness.run._layout import RunLayout
 
@@ -116,7 +116,7 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
     examples = read_table(layout.report.examples).columns
     mine = (examples["arch"].astype(str) == arch) & (examples["split"].astype(str) == "test")
     v = examples["v"][mine].astype(float)
-    for b in EXAMPLE_BUDGETS:  # the budgets report/examples.parquet holds decisions for
+    for b in SUMMARY_BUDGETS:  # the budgets report/examples.parquet holds decisions for
         decided = np.array([d is not None for d in examples[f"ctd@{b}"][mine]])
         delegated = np.array([bool(d) for d in examples[f"ctd@{b}"][mine]]) & decided
         if delegated.any() and not v[delegated].mean() > v[decided].mean():
@@ -124,7 +124,7 @@ def default_run_shows_ctd(run: Path, arch: str = "attention") -> list[str]:
                 f"at budget {b}: mean v {v[delegated].mean():.3f} among CTD's delegated examples is not "
                 f"above the mean v {v[decided].mean():.3f} of all"
             )
-    top_example = max(EXAMPLE_BUDGETS)
+    top_example = max(SUMMARY_BUDGETS)
     if not any(bool(d) for d in examples[f"ctd@{top_example}"][mine] if d is not None):
         failures.append(f"CTD delegates nothing at budget {top_example}")
     return failures

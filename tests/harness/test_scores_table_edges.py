@@ -91,9 +91,8 @@ def test_several_probe_configurations_need_a_choice(tmp_path: Path) -> None:
 
 def test_validation_reports_counts_and_conditional_rates(table_path: Path) -> None:
     table = read_scores(table_path)
-    result = calibrate.validate(
-        table.test_scores(), mode="performance", alpha=0.25, delta=0.1, trials=60, fwer="holm"
-    )
+    config = calibrate.ValidationConfig(delta=0.1, trials=60, fwer="holm")
+    result = calibrate.validate(table.test_scores(), mode="performance", alpha=0.25, config=config)
     record = result.to_dict()
     assert record["fwer"] == "holm" and record["merge"] == "overwrite"
     assert record["violations"] == int(result.per_trial["violated"].sum())

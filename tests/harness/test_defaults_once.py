@@ -1,0 +1,149 @@
+"""Every default is written once: the commands' defaults are the config sections' (read from the
+Typer app's own parameters), `ctd eval`'s are RunConfig's, RunConfig's are the sections', and the
+engine's split fractions and grids are spelled once in the source."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+import calibrate
+from harness import ExpertSettings, ProbeSettings, RunConfig
+from harness.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _defaults(*path: str) -> dict[str, Any]:
+    """{option: default} of the command at `path` (e.g. "monitor", "calibrate")."""
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]  # a group's subcommands
+    return {max(p.opts, key=len): p.default for p in command.params}
+
+
+def _joined(values: tuple[object, ...]) -> str:
+    return ",".join(map(str, values))
+
+
+def test_calibrate_command_defaults_are_the_sweep_config() -> None:
+    sweep = calibrate.SweepConfig()
+    found = _defaults("calibrate")
+    assert found["--budgets"] is None  # None: the sweep's grid, read in the command body
+    assert {
+        "--batch-sizes": found["--batch-sizes"],
+        "--policies": found["--policies"],
+        "--objectives": found["--objectives"],
+        "--delta": found["--delta"],
+        "--merge": found["--merge"],
+        "--fwer": found["--fwer"],
+        "--pvalue": found["--pvalue"],
+        "--pareto": found["--pareto"],
+        "--split-seed": found["--split-seed"],
+    } == {
+        "--batch-sizes": _joined(sweep.batch_sizes),
+        "--policies": _joined(sweep.policies),
+        "--objectives": _joined(sweep.objectives),
+        "--delta": sweep.delta,
+        "--merge": sweep.merge,
+        "--fwer": sweep.fwer,
+        "--pvalue": sweep.pvalue,
+        "--pareto": sweep.pareto,
+        "--split-seed": sweep.split_seed,
+    }
+
+
+def test_validate_command_defaults_are_the_validation_config() -> None:
+    config = calibrate.ValidationConfig()
+    found = _defaults("validate")
+    for option, field in (
+        ("--delta", "delta"),
+        ("--trials", "trials"),
+        ("--policy", "policy"),
+        ("--objective", "objective"),
+        ("--pareto", "pareto"),
+        ("--fwer", "fwer"),
+        ("--pvalue", "pvalue"),
+        ("--merge", "merge"),
+        ("--seed", "seed"),
+        ("--cal-size", "cal_size"),
+    ):
+        assert found[option] == getattr(config, field), option
+
+
+def test_probe_and_dv_command_defaults_are_the_probe_settings() -> None:
+    settings = ProbeSettings()
+    found = _defaults("probe")
+    assert {k: found[k] for k in ("--model", "--revision", "--layer", "--max-tokens", "--batch-tokens")} == {
+        "--model": settings.model,
+        "--revision": settings.revision,
+        "--layer": settings.layer,
+        "--max-tokens": settings.max_tokens,
+        "--batch-tokens": settings.batch_tokens,
+    }
+    assert found["--device-map"] == settings.device_map
+    assert found["--arch"] == _joined(settings.archs)
+    assert found["--seeds"] == _joined(settings.seeds)
+    assert found["--epochs"] == settings.training.epochs
+    dv = _defaults("dv")
+    assert dv["--epochs"] == settings.training.epochs
+    assert dv["--target"] == calibrate.DV_TARGETS[0] == RunConfig().dv_target
+
+
+def test_monitor_calibrate_defaults_are_the_engine_and_bundle_defaults() -> None:
+    from harness.monitor._certify import calibrate_bundle  # the function the command calls
+
+    found = _defaults("monitor", "calibrate")
+    bundle = inspect.signature(calibrate_bundle).parameters
+    assert found["--delta"] == calibrate.ControlConfig().delta == bundle["delta"].default
+    assert found["--split-seed"] == bundle["split_seed"].default
+
+
+def test_eval_defaults_are_run_config_and_run_config_is_made_of_the_sections() -> None:
+    """`ctd eval`'s options default to None (RunConfig fills them, and --help shows its values);
+    RunConfig's defaults are those of the sections the stages take."""
+    found = _defaults("eval")
+    unset = {k: v for k, v in found.items() if k not in ("--help", "--json", "--force", "--dry-run")}
+    assert all(v in (None, False, ()) for v in unset.values()), unset
+    config = RunConfig()
+    assert config.probe_settings == ProbeSettings()
+    assert config.expert_settings == ExpertSettings()
+    assert config.sweep_config("default") == calibrate.SweepConfig()
+    validation = calibrate.ValidationConfig()
+    assert (config.trials, config.delta, config.pvalue) == (
+        validation.trials,
+        validation.delta,
+        validation.pvalue,
+    )
+
+
+# Each engine default, as it would be spelled if written again: (pattern, where it may appear).
+SPELLED_ONCE = {
+    r"\b0\.3\b.*(?:est|D_est)|est_fraction\s*[:=][^=]*\b0\.3\b": 0,  # EST_FRACTION = 0.3 names it
+    r"EST_FRACTION\s*=\s*0\.3": 1,
+    r"CAL_FRACTION\s*=\s*0\.5": 1,
+    r"cal_fraction\s*:\s*float\s*=\s*0\.5": 0,
+    r"\(32, 64, 128\)": 1,
+    r"delta\s*:\s*float\s*=\s*0\.1|DeltaOption\s*=\s*0\.1|\]\s*=\s*0\.1,": 0,
+    r"n_grid\s*:\s*int\s*=\s*100": 0,
+    r"trials\s*:\s*int\s*=\s*500|\]\s*=\s*500,": 0,
+    r"= \(0\.1, 0\.2, 0\.3\)": 1,
+}
+
+
+@pytest.mark.parametrize("pattern", list(SPELLED_ONCE))
+def test_engine_defaults_are_spelled_once(pattern: str) -> None:
+    """Outside tests, a default of the engine is a named constant, not a number written again."""
+    hits = [
+        f"{path.relative_to(REPO)}:{number}"
+        for package in ("calibrate", "harness", "probes", "experts")
+        for path in sorted((REPO / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if not line.lstrip().startswith("#") and re.search(pattern, line)
+    ]
+    assert len(hits) == SPELLED_ONCE[pattern], hits
