@@ -228,6 +228,12 @@ class RunLayout:
     def bundle(self, name: str) -> BundleLayout:
         return BundleLayout(self.monitor / name)
 
+    @property
+    def expert(self) -> Path:
+        """The expert the query stage asked (`harness.expert.ResolvedExpert.write`), as
+        `ctd monitor calibrate` puts it in a bundle (JSON)."""
+        return self.query / "expert.json"
+
 
 @dataclass(frozen=True)
 class BundleLayout:
