@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import experts
-from experts import ConfigError, EndpointCheck, ExpertSpec, InvalidSetting
+from experts import ConfigError, ExpertSpec, InvalidSetting
 
 from ._errors import InputError
 from ._signals import run_stoppable
+
+if TYPE_CHECKING:  # the endpoint check's module brings the HTTP client: not for --help
+    from experts import EndpointCheck
 
 __all__ = [
     "EXPERT_FIELDS",
