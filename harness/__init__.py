@@ -1,7 +1,8 @@
 """The harness: `ctd eval` and every stage as a library a notebook can call, and the `ctd` CLI.
 
 Rooms: `harness.run` (configuration, run folder layout, run log, the runner), `harness.stages`
-(probe, query, dv, calibrate, validate, report), `harness.data` (data sets, data specs, the scores
+(probe, query, dv, calibrate, validate, report), `harness.expert` (the expert of a run or a command,
+resolved once from --expert), `harness.data` (data sets, data specs, the scores
 table, table I/O, simulation), `harness.report` (the report, from files), `harness.cli` (thin
 Typer commands over this API).
 
@@ -23,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "Example": ".data",
     "InputError": "._errors",
     "ProbeSettings": ".run",
+    "ResolvedExpert": ".expert",
     "Roots": ".run",
     "RunConfig": ".run",
     "RunFailed": "._errors",
@@ -36,12 +38,13 @@ _EXPORTS: dict[str, str] = {
     "dv_stage": ".stages",
     "load_data": ".data",
     "load_run_config": ".run",
-    "pick_expert": ".stages",
+    "pick_expert": ".expert",
     "probe_stage": ".stages",
     "query_dataset": ".stages",
     "query_items": ".stages",
     "read_scores": ".data",
     "read_table": ".data",
+    "resolve_expert": ".expert",
     "run_eval": "._eval",
     "scores_from_columns": ".data",
     "simulate": ".stages",

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import calibrate
-from experts import ExpertSpec
 from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
 from .data._dataspec import DataSplits, load_data
 from .data._tables import atomic_path, read_table
+from .expert import ResolvedExpert, resolve_expert
 from .report import read_warnings
 from .run._config import RunConfig
 from .run._context import RunContext
@@ -32,7 +32,7 @@ from .run._stage import Stage, StageOutcome
 from .stages._calibrate import CalibrateStage
 from .stages._dv import DVStage
 from .stages._probe import ProbeStage, probe_stage
-from .stages._query import pick_expert, preflight_cache, preflight_expert
+from .stages._query import preflight_cache
 from .stages._query_stage import QueryStage
 from .stages._report import ReportStage
 from .stages._validate import ValidateStage
@@ -52,7 +52,7 @@ class EvalResult:
 @dataclass(frozen=True)
 class _Prepared:
     data: DataSplits
-    spec: ExpertSpec
+    expert: ResolvedExpert
     model: ModelInfo
     roots: Roots
     layout: RunLayout
@@ -63,7 +63,7 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     caches), data spec, expert, model and layer, budgets against the test split's size."""
     check_roots(runs_root)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
-    spec = pick_expert(config.expert, model=config.expert_model)
+    expert = resolve_expert(config.expert, model=config.expert_model, named=config.expert_named)
     try:
         model = describe_model(config.model, revision=config.revision)
         resolve_layer(config.layer, model.n_layers, model.config)
@@ -74,7 +74,7 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
         raise InputError(_budgets_too_small(config, len(data.test), n_cal))
     roots = Roots.resolve(runs_root)
     roots = Roots(runs=roots.runs, store=roots.store.resolve(), cache=roots.cache.resolve())
-    return _Prepared(data, spec, model, roots, roots.run(config.run_name))
+    return _Prepared(data, expert, model, roots, roots.run(config.run_name))
 
 
 def _budgets_too_small(config: RunConfig, n_test: int, n_cal: int) -> str:
@@ -116,7 +116,7 @@ def run_eval(
     above the bars. `retry_failed` reruns the query stage when it recorded expert failures
     (answers already in the cache are not asked again)."""
     prepared = _prepare(config, runs_root)
-    spec, layout = prepared.spec, prepared.layout
+    expert, layout = prepared.expert, prepared.layout
     progress = display or StageProgress(enabled=False)
     ctx = RunContext(
         config=config,
@@ -124,7 +124,7 @@ def run_eval(
         layout=layout,
         manifests=Manifests(layout),
         data=prepared.data,
-        spec=spec,
+        expert=expert,
         model=prepared.model,
         progress=progress,
     )
@@ -147,10 +147,10 @@ def run_eval(
     if not manifests.up_to_date("query", query.fingerprint()[0]):
         # A damaged, full or read-only cache costs no request.
         items = [example.item() for example in query.examples()]
-        missing = preflight_cache(ctx.roots.cache, spec, items)
-        may_serve = config.serve == "auto" and spec.server != "external"
+        missing = preflight_cache(ctx.roots.cache, expert.spec, items)
+        may_serve = config.serve == "auto" and expert.spec.server != "external"
         if missing:
-            start_server = preflight_expert(spec, named=config.expert_named, serve=may_serve)
+            start_server = expert.preflight(serve=may_serve)
             query = QueryStage(ctx, start_server=start_server, may_serve=may_serve)
         else:
             manifests.log(f"query: all {len(items)} answers are in the cache; the expert is not needed")

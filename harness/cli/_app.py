@@ -73,7 +73,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     records that it was interrupted and a local expert server the run started is stopped, rather
     than the process dying with the server left running. The SIGINT handler in force is reused
     so that inside asyncio.run the main task is cancelled the same way. The query stage's event
-    loop takes both signals itself while it runs (`harness.run._signals`: the expert client is
+    loop takes both signals itself while it runs (`harness._signals`: the expert client is
     drained, whether SIGINT is ignored or not), so this handler does not raise inside those loops."""
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):

@@ -16,6 +16,7 @@ import experts
 from .._errors import EXIT_FAILED, InputError
 from ..data._datasets import read_dataset
 from ..data._tables import atomic_path, check_writable, write_table
+from ..expert import resolve_expert
 from ..run._layout import Roots
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
@@ -114,10 +115,7 @@ def cache_explain(
         )
     if data is None or (expert is None and expert_url is None):
         return
-    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
-    from ..stages._query import pick_expert
-
-    spec = pick_expert(expert, expert_url, expert_model, method)
+    spec = resolve_expert(expert, expert_url, expert_model, method).spec
     matches = [item for item in read_dataset(data).items if item.id == item_id]
     if not matches:
         raise InputError(f"{data}: no example with id {item_id!r}")

@@ -18,6 +18,7 @@ from experts import ConfigError, InvalidSetting, ScoringMethod
 
 from .._bounds import LIMITS, check_count
 from .._errors import InputError
+from ..expert import ResolvedExpert, resolve_expert
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import ExpertModelOption, ExpertUrlOption, JsonOption, MethodOption
 
@@ -207,12 +208,9 @@ def experts_check(
 ) -> None:
     """Probe an endpoint: reachable, served model, chat logprobs, completions echo, and the
     scoring method that will be used. Exit code 2 if the expert cannot be used as configured."""
-    # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
-    from ..stages._query import check_expert, pick_expert
-
-    spec = pick_expert(name, expert_url, expert_model, method)
-    _warn_unset_key(spec)
-    report = check_expert(spec)
+    expert = resolve_expert(name, expert_url, expert_model, method)
+    _warn_unset_key(expert.spec)
+    report = expert.check()
     if json_output:
         print_json(asdict(report))
     else:
@@ -262,8 +260,6 @@ def experts_serve(
 ) -> None:
     """Start a local server for an expert (llama.cpp on CPU for smollm2, vLLM for smollm2-vllm
     and the GPU entries), wait until it answers, and keep it running until Ctrl-C or SIGTERM."""
-    from ..stages._query import local_server  # the expert engine loads when the command runs
-
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
@@ -272,9 +268,7 @@ def experts_serve(
     except InvalidSetting as exc:
         raise InputError(f"--{exc.setting.replace('_', '-')} {exc.shown}: {exc.problem}") from None
     log = log or Path(tempfile.gettempdir()) / f"ctd-serve-{name}-{os.getuid()}.log"  # one per user
-    server = local_server(
-        registry[name],
-        named=f"expert {name}",
+    server = ResolvedExpert(registry[name], named=f"expert {name}").local_server(
         port=port,
         log=None if dry_run else log,
         vllm=vllm,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .._errors import MAX_FAILED, check_max_failed
+from ..expert import resolve_expert
 from ..run._progress import StageProgress
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
@@ -56,10 +57,10 @@ def query_command(
     examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
     """
     # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
-    from ..stages._query import pick_expert, query_dataset
+    from ..stages._query import query_dataset
 
     check_max_failed(max_failed)
-    spec = pick_expert(expert, expert_url, expert_model, method)
+    spec = resolve_expert(expert, expert_url, expert_model, method).spec
     try:
         with StageProgress(enabled=not json_output) as progress:
             summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)

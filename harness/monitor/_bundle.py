@@ -21,6 +21,7 @@ from experts import ExpertSpec
 
 from .._errors import InputError
 from ..data._tables import read_json
+from ..expert import spec_from_record
 from ..run._layout import BundleLayout
 from ..run._log import file_sha256
 
@@ -40,8 +41,6 @@ BUNDLE_VERSION = 2  # 2: content hashes of what was certified, and the test orde
 ControlMode = calibrate.CertifiedMode
 CONTROL_MODES: tuple[str, ...] = calibrate.CERTIFIED_MODES
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
-# What the expert entry keeps: where and how to ask, never a key (api_key_env names a variable).
-EXPERT_FIELDS = ("name", "base_urls", "model", "method", "template", "top_logprobs", "api_key_env")
 # One plain folder name: no separator, no '.'/'..', nothing hidden (staging folders start with '.').
 BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # What each mode tests in order and selects by (calibrate's budget_control / performance_control).
@@ -95,7 +94,7 @@ class Bundle:
         entry = dict(self.record["expert"])
         entry["base_urls"] = (url,) if url else tuple(entry["base_urls"])
         try:
-            return ExpertSpec(**entry, source=str(self.layout.record))
+            return spec_from_record(entry, source=str(self.layout.record))
         except Exception as error:  # InvalidSetting: a URL that cannot work, a bad field
             raise InputError(f"{self.layout.record}: expert entry: {error}") from None
 

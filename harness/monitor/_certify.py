@@ -17,18 +17,18 @@ from pathlib import Path
 import numpy as np
 
 import calibrate
+from experts import ExpertSpec
 
 from .._errors import InputError
 from ..data._scores import BINARY_SUFFIX, read_scores
 from ..data._tables import write_json
-from ..run._config import load_run_config
+from ..expert import expert_record, read_expert, resolve_expert
+from ..run._config import RunConfig, load_run_config
 from ..run._layout import RunLayout
 from ..run._log import file_sha256
-from ..stages._query import pick_expert
 from ._bundle import (
     BUNDLE_VERSION,
     CONTROL_MODES,
-    EXPERT_FIELDS,
     POLICY,
     PROCEDURE,
     ControlMode,
@@ -39,7 +39,15 @@ from ._bundle import (
     stage_bundle,
 )
 
-__all__ = ["BundleWritten", "TestRows", "calibrate_bundle", "certify", "deploy_splits", "test_rows"]
+__all__ = [
+    "BundleWritten",
+    "TestRows",
+    "calibrate_bundle",
+    "certify",
+    "deploy_splits",
+    "queried_expert",
+    "test_rows",
+]
 
 PROBE_SUFFIXES = (".safetensors", ".json")
 
@@ -110,6 +118,14 @@ def certify(
     return candidates, control(candidates, alpha=alpha, control=calibrate.ControlConfig(delta=delta))
 
 
+def queried_expert(layout: RunLayout, config: RunConfig) -> ExpertSpec:
+    """The expert the run's query stage asked, as it wrote it (query/expert.json), whatever the
+    registry says now. A run made before the query stage wrote that file has none: its expert
+    is resolved from its config.toml (`expert`, `expert_model`) against the registry in force,
+    as it always was."""
+    return read_expert(layout.query.expert) or resolve_expert(config.expert, model=config.expert_model).spec
+
+
 def _number(value: float) -> float | str:
     return "inf" if np.isposinf(value) else float(value)
 
@@ -177,9 +193,7 @@ def calibrate_bundle(
     if not result.has_policy:
         return BundleWritten(result, None)
 
-    spec = pick_expert(config.expert, None, config.expert_model)  # a registered name or a URL
-    expert = {key: getattr(spec, key) for key in EXPERT_FIELDS}
-    expert["base_urls"] = list(spec.base_urls)  # as registered: a $VAR override is not resolved into it
+    expert = expert_record(queried_expert(layout, config))
     selected = int(result.selected) if result.selected is not None else None
     record = {
         "version": BUNDLE_VERSION,

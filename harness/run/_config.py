@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import calibrate
-import experts
 from probes import ARCHS, Arch
 
 from .._bounds import check_count, check_counts, check_list_length
 from .._errors import MAX_FAILED, InputError, check_max_failed
+from ..expert import check_expert_url, is_url
 from ._sections import ExpertSettings, ProbeSettings, Serve
 
 __all__ = ["DV_TARGET_CHOICES", "MIN_SELECTION", "DVTargetChoice", "RunConfig", "load_run_config"]
@@ -120,16 +120,8 @@ class RunConfig:
             raise InputError(f"--serve {self.serve}: choose from auto, never")
         if self.dv_target not in DV_TARGET_CHOICES:
             raise InputError(f"--dv-target {self.dv_target}: choose from {', '.join(DV_TARGET_CHOICES)}")
-        if self.expert.startswith(("http://", "https://")):
-            # The URL is written to config.toml, run.json and the report: no secrets in it.
-            try:
-                experts.check_base_url(self.expert, "--expert")
-            except experts.InvalidSetting as error:
-                raise InputError(f"--expert {error.shown}: {error.problem}") from None
-            if not self.expert_model:
-                raise InputError(
-                    f"--expert {self.expert}: a URL needs --expert-model (the served model name)"
-                )
+        if is_url(self.expert):  # written to config.toml, run.json and the report: no secrets in it
+            check_expert_url(self.expert, option="--expert", model=self.expert_model)
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
             raise InputError(f"--name {self.name!r}: use letters, digits, '.', '_' and '-'")
 

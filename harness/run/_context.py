@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experts import ExpertSpec
 from probes import ModelInfo
 
 from ..data._dataspec import DataSplits
+from ..expert import ResolvedExpert
 from ._config import RunConfig
 from ._layout import Roots, RunLayout
 from ._log import Manifests
@@ -23,6 +23,6 @@ class RunContext:
     layout: RunLayout  # this run's folder
     manifests: Manifests
     data: DataSplits
-    spec: ExpertSpec  # the expert, resolved from --expert
+    expert: ResolvedExpert  # the expert, resolved once from --expert (and --expert-model)
     model: ModelInfo  # the monitored model's identity and shape (no weights loaded)
     progress: ProgressFn  # the run's display (shows nothing under --json)

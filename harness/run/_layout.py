@@ -14,7 +14,7 @@ A run folder `runs/NAME/` holds:
     probe/                 probe_scores.parquet, stores.json, probe_metrics.json
     probe/probes/          every trained safety probe: ARCH-seedS.safetensors and .json
     query/                 expert_scores.parquet (with each input's start and the expert's top
-                           tokens), failed.csv, server.log
+                           tokens), failed.csv, server.log, expert.json (the expert asked)
     dv/                    scores-TARGET.parquet, dv_metrics.json
     dv/probes/             every trained DV probe: TARGET-ARCH-seedS.safetensors and .json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
@@ -240,6 +240,12 @@ class QueryLayout:
     @property
     def server_log(self) -> Path:
         return self.root / "server.log"
+
+    @property
+    def expert(self) -> Path:
+        """The expert the query stage asked (`harness.expert.ResolvedExpert.write`), as
+        `ctd monitor calibrate` puts it in a bundle (JSON; a key only ever as its variable's name)."""
+        return self.root / "expert.json"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
-"""The library API behind `ctd query`, `ctd experts`, `ctd cache` and the query stage
-(`harness.stages._query_stage`): which expert (`pick_expert`, the one resolver of every command),
-whether it can answer (`check_expert`, asked once per run), and scoring items through the shared
-cache into a table (`query_items`)."""
+"""The library API behind `ctd query` and the query stage (`harness.stages._query_stage`):
+scoring items with an expert (resolved once by `harness.expert`) through the shared cache into a
+table (`query_items`), and what the cache already holds (`preflight_cache`)."""
 
 from __future__ import annotations
 
@@ -16,72 +15,25 @@ from pathlib import Path
 import numpy as np
 
 import experts
-from experts import (
-    ConfigError,
-    EndpointCheck,
-    ExpertSpec,
-    InvalidSetting,
-    Item,
-    RunStats,
-    ScoreCache,
-    check_endpoint,
-)
+from experts import ConfigError, ExpertSpec, Item, RunStats, ScoreCache
 
 from .._errors import InputError, check_failed_fraction
+from .._signals import stop_signals
 from ..data._datasets import read_dataset
 from ..data._tables import check_writable, write_table
+from ..expert import check_expert
 from ..run._layout import Roots
-from ..run._signals import run_stoppable, stop_signals
 from ..run._stage import ProgressFn
 
 __all__ = [
     "ExpertProgress",
     "QuerySummary",
-    "check_expert",
     "check_request_sizes",
-    "local_server",
-    "pick_expert",
     "preflight_cache",
-    "preflight_expert",
     "query_dataset",
     "query_items",
     "uncached_count",
 ]
-
-
-def _is_url(value: str) -> bool:
-    return value.startswith(("http://", "https://"))
-
-
-def pick_expert(
-    expert: str | None,
-    url: str | None = None,
-    model: str | None = None,
-    method: experts.ScoringMethod | None = None,
-) -> ExpertSpec:
-    """The expert of every command: `--expert NAME` (registered), or a base URL given as
-    `--expert URL` or `--expert-url URL`, with `--expert-model NAME`. Registry errors become one
-    line; a URL that cannot work (credentials in it included) is named by its option, redacted."""
-    if (expert is None) == (url is None):
-        raise InputError("give --expert NAME (or a base URL with --expert-model NAME), or --expert-url URL")
-    option, target = ("--expert-url", url) if url is not None else ("--expert", expert)
-    assert target is not None
-    try:
-        if _is_url(target) or url is not None:
-            if not model:
-                raise InputError(f"{option} {target}: a URL needs --expert-model (the served model name)")
-            spec = experts.expert_from_url(target, model)
-        else:
-            spec = experts.resolve_expert(target)
-    except InvalidSetting as exc:
-        if exc.setting == "base_urls" and (url is not None or _is_url(target)):
-            raise InputError(f"{option} {exc.shown}: {exc.problem}") from None
-        if exc.setting == "model" and model is not None:
-            raise InputError(f"--expert-model {exc.shown}: {exc.problem}") from None
-        raise InputError(str(exc)) from None
-    except ConfigError as exc:
-        raise InputError(f"{option} {target}: {exc}" if _is_url(target) else str(exc)) from None
-    return replace(spec, method=method) if method else spec
 
 
 def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
@@ -99,80 +51,6 @@ def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
             spec.rate.check_fits(request.tokens)
         except ConfigError as exc:
             raise InputError(f"example {item.id!r}: {exc} (expert {spec.name}, {spec.source})") from None
-
-
-def check_expert(spec: ExpertSpec) -> EndpointCheck:
-    """Can the endpoint score (reachable, model served, logprobs or echo)? Nothing is cached.
-    A stop signal ends it as KeyboardInterrupt."""
-    return run_stoppable(check_endpoint(spec))
-
-
-def local_server(
-    spec: ExpertSpec,
-    *,
-    named: str,
-    port: int | None = None,
-    log: Path | None = None,
-    move_if_taken: bool = False,
-    vllm: experts.VllmSettings | None = None,
-    prepare: bool = True,
-) -> experts.LocalServer:
-    """The local server for `spec` (not started). A llama.cpp entry serves the embedded model's
-    GGUF, found (or fetched once) by the same function that gives the probe stage its weights; a
-    vLLM entry whose hf_model is the embedded model serves the Hugging Face folder converted from
-    that GGUF (the probe stage's own). InputError, starting with `named` (the expert as the user
-    gave it: "--expert X", "the default expert smollm2"), when the weights or the server's
-    package are missing. `move_if_taken`: a run's own server, which serves on a free
-    port when the expert's is taken; `vllm`: a vLLM server's resources (default: the device's);
-    `prepare=False`: the command only (a dry run), the GGUF not converted for vLLM."""
-    gguf = folder = None
-    if spec.server == "llama.cpp" or (spec.server == "vllm" and spec.hf_model == _EMBEDDED):
-        # Imported here: only a local expert on the embedded model needs it (probes is heavy).
-        from probes import ProbeError, embedded_gguf
-
-        try:
-            gguf = embedded_gguf()
-            if spec.server == "vllm":
-                gguf, folder = None, _embedded_folder(gguf, convert=prepare)
-        except ProbeError as error:
-            raise InputError(f"{named}: {error}") from None
-    try:
-        server = experts.LocalServer(
-            spec, port=port, gguf=gguf, folder=folder, vllm=vllm, log=log, move_if_taken=move_if_taken
-        )
-    except ConfigError as error:
-        raise InputError(f"{named}: {error}") from None
-    if server.missing():
-        raise InputError(f"{named}: {server.missing()}")
-    return server
-
-
-_EMBEDDED = "smollm2"  # probes.EMBEDDED_MODEL, spelled here so that the registry check costs no import
-
-
-def _embedded_folder(gguf: Path, *, convert: bool = True) -> Path:
-    """The embedded model as a Hugging Face folder (float weights, tokenizer, chat template), made
-    once from its GGUF by the probe stage's conversion and shared with it (a minute, once)."""
-    from probes import gguf_as_folder
-
-    return gguf_as_folder(gguf, convert=convert)
-
-
-def preflight_expert(spec: ExpertSpec, *, named: str, serve: bool) -> bool:
-    """A run's one endpoint check, before any expensive work. True when the expert is a local
-    server (llama.cpp or vLLM) that `serve` allows the run to start for the query stage: none
-    answers at its URL, or what answers there lists other models (another program on its port:
-    the run's own server then moves to a free port). Its weights are then found or fetched, and
-    its package checked. Any other problem (a server of its model that cannot score, one that
-    refuses the key) is one InputError starting with `named`."""
-    report = check_expert(spec)
-    if report.ok:
-        return False
-    another_program = bool(report.served_models) and not report.model_served
-    if serve and spec.server != "external" and (not report.reachable or another_program):
-        local_server(spec, named=named)
-        return True
-    raise InputError(f"{named}: {report.problem}")
 
 
 def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:

@@ -1,5 +1,6 @@
 """`ctd eval`'s query stage: every dev and test example through the expert and the shared cache,
-with the run's own local server (llama.cpp or vLLM) when the run starts one."""
+with the run's own local server (llama.cpp or vLLM) when the run starts one; the expert it asked
+is written beside its table."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..data._tables import read_table, write_table
 from ..run._context import RunContext
 from ..run._log import fingerprint
 from ..run._stage import StageResult
-from ._query import QuerySummary, check_expert, local_server, preflight_cache, preflight_expert, query_items
+from ._query import QuerySummary, preflight_cache, query_items
 
 __all__ = ["QueryStage", "expert_identity"]
 
@@ -29,13 +30,15 @@ __all__ = ["QueryStage", "expert_identity"]
 @dataclass(frozen=True)
 class QueryStage:
     """`ctd eval`'s query stage: every dev and test example through the expert and the shared
-    cache into query/expert_scores.parquet. The endpoint was checked once before the run
-    (`preflight_expert`); `start_server` says that check found a local server to start, and
-    `may_serve` that the run may start one (a local llama.cpp or vLLM expert, `--serve auto`): then a
-    local server this run found running (another run's) that goes away mid-stage is replaced by
-    one of its own, and the stage goes on from the cache. A server the run starts is its own: on
-    the expert's port when that is free, else on a free one (requests go there, the cache key
-    stays the expert's URL), and ready only when that very process answers.
+    cache into query/expert_scores.parquet, and the expert asked (its resolved spec, no key)
+    into query/expert.json for `ctd monitor calibrate`. The endpoint was checked once before the
+    run (`ResolvedExpert.preflight`); `start_server` says that check found a local server to
+    start, and `may_serve` that the run may start one (a local llama.cpp or vLLM expert,
+    `--serve auto`): then a local server this run found running (another run's) that goes away
+    mid-stage is replaced by one of its own, and the stage goes on from the cache. A server the
+    run starts is its own: on the expert's port when that is free, else on a free one (requests
+    go there, the cache key stays the expert's URL), and ready only when that very process
+    answers.
 
     `checked` False: every answer was in the cache when the run began, so the expert was neither
     checked nor started (it may be down). Answers gone from the cache since then (a `ctd cache`
@@ -50,13 +53,16 @@ class QueryStage:
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         inputs = {f"data.{s}": self.ctx.data.content_hash(s) for s in ("dev", "test")}
-        return fingerprint({"inputs": inputs, "expert": expert_identity(self.ctx.spec)}), inputs
+        return fingerprint({"inputs": inputs, "expert": expert_identity(self.ctx.expert.spec)}), inputs
 
     def reusable(self) -> bool:
         return True
 
     def outputs(self) -> list[Path]:
-        return [self.ctx.layout.query.expert_scores]
+        # A manifest written before expert.json existed records the table alone, and a rerun
+        # checks what its manifest records: such a run stays up to date (its bundle resolves
+        # the expert as before, see `harness.monitor._certify.queried_expert`).
+        return [self.ctx.layout.query.expert_scores, self.ctx.layout.query.expert]
 
     def examples(self) -> list[Example]:
         """What the stage asks the expert about: every dev example, then every test example."""
@@ -66,10 +72,10 @@ class QueryStage:
         ctx = self.ctx
         examples = self.examples()
         if not self.checked:
-            missing = preflight_cache(ctx.roots.cache, ctx.spec, [e.item() for e in examples])
+            missing = preflight_cache(ctx.roots.cache, ctx.expert.spec, [e.item() for e in examples])
             if missing:
                 ctx.manifests.log(f"query: {missing} answers left the cache since the run began")
-                start_server = preflight_expert(ctx.spec, named=ctx.config.expert_named, serve=self.may_serve)
+                start_server = ctx.expert.preflight(serve=self.may_serve)
                 return replace(self, checked=True, start_server=start_server).run()
         out = ctx.layout.query.expert_scores
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,11 +86,14 @@ class QueryStage:
             # Another run's local server, found answering at the expert's URL before the run and
             # used on purpose, stopped when that run ended: start this run's own and go on from
             # the cache.
-            if self.start_server or not self.may_serve or check_expert(ctx.spec).reachable:
+            if self.start_server or not self.may_serve or ctx.expert.check().reachable:
                 raise
-            ctx.manifests.log(f"the local server for {ctx.spec.name} (another run's) went away: {error}")
+            ctx.manifests.log(
+                f"the local server for {ctx.expert.spec.name} (another run's) went away: {error}"
+            )
             with replace(self, start_server=True)._server() as spec:
                 summary = self._query(examples, out, spec)
+        ctx.expert.write(ctx.layout.query.expert)
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
             f"{summary.shared} shared with an identical example, "
@@ -118,7 +127,8 @@ class QueryStage:
     def _server(self) -> Iterator[ExpertSpec]:
         """The run's expert for the length of the stage: as resolved, or when the check found no
         server, routed to a local llama.cpp server of the run's own, started here."""
-        spec, manifests = self.ctx.spec, self.ctx.manifests
+        expert, manifests = self.ctx.expert, self.ctx.manifests
+        spec = expert.spec
         if not self.start_server:
             yield spec
             return
@@ -128,12 +138,11 @@ class QueryStage:
             from probes import release_device_memory
 
             release_device_memory()
-        named = self.ctx.config.expert_named
-        server = local_server(spec, named=named, log=self.ctx.layout.query.server_log, move_if_taken=True)
+        server = expert.local_server(log=self.ctx.layout.query.server_log, move_if_taken=True)
         try:
             server.start()
         except ConfigError as error:
-            raise InputError(f"{named}: the local server did not start: {error}") from None
+            raise InputError(f"{expert.named}: the local server did not start: {error}") from None
         assert server.process is not None
         asked = spec.resolved_urls()[0].rstrip("/")
         taken = f", {asked} being taken" if server.url != asked else ""

@@ -30,7 +30,7 @@ import experts
 from experts._prompts import load_template
 from experts._scoring import build_request
 from harness.data._datasets import read_dataset
-from harness.stages._query import local_server
+from harness.expert import ResolvedExpert
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_expert_speed import stage
@@ -82,7 +82,8 @@ def main() -> None:
                     rate=dataclasses.replace(spec.rate, concurrency=concurrency),
                 )
                 started = time.perf_counter()
-                with local_server(served, named=f"expert {name}", log=work / f"{name}.log") as server:
+                resolved = ResolvedExpert(served, named=f"expert {name}")
+                with resolved.local_server(log=work / f"{name}.log") as server:
                     up = time.perf_counter() - started
                     warm = build_request(
                         "next-token", load_template(spec.template), WARM_UP, spec.model, top_logprobs=10

@@ -147,22 +147,23 @@ def test_the_port_and_settings_reach_a_moved_server(tmp_path: Path) -> None:
 def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from harness import expert
     from harness._errors import InputError
-    from harness.stages import _query
 
     down = experts.EndpointCheck(url=SPEC.base_urls[0], problem="unreachable")
-    monkeypatch.setattr(_query, "check_expert", lambda spec: down)
-    monkeypatch.setattr(_query, "_embedded_folder", lambda gguf, convert=True: tmp_path)
+    monkeypatch.setattr(expert, "check_expert", lambda spec: down)
+    monkeypatch.setattr(expert, "_embedded_folder", lambda gguf, convert=True: tmp_path)
     monkeypatch.setenv(experts.VLLM_ENV_VAR, str(_fake_env(tmp_path / "env", "exit 1\n")))
-    assert _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=True) is True
-    server = _query.local_server(SPEC, named="--expert smollm2-vllm")
+    resolved = expert.ResolvedExpert(SPEC, named="--expert smollm2-vllm")
+    assert resolved.preflight(serve=True) is True
+    server = resolved.local_server()
     assert _flag(server.command, "--model") == str(tmp_path)
     assert server.environment == VllmSettings().environment()
     with pytest.raises(InputError, match="unreachable"):
-        _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=False)
+        resolved.preflight(serve=False)
     monkeypatch.setenv(experts.VLLM_ENV_VAR, str(tmp_path / "none"))
     with pytest.raises(InputError, match="ctd experts setup vllm"):
-        _query.preflight_expert(SPEC, named="--expert smollm2-vllm", serve=True)
+        resolved.preflight(serve=True)
 
 
 def test_a_process_the_server_leaves_behind_is_killed() -> None:

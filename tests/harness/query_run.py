@@ -1,5 +1,5 @@
 """One run's query stage in a process of its own, as `ctd eval` runs it on the default expert
-(the embedded smollm2, `--serve auto`): the run's one endpoint check (`preflight_expert`), then
+(the embedded smollm2, `--serve auto`): the run's one endpoint check (`ResolvedExpert.preflight`), then
 `QueryStage`, which starts the run's own local llama.cpp server when the check found none. The
 rest of `ctd eval` (probes, calibration, report) costs minutes on 2 cores and has no part in
 which server a run talks to, so it is left out.
@@ -17,20 +17,20 @@ import time
 from pathlib import Path
 
 from harness.data._dataspec import load_data
+from harness.expert import resolve_expert
 from harness.run._config import RunConfig
 from harness.run._context import RunContext
 from harness.run._layout import Roots
 from harness.run._log import Manifests
 from harness.run._progress import StageProgress
-from harness.stages._query import pick_expert, preflight_expert
 from harness.stages._query_stage import QueryStage
 from probes import ModelInfo
 
 
 def main(name: str, limit: int, hold: Path) -> int:
     data = load_data(None, limit=limit)
-    spec = pick_expert("smollm2")
-    start_server = preflight_expert(spec, named="the default expert smollm2", serve=True)
+    expert = resolve_expert("smollm2", named="the default expert smollm2")
+    start_server = expert.preflight(serve=True)
     hold.with_suffix(".checked").write_text(str(start_server))
     while not hold.exists():
         time.sleep(0.05)
@@ -41,7 +41,7 @@ def main(name: str, limit: int, hold: Path) -> int:
         layout=layout,
         manifests=Manifests(layout),
         data=data,
-        spec=spec,
+        expert=expert,
         model=ModelInfo(identity="unused by the query stage", n_layers=1, config=None),
         progress=StageProgress(enabled=False),
     )

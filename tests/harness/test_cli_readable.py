@@ -17,10 +17,10 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd
 from rich.console import Console
 
 from harness.cli._common import shown
+from harness.expert import check_expert, pick_expert
 from harness.run._config import RunConfig
 from harness.run._log import RUN_LOG_VERSION, RunLog, RunLogError, StageStatus
 from harness.run._progress import StageProgress
-from harness.stages._query import check_expert, pick_expert
 
 # RunConfig fields whose default is not a value of the option: derived, or empty meaning "built-in".
 # Defaults of None, described in words in their help ("default: ...").

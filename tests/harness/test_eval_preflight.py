@@ -18,12 +18,12 @@ from fault_server import FaultPlan, RunningServer
 
 from harness._errors import InputError
 from harness.data._dataspec import load_data
+from harness.expert import resolve_expert
 from harness.run._config import RunConfig
 from harness.run._context import RunContext
 from harness.run._layout import Roots
 from harness.run._log import Manifests
 from harness.run._progress import StageProgress
-from harness.stages._query import pick_expert, preflight_expert
 from harness.stages._query_stage import QueryStage
 from probes import ModelInfo
 
@@ -114,10 +114,10 @@ def test_another_program_on_a_local_experts_port_lets_the_run_serve_its_own(
     named = "the default expert smollm2"
     with RunningServer(model="another-model") as other:
         monkeypatch.setenv("CTD_SMOLLM2_URL", other.url)
-        spec = pick_expert("smollm2")
-        assert preflight_expert(spec, named=named, serve=True) is True
+        expert = resolve_expert("smollm2", named=named)
+        assert expert.preflight(serve=True) is True
         with pytest.raises(InputError, match=r"^the default expert smollm2: .*serves another-model"):
-            preflight_expert(spec, named=named, serve=False)
+            expert.preflight(serve=False)
 
     @web.middleware
     async def require_key(request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -128,7 +128,7 @@ def test_another_program_on_a_local_experts_port_lets_the_run_serve_its_own(
     with locked:
         monkeypatch.setenv("CTD_SMOLLM2_URL", locked.url)
         with pytest.raises(InputError, match=r"^the default expert smollm2: .*HTTP 401"):
-            preflight_expert(pick_expert("smollm2"), named=named, serve=True)
+            resolve_expert("smollm2", named=named).preflight(serve=True)
 
 
 def test_eval_help_says_what_each_shared_path_is(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def query_context(tmp_path: Path, url: str) -> RunContext:
         layout=layout,
         manifests=Manifests(layout),
         data=data,
-        spec=pick_expert(url, model="fault-model"),
+        expert=resolve_expert(url, model="fault-model"),
         model=ModelInfo(identity="unused by the query stage", n_layers=1, config=None),
         progress=StageProgress(enabled=False),
     )
