@@ -67,7 +67,11 @@ def save_probe(stem: Path, probe: nn.Module, artifact: ProbeArtifact) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     weights, record = stem.with_suffix(".safetensors"), stem.with_suffix(".json")
     tensors = {name: t.detach().cpu().contiguous() for name, t in probe.state_dict().items()}
-    save_file(tensors, str(weights) + ".tmp", metadata={"task": artifact.task, "arch": artifact.config.arch})
+    # One metadata key: safetensors writes its metadata map in an order that changes from call to
+    # call, and the same probe must save to the same bytes (manifests and bundles hash the file).
+    # The JSON sidecar is the record; this only labels the weights for other tools.
+    label = json.dumps({"arch": artifact.config.arch, "task": artifact.task}, sort_keys=True)
+    save_file(tensors, str(weights) + ".tmp", metadata={"ctd": label})
     os.replace(str(weights) + ".tmp", weights)
     record.with_name(record.name + ".tmp").write_text(json.dumps(artifact.to_json(), indent=2) + "\n")
     os.replace(record.with_name(record.name + ".tmp"), record)

@@ -59,6 +59,20 @@ def test_saved_probe_scores_exactly_as_the_trained_one(tmp_path: Path, arch: str
     )
 
 
+def test_the_same_probe_saves_to_the_same_bytes(tmp_path: Path) -> None:
+    # A manifest and a bundle's `sources` hash the probe files: the same probe must give the same
+    # hash. safetensors writes its metadata map in a random order that changes from call to call
+    # (two keys came out either way round), so twenty saves agree only when the order is fixed.
+    acts, labels = _data()
+    config = ProbeConfig(arch="attention", epochs=1)
+    result = train_probe(acts, labels, task="safety", config=config, seed=3)
+    saved = set()
+    for _ in range(20):
+        save_probe(tmp_path / "probe", result.probe, _artifact(config, acts.dim))
+        saved.add((tmp_path / "probe.safetensors").read_bytes())
+    assert len(saved) == 1
+
+
 def test_damaged_or_mismatched_probe_is_one_error_naming_the_file(tmp_path: Path) -> None:
     acts, labels = _data()
     config = ProbeConfig(arch="mean", epochs=2)
