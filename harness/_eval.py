@@ -22,6 +22,7 @@ from .data._dataspec import DataSplits, load_data
 from .data._tables import atomic_path, read_table
 from .expert import ResolvedExpert, resolve_expert
 from .report import read_warnings
+from .report._summary_table import SUMMARY_COLUMNS, SummaryRow
 from .run._config import RunConfig
 from .run._context import RunContext
 from .run._layout import Roots, RunLayout, check_roots
@@ -45,7 +46,7 @@ class EvalResult:
     run_dir: Path
     report: Path
     stages: tuple[StageOutcome, ...]
-    summary: list[dict[str, str]] = field(default_factory=list)  # report/tables/summary.csv rows
+    summary: tuple[SummaryRow, ...] = ()  # report/tables/summary.csv
     warnings: list[str] = field(default_factory=list)  # the report's (degenerate scorers)
 
 
@@ -192,10 +193,20 @@ def _launched_worker() -> bool:
     return not process_state().is_main_process
 
 
-def read_summary(path: Path) -> list[dict[str, str]]:
-    """The rows of a report's summary table (report/tables/summary.csv); none when it is absent."""
+def read_summary(path: Path) -> tuple[SummaryRow, ...]:
+    """The rows of a report's summary table (report/tables/summary.csv); none when it is absent.
+    A table with other columns (another version's) or a bad cell is one InputError line."""
     if not path.is_file():
-        return []
-    table = read_table(path).columns
-    n = len(next(iter(table.values())))
-    return [{k: str(v[i]) for k, v in table.items()} for i in range(n)]
+        return ()
+    table = read_table(path)
+    if tuple(table.columns) != SUMMARY_COLUMNS:
+        raise InputError(
+            f"{path}: columns {', '.join(table.columns)}; expected {', '.join(SUMMARY_COLUMNS)} "
+            "(written by another version: rebuild it with `ctd report`)"
+        )
+    return tuple(
+        SummaryRow.from_cells(
+            {name: str(cells[i]) for name, cells in table.columns.items()}, f"{path}: {table.where(i)}"
+        )
+        for i in range(len(table))
+    )

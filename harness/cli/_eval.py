@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -31,6 +32,9 @@ from ._common import (
     stderr,
     stdout,
 )
+
+if TYPE_CHECKING:
+    from ..report._summary_table import SummaryRow
 
 _DEFAULTS = RunConfig()
 
@@ -288,7 +292,7 @@ def eval_command(
                 "run": str(result.run_dir),
                 "report": str(result.report),
                 "stages": [o.__dict__ for o in result.stages],
-                "summary": result.summary,
+                "summary": [row.cells() for row in result.summary],  # as the CSV holds them
                 "warnings": result.warnings,
             }
         )
@@ -303,7 +307,7 @@ def _print_warnings(warnings: list[str]) -> None:
         print(f"warning: {warning}", file=sys.stderr)
 
 
-def _print_summary(rows: list[dict[str, str]]) -> None:
+def _print_summary(rows: Sequence[SummaryRow]) -> None:
     """The report's summary tables, as report.md shows them: a row per metric, a column per budget
     (or per selector)."""
     from ..report._summary_table import summary_tables

@@ -100,13 +100,14 @@ def probe_command(
     if result is None:  # a non-main process of `accelerate launch`: it only extracted
         return
     if json_out:
-        print_json(result.metrics)
+        print_json(result.metrics.to_json())
         return
     table = Table(title=f"safety probes, layer {result.layer}")
     for column in ("arch", "dev AUROC", "dev acc", "test AUROC", "test acc"):
         table.add_column(column)
-    for arch_name, means in result.metrics["mean"].items():
-        table.add_row(arch_name, *(f"{means[k]:.3f}" if means[k] is not None else "-" for k in means))
+    for arch_name, means in result.metrics.mean.items():
+        shown_means = (means.dev_auroc, means.dev_accuracy, means.test_auroc, means.test_accuracy)
+        table.add_row(arch_name, *(f"{m:.3f}" if m is not None else "-" for m in shown_means))
     stdout.print(table)
     stdout.print(f"scores: {result.scores}")
 

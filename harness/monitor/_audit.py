@@ -16,7 +16,7 @@ from .._errors import InputError
 from ..data._tables import dumps, read_json
 from ..run._layout import BundleLayout, RunLayout
 from ..run._log import file_sha256
-from ._bundle import BUNDLE_VERSION
+from ._bundle_record import BUNDLE_VERSION, BundleRecord, json_number
 from ._certify import PROBE_SUFFIXES, certify, deploy_splits, test_rows
 
 __all__ = ["Audit", "AuditCheck", "audit_bundle"]
@@ -64,26 +64,26 @@ def _as_json(value: object) -> object:
     return json.loads(dumps(value))
 
 
-def _recompute(record: dict[str, Any], layout: RunLayout) -> AuditCheck:
+def _recompute(record: BundleRecord, layout: RunLayout) -> AuditCheck:
     """The LTT record recomputed from the run's scores of the examples the bundle names, once
     those are checked to be the cut its split seed gives."""
-    rows = test_rows(layout, record["arch"], int(record["seed"]))
+    rows = test_rows(layout, record.arch, record.seed)
     # The cut itself: the one split_seed gives (so D_est and D_cal are disjoint and not hand-picked).
-    splits = deploy_splits(rows.scores.n, int(record["split_seed"]))
+    splits = deploy_splits(rows.scores.n, record.split_seed)
     cut = ([str(i) for i in rows.ids[splits.est[0]]], [str(i) for i in rows.ids[splits.cal[0]]])
-    if rows.scores.n != record["n_test"] or cut != (record["est_ids"], record["cal_ids"]):
+    if rows.scores.n != record.n_test or cut != (list(record.est_ids), list(record.cal_ids)):
         return AuditCheck(
             "LTT record",
             False,
-            f"its D_est/D_cal examples are not the cut of split seed {record['split_seed']}",
+            f"its D_est/D_cal examples are not the cut of split seed {record.split_seed}",
         )
     candidates, result = certify(
         rows.scores,
         splits,
-        mode=record["mode"],
-        alpha=float(record["alpha"]),
-        delta=float(record["delta"]),
-        objective=record["objective"],
+        mode=record.mode,
+        alpha=record.alpha,
+        delta=record.delta,
+        objective=record.objective,
     )
     recomputed = {
         "ltt": result.to_dict(),
@@ -94,15 +94,16 @@ def _recompute(record: dict[str, Any], layout: RunLayout) -> AuditCheck:
         },
         "threshold": "inf" if np.isposinf(result.threshold) else float(result.threshold),
     }
+    recorded = record.to_json()
     for key, value in recomputed.items():
-        if _as_json(value) != record[key]:
+        if _as_json(value) != recorded[key]:
             return AuditCheck("LTT record", False, f"recomputed {key!r} differs from the bundle's")
-    ltt = record["ltt"]
+    ltt = record.ltt
     return AuditCheck(
         "LTT record",
         True,
         f"recomputed on {ltt['n_est']} D_est and {ltt['n_cal']} D_cal examples: {len(ltt['certified'])} "
-        f"of {len(ltt['order'])} thresholds certified, threshold {record['threshold']}",
+        f"of {len(ltt['order'])} thresholds certified, threshold {json_number(record.threshold)}",
     )
 
 
@@ -117,17 +118,16 @@ def audit_bundle(folder: Path, run: RunLayout | None = None) -> Audit:
             f"{bundle.record}: bundle version {record.get('version')!r} records no content hashes to audit "
             f"(version {BUNDLE_VERSION} does): recalibrate it with `ctd monitor calibrate --force`"
         )
-    layout = run or RunLayout(Path(record["run"]))
+    record = BundleRecord.from_json(record, bundle.record)
+    layout = run or RunLayout(Path(record.run))
     if not layout.root.is_dir():
         raise InputError(f"{layout.root}: the bundle's run folder is not there (name it with --run)")
-    sources = record["sources"]
-    checks = [
-        _same_content("scores table", layout.root / sources["scores"]["path"], sources["scores"]["sha256"])
-    ]
+    sources = record.sources
+    checks = [_same_content("scores table", layout.root / sources.scores.path, sources.scores.sha256)]
     for part in ("safety", "dv"):
         for suffix in PROBE_SUFFIXES:
-            recorded = sources[part][suffix[1:]]
-            stem = layout.root / sources[part]["path"]
+            recorded = sources.probe(part).sha256(suffix)
+            stem = layout.root / sources.probe(part).path
             checks.append(_same_content(f"run's {part} probe", stem.with_suffix(suffix), recorded))
             own = bundle.safety_probe if part == "safety" else bundle.dv_probe
             checks.append(_same_content(f"bundle's {part} probe", own.with_suffix(suffix), recorded))

@@ -14,7 +14,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import calibrate
 from experts import ExpertSpec
@@ -24,6 +23,7 @@ from ..data._tables import read_json
 from ..expert import spec_from_record
 from ..run._layout import BundleLayout
 from ..run._log import file_sha256
+from ._bundle_record import BUNDLE_VERSION, CONTROL_MODES, BundleRecord, ControlMode
 
 __all__ = [
     "BUNDLE_VERSION",
@@ -36,10 +36,6 @@ __all__ = [
     "read_bundle",
 ]
 
-BUNDLE_VERSION = 2  # 2: content hashes of what was certified, and the test order and selection named
-# A bundle holds a certified policy: calibrate's modes that certify (not its empirical selector).
-ControlMode = calibrate.CertifiedMode
-CONTROL_MODES: tuple[str, ...] = calibrate.CERTIFIED_MODES
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
 # One plain folder name: no separator, no '.'/'..', nothing hidden (staging folders start with '.').
 BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -55,25 +51,24 @@ class Bundle:
     """A bundle as read back: its folder, its record (bundle.json) and the parts a monitor uses."""
 
     layout: BundleLayout
-    record: dict[str, Any]
+    record: BundleRecord
 
     @property
     def threshold(self) -> float:
         """Delegate when DV > threshold (+inf: never)."""
-        value = self.record["threshold"]
-        return float("inf") if value == "inf" else float(value)
+        return self.record.threshold
 
     @property
     def merge(self) -> calibrate.MergeRule:
-        return self.record["merge"]
+        return self.record.merge
 
     @property
     def mode(self) -> ControlMode:
-        return self.record["mode"]
+        return self.record.mode
 
     @property
     def alpha(self) -> float:
-        return float(self.record["alpha"])
+        return self.record.alpha
 
     def check_cap(self, max_delegation_rate: float | None) -> None:
         """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation
@@ -91,7 +86,7 @@ class Bundle:
 
     def expert_spec(self, url: str | None = None) -> ExpertSpec:
         """The expert entry as a spec, its base URL replaced by `url` when given."""
-        entry = dict(self.record["expert"])
+        entry = dict(self.record.expert)
         entry["base_urls"] = (url,) if url else tuple(entry["base_urls"])
         try:
             return spec_from_record(entry, source=str(self.layout.record))
@@ -106,23 +101,13 @@ def read_bundle(folder: Path) -> Bundle:
         raise InputError(
             f"{folder}: not a monitor bundle (no {layout.record.name}; see `ctd monitor calibrate`)"
         )
-    record = read_json(layout.record)
-    if record.get("version") != BUNDLE_VERSION:
-        raise InputError(
-            f"{layout.record}: bundle version {record.get('version')!r}, expected {BUNDLE_VERSION} "
-            "(recalibrate it with `ctd monitor calibrate --force`)"
-        )
-    for key in ("threshold", "merge", "mode", "alpha", "expert", "ltt", "sources"):
-        if key not in record:
-            raise InputError(f"{layout.record}: missing key {key!r}")
-    if record["merge"] not in calibrate.MERGE_RULES or record["mode"] not in CONTROL_MODES:
-        raise InputError(f"{layout.record}: merge {record['merge']!r} / mode {record['mode']!r} unknown")
+    record = BundleRecord.from_json(read_json(layout.record), layout.record)
     for part, stem in (("safety", layout.safety_probe), ("dv", layout.dv_probe)):
         for suffix in (".safetensors", ".json"):
             path = stem.with_suffix(suffix)
             if not path.is_file():
                 raise InputError(f"{path}: missing from the bundle")
-            if file_sha256(path) != record["sources"].get(part, {}).get(suffix[1:]):
+            if file_sha256(path) != record.sources.probe(part).sha256(suffix):
                 raise InputError(
                     f"{path}: its content is not what was certified (its sha256 differs from "
                     f"{layout.record.name}'s): the file was changed or damaged; copy the bundle again"

@@ -27,16 +27,23 @@ from ..run._config import RunConfig, load_run_config
 from ..run._layout import RunLayout
 from ..run._log import file_sha256
 from ._bundle import (
-    BUNDLE_VERSION,
-    CONTROL_MODES,
     POLICY,
     PROCEDURE,
-    ControlMode,
     check_bundle_name,
     check_replaceable,
     install_bundle,
     remove_staged,
     stage_bundle,
+)
+from ._bundle_record import (
+    BUNDLE_VERSION,
+    CONTROL_MODES,
+    BundleCandidates,
+    BundleRecord,
+    BundleSources,
+    ControlMode,
+    ProbeSource,
+    ScoresSource,
 )
 
 __all__ = [
@@ -126,10 +133,6 @@ def queried_expert(layout: RunLayout, config: RunConfig) -> ExpertSpec:
     return read_expert(layout.query.expert) or resolve_expert(config.expert, model=config.expert_model).spec
 
 
-def _number(value: float) -> float | str:
-    return "inf" if np.isposinf(value) else float(value)
-
-
 def calibrate_bundle(
     layout: RunLayout,
     *,
@@ -195,65 +198,65 @@ def calibrate_bundle(
 
     expert = expert_record(queried_expert(layout, config))
     selected = int(result.selected) if result.selected is not None else None
-    record = {
-        "version": BUNDLE_VERSION,
-        "run": str(layout.root.resolve()),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "policy": POLICY.name,
-        "signal": POLICY.signal,
-        "merge": POLICY.merge,
-        "mode": mode,
-        "alpha": alpha,
-        "delta": delta,
+    scores_source = ScoresSource(str(layout.scores.relative_to(layout.root)), scores_sha256)
+    probe_sources = {
+        part: ProbeSource(
+            str(stem.relative_to(layout.root)),
+            **{suffix[1:]: file_sha256(stem.with_suffix(suffix)) for suffix in PROBE_SUFFIXES},
+        )
+        for part, stem in sources.items()
+    }
+    record = BundleRecord(
+        version=BUNDLE_VERSION,
+        run=str(layout.root.resolve()),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        policy=POLICY.name,
+        signal=POLICY.signal,
+        merge=POLICY.merge,
+        mode=mode,
+        alpha=alpha,
+        delta=delta,
         # Budget control: Pareto over (budget, objective), test by D_est budget, select by the
         # objective. Performance control: Pareto over (budget, error), test by D_est error,
         # select by D_est budget; its objective is the error.
-        "objective": objective if mode == "budget" else "accuracy",
-        **PROCEDURE[mode],
-        "threshold": _number(result.threshold),
-        "arch": arch,
-        "dv_target": target_kind,
-        "seed": rows.seed,
-        "split_seed": split_seed,
-        "n_test": rows.scores.n,
+        objective=objective if mode == "budget" else "accuracy",
+        test_order=PROCEDURE[mode]["test_order"],
+        selection=PROCEDURE[mode]["selection"],
+        threshold=float(result.threshold),
+        arch=arch,
+        dv_target=target_kind,
+        seed=rows.seed,
+        split_seed=split_seed,
+        n_test=rows.scores.n,
         # What D_est saw at the chosen threshold: the expected delegation rate and error.
-        "est_budget": None if selected is None else float(candidates.est_budget[selected]),
-        "est_error": None if selected is None else float(candidates.est_error[selected]),
-        "expert": expert,
-        "ltt": result.to_dict(),
+        est_budget=None if selected is None else float(candidates.est_budget[selected]),
+        est_error=None if selected is None else float(candidates.est_error[selected]),
+        expert=expert,
+        ltt=result.to_dict(),
         # The candidates the LTT record's indices point into, with their D_est statistics.
-        "candidates": {
-            "thresholds": [_number(t) for t in candidates.thresholds],
-            "est_budget": candidates.est_budget.tolist(),
-            "est_objective": candidates.est_objective.tolist(),
-        },
+        candidates=BundleCandidates(
+            thresholds=tuple(float(t) for t in candidates.thresholds),
+            est_budget=tuple(candidates.est_budget.tolist()),
+            est_objective=tuple(candidates.est_objective.tolist()),
+        ),
         # What was certified, by content: the run's scores table and each probe's files (paths
         # relative to the run folder), so that `ctd monitor audit` can tell a changed run.
-        "sources": {
-            "scores": {"path": str(layout.scores.relative_to(layout.root)), "sha256": scores_sha256},
-            **{
-                part: {
-                    "path": str(stem.relative_to(layout.root)),
-                    **{suffix[1:]: file_sha256(stem.with_suffix(suffix)) for suffix in PROBE_SUFFIXES},
-                }
-                for part, stem in sources.items()
-            },
-        },
+        sources=BundleSources(scores_source, probe_sources["safety"], probe_sources["dv"]),
         # Which test examples tested the thresholds and which chose them: the audit can be redone.
-        "cal_ids": [str(i) for i in rows.ids[splits.cal[0]]],
-        "est_ids": [str(i) for i in rows.ids[splits.est[0]]],
-    }
+        cal_ids=tuple(str(i) for i in rows.ids[splits.cal[0]]),
+        est_ids=tuple(str(i) for i in rows.ids[splits.est[0]]),
+    )
     staged = stage_bundle(layout.monitor, target.root.name)
     try:
         for part, stem in (("safety", staged.safety_probe), ("dv", staged.dv_probe)):
             for suffix in PROBE_SUFFIXES:
                 shutil.copyfile(sources[part].with_suffix(suffix), stem.with_suffix(suffix))
-                if file_sha256(stem.with_suffix(suffix)) != record["sources"][part][suffix[1:]]:
+                if file_sha256(stem.with_suffix(suffix)) != record.sources.probe(part).sha256(suffix):
                     raise InputError(
                         f"--run {layout.name}: {sources[part].with_suffix(suffix)} changed while it was "
                         "copied (is another run writing it?); run the command again"
                     )
-        write_json(staged.record, record)
+        write_json(staged.record, record.to_json())
     except BaseException:
         remove_staged(staged)  # only ever the new, half-written folder
         raise

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .._errors import InputError
+from ._bundle_record import json_number
 from ._errors import Unavailable
 from ._metrics import CONTENT_TYPE
 from ._monitor import Monitor
@@ -273,7 +274,7 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
                 "log": log_problem or "ok",
                 "bundle": monitor.bundle.layout.root.name,  # never the absolute path
                 "bundle_id": health_id,
-                "threshold": monitor.bundle.record["threshold"],
+                "threshold": json_number(monitor.bundle.threshold),  # as bundle.json holds it
                 "expert": None if monitor.gate is None else ("down" if monitor.gate.down else "up"),
                 "drift_alarm": monitor.delegation.alarm or monitor.errors.alarm,
             },

@@ -13,6 +13,7 @@ when the run swept the default grid. Tidy rows go to tables/summary.csv (`_summa
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import calibrate
 from ..run._config import MIN_SELECTION
 from ._context import ReportContext, fmt, markdown_table
 from ._data import GAIN_BASELINES, Sweep, paired_gain, value_at
-from ._summary_table import SUMMARY_COLUMNS, SummaryKind, summary_tables
+from ._summary_table import SummaryKind, SummaryPart, SummaryRow, summary_tables
 
 __all__ = ["SUMMARY_BUDGETS", "summary_budgets", "summary_lines"]
 
@@ -85,9 +86,9 @@ def _level(found: dict[str, Any], job: str, alpha: float) -> dict[str, float]:
 class _Rows:
     """Collects one part's tidy rows."""
 
-    def __init__(self, arch: str, part: str, title: str) -> None:
+    def __init__(self, arch: str, part: SummaryPart, title: str) -> None:
         self.arch, self.part, self.title = arch, part, title
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[SummaryRow] = []
 
     def add(
         self,
@@ -101,8 +102,11 @@ class _Rows:
         low, high = (
             (float(gain.min()), float(gain.max())) if gain is not None and gain.size else (np.nan, np.nan)
         )
-        values = (self.arch, self.part, metric, column, at, value, low, high, kind, self.title)
-        self.rows.append(dict(zip(SUMMARY_COLUMNS, values, strict=True)))
+        self.rows.append(
+            SummaryRow(
+                self.arch, self.part, metric, column, float(at), float(value), low, high, kind, self.title
+            )
+        )
 
 
 def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, dict[str, Any]]:
@@ -180,13 +184,13 @@ def _performance_part(ctx: ReportContext, arch: str) -> tuple[_Rows | None, dict
 def summary_lines(ctx: ReportContext) -> list[str]:
     """The summary section's Markdown; its numbers go to numbers.json and its rows to
     tables/summary.csv."""
-    rows: list[dict[str, Any]] = []
+    rows: list[SummaryRow] = []
     for arch, sweep in ctx.sweeps.items():
         budget, numbers = _budget_part(ctx, arch, sweep)
         performance, performance_numbers = _performance_part(ctx, arch)
         ctx.arch_numbers(arch)["summary"] = numbers | {"performance": performance_numbers}
         rows += budget.rows + (performance.rows if performance else [])
-    relative = ctx.table(ctx.files.summary_table, rows)
+    relative = ctx.table(ctx.files.summary_table, [asdict(row) for row in rows])
     lines = ["## Summary", ""]
     for table in summary_tables(rows):
         lines += [f"**{table.title}**", ""]

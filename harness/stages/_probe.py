@@ -27,6 +27,7 @@ from ..run._layout import ProbeLayout, Roots
 from ..run._log import fingerprint
 from ..run._sections import ProbeSettings
 from ..run._stage import ProgressFn, StageResult
+from ._probe_metrics import ProbeMetrics, ProbeRun, SplitExtraction
 
 if TYPE_CHECKING:
     from probes import ExtractStats, LoadedModel
@@ -37,7 +38,7 @@ __all__ = ["ProbeSettings", "ProbeStage", "ProbeStageResult", "open_stores", "pr
 @dataclass(frozen=True)
 class ProbeStageResult:
     scores: Path
-    metrics: dict
+    metrics: ProbeMetrics  # probe_metrics.json
     layer: int
 
 
@@ -114,11 +115,11 @@ def probe_stage(
         )
         layer = resolve_layer(settings.layer, model.n_layers, model.model.config)
         stores: dict[SplitName, ActivationStore] = {}
-        extraction: dict[str, dict] = {}
+        extraction: dict[str, SplitExtraction] = {}
         for split in SPLITS:
             store, stats = _extract_split(model, data, split, settings, layer, store_root, progress)
             stores[split] = store
-            extraction[split] = {**asdict(stats), "padding_fraction": stats.padding_fraction}
+            extraction[split] = SplitExtraction.from_stats(stats)
     except ProbeError as error:
         raise InputError(str(error)) from None
     if not process_state().is_main_process:
@@ -127,7 +128,7 @@ def probe_stage(
     labels = {split: np.array([e.label for e in data[split]], dtype=np.int64) for split in SPLITS}
 
     columns: dict[str, list] = {k: [] for k in ("id", "group", "split", "label", "probe", "seed", "arch")}
-    runs: list[dict] = []
+    runs: list[ProbeRun] = []
     total = len(settings.archs) * len(settings.seeds)
     for number, (arch, seed) in enumerate((a, s) for a in settings.archs for s in settings.seeds):
         if progress is not None:
@@ -137,13 +138,13 @@ def probe_stage(
             result = train_probe(acts["train"], labels["train"], task="safety", config=config, seed=seed)
         except (ValueError, FloatingPointError) as error:
             raise InputError(f"safety probe {arch} seed {seed} on the train split: {error}") from None
-        run = {"arch": arch, "seed": seed, "best_epoch": result.best_epoch, "epochs_run": len(result.history)}
-        run |= {"n_train": result.n_train, "n_val": result.n_val, "best_val_loss": result.best_val_loss}
+        auroc: dict[str, float | None] = {}  # None on a split with one class
+        accuracy: dict[str, float] = {}
         for split in ("dev", "test"):
             scores = predict(result.probe, acts[split], task="safety")
             both_classes = len(set(labels[split].tolist())) > 1
-            run[f"{split}_auroc"] = float(calibrate.auroc(scores, labels[split])) if both_classes else None
-            run[f"{split}_accuracy"] = float(calibrate.accuracy(scores, labels[split]))
+            auroc[split] = float(calibrate.auroc(scores, labels[split])) if both_classes else None
+            accuracy[split] = float(calibrate.accuracy(scores, labels[split]))
             for example, score in zip(data[split], scores, strict=True):
                 columns["id"].append(example.id)
                 columns["group"].append(example.group)
@@ -152,6 +153,19 @@ def probe_stage(
                 columns["probe"].append(float(score))
                 columns["seed"].append(seed)
                 columns["arch"].append(arch)
+        run = ProbeRun(
+            arch=arch,
+            seed=seed,
+            best_epoch=result.best_epoch,
+            epochs_run=len(result.history),
+            n_train=result.n_train,
+            n_val=result.n_val,
+            best_val_loss=result.best_val_loss,
+            dev_auroc=auroc["dev"],
+            dev_accuracy=accuracy["dev"],
+            test_auroc=auroc["test"],
+            test_accuracy=accuracy["test"],
+        )
         runs.append(run)
         if artifact is not None:
             save_probe(
@@ -168,7 +182,7 @@ def probe_stage(
                     template=getattr(model.tokenizer, "chat_template", None) or "",
                     template_hash=model.template_hash,
                     seed=seed,
-                    metrics=run,
+                    metrics=asdict(run),
                 ),
             )
     if progress is not None:
@@ -185,32 +199,20 @@ def probe_stage(
             }
         },
     )
-    metrics = {
-        "model": settings.model,
-        "model_identity": model.identity,
-        "layer": layer,
-        "n_layers": model.n_layers,
-        "hidden_size": model.hidden_size,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "extraction": extraction,
-        "runs": runs,
-        "mean": _means(runs),
-    }
-    write_json(files.metrics, metrics)
+    metrics = ProbeMetrics(
+        model=settings.model,
+        model_identity=model.identity,
+        layer=layer,
+        n_layers=model.n_layers,
+        hidden_size=model.hidden_size,
+        dtype=str(model.dtype).removeprefix("torch."),
+        extraction=extraction,
+        runs=tuple(runs),
+        mean=ProbeMetrics.means(runs),
+    )
+    write_json(files.metrics, metrics.to_json())
     write_table(files.scores, {k: np.array(v) for k, v in columns.items()})
     return ProbeStageResult(files.scores, metrics, layer)
-
-
-def _means(runs: list[dict]) -> dict[str, dict[str, float | None]]:
-    """Per arch: mean over seeds of each metric."""
-    out: dict[str, dict[str, float | None]] = {}
-    for arch in dict.fromkeys(r["arch"] for r in runs):
-        rows = [r for r in runs if r["arch"] == arch]
-        out[arch] = {}
-        for key in ("dev_auroc", "dev_accuracy", "test_auroc", "test_accuracy"):
-            values = [r[key] for r in rows if r[key] is not None]
-            out[arch][key] = float(np.mean(values)) if values else None
-    return out
 
 
 @dataclass(frozen=True)
@@ -267,22 +269,22 @@ class ProbeStage:
         except ProbeError as error:
             raise InputError(str(error)) from None
         assert result is not None  # the main process gets the result
-        ext = result.metrics["extraction"]
-        tokens = sum(e["tokens"] for e in ext.values())
-        truncated = sum(e["truncated"] for e in ext.values())
+        ext = result.metrics.extraction
+        tokens = sum(e.tokens for e in ext.values())
+        truncated = sum(e.truncated for e in ext.values())
         ctx.manifests.log(
-            f"probe: layer {result.layer} of {result.metrics['n_layers']}, {tokens} tokens, "
+            f"probe: layer {result.layer} of {result.metrics.n_layers}, {tokens} tokens, "
             f"{truncated} conversations truncated to {ctx.config.max_tokens} tokens"
         )
-        means = result.metrics["mean"]
+        means = result.metrics.mean
         seeds = len(ctx.config.seeds)
         # Labelled apart from the summary's probe AUROC, which is on each seed's evaluation half.
         return StageResult(
             "; ".join(
-                f"{arch} safety-probe AUROC {m['test_auroc']:.3f} on the whole test split (mean over "
+                f"{arch} safety-probe AUROC {m.test_auroc:.3f} on the whole test split (mean over "
                 f"{seeds} seeds)"
                 for arch, m in means.items()
-                if m["test_auroc"]
+                if m.test_auroc
             )
         )
 
