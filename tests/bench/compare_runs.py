@@ -35,9 +35,21 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-# Fields that hold a clock reading or a duration: they differ between any two runs.
+# Fields that hold a clock reading, a duration or the code's revision: they differ between any
+# two runs of a comparison by design.
 CLOCK_KEYS = frozenset(
-    {"created", "started", "finished", "seconds", "elapsed", "elapsed_s", "wall_s", "time", "at"}
+    {
+        "created",
+        "started",
+        "finished",
+        "seconds",
+        "elapsed",
+        "elapsed_s",
+        "wall_s",
+        "time",
+        "at",
+        "git_revision",
+    }
 )
 SKIPPED = frozenset({"log.txt"})
 
