@@ -21,9 +21,12 @@ _EXPORTS: dict[str, str] = {
     "ValidateStage": "._validate",
     "calibrate_scores": "._calibrate",
     "dv_stage": "._dv",
+    "preflight_cache": "._query",
     "probe_stage": "._probe",
     "query_dataset": "._query",
     "query_items": "._query",
+    "read_expert_scores": "._dv",
+    "resolve_scores": "._calibrate",
     "simulate": "._calibrate",
     "validate_scores": "._calibrate",
 }
