@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "query_dataset": ".stages",
     "query_items": ".stages",
     "read_scores": ".data",
+    "read_summary": "._eval",
     "read_table": ".data",
     "resolve_expert": ".expert",
     "run_eval": "._eval",

@@ -18,25 +18,32 @@ import calibrate
 from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
-from .data._dataspec import DataSplits, load_data
-from .data._tables import atomic_path, read_table
+from .data import DataSplits, atomic_path, load_data, read_table
 from .expert import ResolvedExpert, resolve_expert
-from .report import read_warnings
-from .report._summary_table import SUMMARY_COLUMNS, SummaryRow
-from .run._config import RunConfig
-from .run._context import RunContext
-from .run._layout import Roots, RunLayout, check_roots
-from .run._log import Manifests, RunLog
-from .run._progress import StageProgress
-from .run._runner import run_stages
-from .run._stage import Stage, StageOutcome
-from .stages._calibrate import CalibrateStage
-from .stages._dv import DVStage
-from .stages._probe import ProbeStage, probe_stage
-from .stages._query import preflight_cache
-from .stages._query_stage import QueryStage
-from .stages._report import ReportStage
-from .stages._validate import ValidateStage
+from .report import SUMMARY_COLUMNS, SummaryRow, read_warnings
+from .run import (
+    Manifests,
+    Roots,
+    RunConfig,
+    RunContext,
+    RunLayout,
+    RunLog,
+    Stage,
+    StageOutcome,
+    StageProgress,
+    check_roots,
+    run_stages,
+)
+from .stages import (
+    CalibrateStage,
+    DVStage,
+    ProbeStage,
+    QueryStage,
+    ReportStage,
+    ValidateStage,
+    preflight_cache,
+    probe_stage,
+)
 
 __all__ = ["EvalResult", "read_summary", "run_eval"]
 

@@ -1,4 +1,5 @@
-"""The lazy faces (PEP 562) of `harness` and `harness.stages`: a public name is imported from the
+"""The lazy faces (PEP 562) of `harness`, `harness.run`, `harness.stages`, `harness.monitor` and
+`harness.report`: a public name is imported from the
 module that defines it on first use, so that a command loads only what it calls.
 
 (`experts` and `probes` keep their own ten lines: neither may import `harness`.)"""

@@ -141,7 +141,7 @@ class ResolvedExpert:
 
     def write(self, path: Path) -> Path:
         """The expert as `expert_record` gives it, written atomically to `path` (JSON)."""
-        from .data._tables import write_json  # pyarrow: not for a command line's --help
+        from .data import write_json  # pyarrow: not for a command line's --help
 
         return write_json(path, expert_record(self.spec))
 
@@ -220,7 +220,7 @@ def read_expert(path: Path) -> ExpertSpec | None:
     the query stage wrote it). A file that cannot be read back is one InputError naming it."""
     if not path.is_file():
         return None
-    from .data._tables import read_json  # pyarrow: not for a command line's --help
+    from .data import read_json  # pyarrow: not for a command line's --help
 
     record = read_json(path)
     if set(record) != set(EXPERT_FIELDS):

@@ -49,6 +49,8 @@ _EXPORTS: dict[str, str] = {
     "describe_model": "._model",
     "embedded_gguf": "._embedded",
     "gguf_as_folder": "._model",
+    "identity_matches": "._model",
+    "is_legacy_identity": "._model",
     "extract": "._extract",
     "layer_activations": "._extract",
     "load_model": "._model",

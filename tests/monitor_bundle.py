@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from harness.monitor._bundle import BUNDLE_VERSION
-from harness.run._layout import BundleLayout
-from harness.run._log import file_sha256
-from probes import ProbeArtifact, ProbeConfig, describe_model, save_probe
+from harness.monitor import BUNDLE_VERSION
+from harness.run import BundleLayout, file_sha256
+from probes import ProbeArtifact, ProbeConfig, describe_model, model_cache_root, save_probe
+
+# Private: a probe built without training.
 from probes._build import build_probe
-from probes._model import model_cache_root
 
 LAYER = 2  # a shallow layer: the truncated forward pass stops there, so a check is cheap
 MAX_TOKENS = 128

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Private: the generator of the CLI reference.
 from harness.cli._reference import REFERENCE_FILE, command_helps, render_reference
 
 REPO = Path(__file__).resolve().parent.parent

@@ -45,7 +45,7 @@ def _print_version(value: bool) -> None:
     if value:
         from importlib import metadata
 
-        from ..run._log import git_revision
+        from ..run import git_revision
 
         revision = git_revision()
         print(

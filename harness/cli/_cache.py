@@ -14,10 +14,9 @@ from rich.table import Table
 import experts
 
 from .._errors import EXIT_FAILED, InputError
-from ..data._datasets import read_dataset
-from ..data._tables import atomic_path, check_writable, write_table
+from ..data import atomic_path, check_writable, read_dataset, write_table
 from ..expert import resolve_expert
-from ..run._layout import Roots
+from ..run import Roots
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,

@@ -26,9 +26,9 @@ from calibrate import (
 
 from .._bounds import LIMITS
 from .._errors import InputError
-from ..data._simulate import Scenario
-from ..run._layout import RunLayout
-from ..stages._calibrate import calibrate_scores, resolve_scores, simulate, validate_scores
+from ..data import Scenario
+from ..run import RunLayout
+from ..stages import calibrate_scores, resolve_scores, simulate, validate_scores
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,

@@ -25,8 +25,8 @@ from .._errors import (
     InputError,
     RunFailed,
 )
-from ..data._tables import dumps
-from ..run._progress import make_console
+from ..data import dumps
+from ..run import make_console
 
 P = ParamSpec("P")
 R = TypeVar("R")

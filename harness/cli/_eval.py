@@ -16,11 +16,19 @@ import calibrate
 from probes import ARCHS
 
 from .._errors import InputError
-from ..run._config import DV_TARGET_CHOICES, MIN_SELECTION, RunConfig, load_run_config
-from ..run._layout import Roots, RunLayout, check_roots
-from ..run._log import StageStatus
-from ..run._progress import StageProgress, took
-from ..run._stage import StageOutcome
+from ..run import (
+    DV_TARGET_CHOICES,
+    MIN_SELECTION,
+    Roots,
+    RunConfig,
+    RunLayout,
+    StageOutcome,
+    StageProgress,
+    StageStatus,
+    check_roots,
+    load_run_config,
+    took,
+)
 from ._common import (
     clean_errors,
     parse_floats,
@@ -34,7 +42,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..report._summary_table import SummaryRow
+    from ..report import SummaryRow
 
 _DEFAULTS = RunConfig()
 
@@ -310,7 +318,7 @@ def _print_warnings(warnings: list[str]) -> None:
 def _print_summary(rows: Sequence[SummaryRow]) -> None:
     """The report's summary tables, as report.md shows them: a row per metric, a column per budget
     (or per selector)."""
-    from ..report._summary_table import summary_tables
+    from ..report import summary_tables
 
     tables = summary_tables(rows)
     if tables:
@@ -338,8 +346,7 @@ def report_command(
 ) -> None:
     """Rebuild the report of a finished run from its files, recomputing nothing."""
     from .._eval import read_summary
-    from ..report import read_warnings
-    from ..report._build import build_report
+    from ..report import build_report, read_warnings
 
     folder = Path(name)
     if not RunLayout(folder).scores.is_file():

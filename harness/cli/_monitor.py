@@ -14,8 +14,8 @@ import typer
 import calibrate
 
 from .._errors import InputError
-from ..monitor._limits import ServeLimits
-from ..run._layout import BundleLayout, Roots
+from ..monitor import ServeLimits
+from ..run import BundleLayout, Roots
 from ._common import clean_errors, print_json
 
 __all__ = ["register"]
@@ -68,8 +68,7 @@ def monitor_calibrate(
 ) -> None:
     """Calibrate a deployment threshold on the run's whole test split (Pareto filtering on D_est,
     LTT on D_cal) and write a monitor bundle; its path is the last line printed."""
-    from ..monitor._bundle import check_bundle_name
-    from ..monitor._certify import calibrate_bundle
+    from ..monitor import calibrate_bundle, check_bundle_name
 
     if (budget is None) == (accuracy is None):
         raise InputError("give exactly one of --budget ALPHA and --accuracy LEVEL")
@@ -131,8 +130,8 @@ def monitor_audit(
     """Redo the bundle's certification from its run's files: the scores table and probes it was
     certified on (sha256), its own probe copies, and the LTT record recomputed from the examples it
     names. Exit code 0 when everything matches, 1 when something differs."""
-    from ..monitor._audit import audit_bundle
-    from ..run._layout import RunLayout
+    from ..monitor import audit_bundle
+    from ..run import RunLayout
 
     layout = None
     if run is not None:
@@ -238,10 +237,15 @@ def monitor_serve(
     """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
     import asyncio
 
-    from ..monitor._admission import MAX_PENDING, MAX_QUEUE_SECONDS
-    from ..monitor._bundle import read_bundle
-    from ..monitor._drift import DEFAULT_MTFA, check_mtfa
-    from ..monitor._http import bind_listener, raise_open_file_limit
+    from ..monitor import (
+        DEFAULT_MTFA,
+        MAX_PENDING,
+        MAX_QUEUE_SECONDS,
+        bind_listener,
+        check_mtfa,
+        raise_open_file_limit,
+        read_bundle,
+    )
 
     # Everything the user can get wrong is checked here, before the model loads (seconds).
     _check_range("--port", port, 1, 65535)
@@ -338,9 +342,7 @@ async def _load_and_serve(
 ) -> None:
     """Load the monitor in this event loop (a load failure is an ordinary error here, before any
     request is accepted), then serve on the bound socket until SIGINT/SIGTERM."""
-    from ..monitor._http import serve
-    from ..monitor._monitor import Monitor
-    from ..monitor._server import create_app
+    from ..monitor import Monitor, create_app, serve
 
     monitor = await Monitor.load(root, **options)
     try:

@@ -12,10 +12,8 @@ from calibrate import DV_TARGETS, DVTarget
 from probes import ARCHS, ProbeConfig
 
 from .._bounds import LIMITS
-from ..data._dataspec import load_data
-from ..run._layout import Roots
-from ..run._progress import StageProgress
-from ..run._sections import ProbeSettings
+from ..data import load_data
+from ..run import ProbeSettings, Roots, StageProgress
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
 # The commands' defaults are the probe section's own: one place for each.
@@ -79,7 +77,7 @@ def probe_command(
 ) -> None:
     """Extract activations, train the safety probe on train, and score dev and test."""
     # torch loads only for the commands that train probes
-    from ..stages._probe import ProbeSettings, probe_stage
+    from ..stages import probe_stage
 
     splits = load_data(data, limit=limit)
     settings = ProbeSettings(
@@ -129,7 +127,7 @@ def dv_command(
 ) -> None:
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""
     # torch loads only for the commands that train probes
-    from ..stages._dv import dv_stage, read_expert_scores
+    from ..stages import dv_stage, read_expert_scores
 
     by_id = read_expert_scores(expert_scores)
     expert = {(split, i): score for split in ("dev", "test") for i, score in by_id.items()}

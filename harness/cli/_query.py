@@ -10,7 +10,7 @@ import typer
 
 from .._errors import MAX_FAILED, check_max_failed
 from ..expert import resolve_expert
-from ..run._progress import StageProgress
+from ..run import StageProgress
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,
@@ -22,7 +22,7 @@ from ._expert_options import (
 )
 
 if TYPE_CHECKING:
-    from ..stages._query import QuerySummary
+    from ..stages import QuerySummary
 
 __all__ = ["register"]
 
@@ -57,7 +57,7 @@ def query_command(
     examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
     """
     # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
-    from ..stages._query import query_dataset
+    from ..stages import query_dataset
 
     check_max_failed(max_failed)
     spec = resolve_expert(expert, expert_url, expert_model, method).spec

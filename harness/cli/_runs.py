@@ -11,9 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..run._layout import Roots, RunLayout
-from ..run._log import Manifests, RunLog, RunLogError, StageRecord, StageStatus
-from ..run._runner import listed_paths
+from ..run import Manifests, Roots, RunLayout, RunLog, RunLogError, StageRecord, StageStatus, listed_paths
 from ._common import clean_errors, print_json, stdout
 
 __all__ = ["register"]

@@ -2,27 +2,55 @@
 (the contract between stages), column tables as Parquet or CSV, and synthetic scores tables."""
 
 from ._datasets import Dataset, read_dataset
-from ._dataspec import DataSplits, Example, load_data, parse_data_spec
-from ._scores import SCORES_COLUMNS, ScoresTable, binary_twin, read_scores, scores_from_columns, write_scores
+from ._dataspec import SPLITS, DataSplits, Example, SplitName, load_data, parse_data_spec
+from ._scores import (
+    BINARY_SUFFIX,
+    SCORES_COLUMNS,
+    ScoresTable,
+    binary_twin,
+    read_scores,
+    scores_from_columns,
+    write_scores,
+)
 from ._simulate import SCENARIOS, Scenario, simulate_scores
-from ._tables import read_table, write_table
+from ._tables import (
+    RawTable,
+    atomic_path,
+    check_writable,
+    dumps,
+    read_json,
+    read_table,
+    write_json,
+    write_jsonl,
+    write_table,
+)
 
 __all__ = [
+    "BINARY_SUFFIX",
     "SCENARIOS",
     "SCORES_COLUMNS",
+    "SPLITS",
     "DataSplits",
     "Dataset",
     "Example",
+    "RawTable",
     "Scenario",
     "ScoresTable",
+    "SplitName",
+    "atomic_path",
     "binary_twin",
+    "check_writable",
+    "dumps",
     "load_data",
     "parse_data_spec",
     "read_dataset",
+    "read_json",
     "read_scores",
     "read_table",
     "scores_from_columns",
     "simulate_scores",
+    "write_json",
+    "write_jsonl",
     "write_scores",
     "write_table",
 ]

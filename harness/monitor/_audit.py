@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import InputError
-from ..data._tables import dumps, read_json
-from ..run._layout import BundleLayout, RunLayout
-from ..run._log import file_sha256
+from ..data import dumps, read_json
+from ..run import BundleLayout, RunLayout, file_sha256
 from ._bundle_record import BUNDLE_VERSION, BundleRecord, json_number
 from ._certify import PROBE_SUFFIXES, certify, deploy_splits, test_rows
 

@@ -19,10 +19,9 @@ import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data._tables import read_json
+from ..data import read_json
 from ..expert import spec_from_record
-from ..run._layout import BundleLayout
-from ..run._log import file_sha256
+from ..run import BundleLayout, file_sha256
 from ._bundle_record import BUNDLE_VERSION, CONTROL_MODES, BundleRecord, ControlMode
 
 __all__ = [

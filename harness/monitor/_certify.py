@@ -20,12 +20,9 @@ import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data._scores import BINARY_SUFFIX, read_scores
-from ..data._tables import write_json
+from ..data import BINARY_SUFFIX, read_scores, write_json
 from ..expert import expert_record, read_expert, resolve_expert
-from ..run._config import RunConfig, load_run_config
-from ..run._layout import RunLayout
-from ..run._log import file_sha256
+from ..run import RunConfig, RunLayout, file_sha256, load_run_config
 from ._bundle import (
     POLICY,
     PROCEDURE,

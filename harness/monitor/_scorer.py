@@ -21,13 +21,14 @@ from probes import (
     ProbeArtifact,
     ProbeError,
     bucket_batches,
+    identity_matches,
+    is_legacy_identity,
     layer_activations,
     load_model,
     load_probe,
     pad_batch,
     tokenize,
 )
-from probes._model import identity_matches, is_legacy_identity
 
 from .._errors import InputError
 

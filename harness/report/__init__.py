@@ -2,23 +2,34 @@
 the sweeps, the validation records). It reads; it never reruns a stage.
 
 `build_report` is imported on first use: the report pulls in matplotlib, which no other stage needs.
+`summary_tables` (the summary as the terminal prints it) is imported on first use too (PEP 562).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
-from ..run._layout import RunLayout
+from .._lazy import lazy_exports
+from ..run import RunLayout
 
-__all__ = ["build_report", "read_warnings"]
+__all__ = ["SUMMARY_COLUMNS", "SummaryRow", "build_report", "read_warnings", "summary_tables"]
+
+# The names imported on first use and the module that defines each.
+_EXPORTS: dict[str, str] = {
+    "SUMMARY_COLUMNS": "._summary_table",
+    "SummaryRow": "._summary_table",
+    "summary_tables": "._summary_table",
+}
 
 
-def build_report(run_dir: Path) -> Path:
-    """Write run_dir/report/ for a finished run and return the path of report/report.md."""
+def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Write run_dir/report/ for a finished run and return the path of report/report.md;
+    `progress` hears each step (a figure, a table) as it starts."""
     from ._build import build_report as build
 
-    return build(Path(run_dir))
+    return build(Path(run_dir), progress=progress)
 
 
 def read_warnings(run_dir: Path) -> list[str]:
@@ -28,3 +39,6 @@ def read_warnings(run_dir: Path) -> list[str]:
     if not path.is_file():
         return []
     return [str(w) for w in json.loads(path.read_text(encoding="utf-8")).get("warnings", [])]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -30,9 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import InputError
-from ..data._scores import read_scores
-from ..data._tables import atomic_path, read_table, write_json
-from ..run._layout import RunLayout
+from ..data import atomic_path, read_scores, read_table, write_json
+from ..run import RunLayout
 from ._checks import checks_section
 from ._context import ReportContext, markdown_table
 from ._data import read_config_text, read_sweep

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..data._scores import ScoresTable
+from ..data import ScoresTable
 from ._context import ReportContext, markdown_table, pct
 
 __all__ = [

@@ -13,9 +13,8 @@ from numpy.typing import NDArray
 
 import calibrate
 
-from ..data._scores import ScoresTable
-from ..data._tables import write_table
-from ..run._layout import ReportLayout, slug
+from ..data import ScoresTable, write_table
+from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
 
 __all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]

@@ -20,9 +20,8 @@ import calibrate
 from calibrate import POLICIES, SweepConfig
 
 from .._errors import InputError
-from ..data._scores import BINARY_SUFFIX
-from ..data._tables import RawTable, read_table
-from ..run._layout import SweepLayout
+from ..data import BINARY_SUFFIX, RawTable, read_table
+from ..run import SweepLayout
 
 __all__ = [
     "BINARY_SUFFIX",

@@ -16,8 +16,8 @@ from numpy.typing import NDArray
 
 import calibrate
 
-from ..data._tables import read_table, write_table
-from ..run._layout import RunLayout
+from ..data import read_table, write_table
+from ..run import RunLayout
 from ._context import ReportContext, fmt, markdown_table
 from ._data import Sweep
 from ._figures import POLICY_LABELS

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
-from ..data._tables import atomic_path
+from ..data import atomic_path
 from ._data import Curve, GainCurve
 
 __all__ = [

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._errors import InputError
-from ..run._layout import RunLayout
+from ..run import RunLayout
 from . import _figures as fig
 from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table, pct, pm
 from ._data import (

@@ -20,7 +20,7 @@ import numpy as np
 
 import calibrate
 
-from ..run._config import MIN_SELECTION
+from ..run import MIN_SELECTION
 from ._context import ReportContext, fmt, markdown_table
 from ._data import GAIN_BASELINES, Sweep, paired_gain, value_at
 from ._summary_table import SummaryKind, SummaryPart, SummaryRow, summary_tables

@@ -11,9 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._errors import InputError
-from ..run._config import MIN_SELECTION
-from ..run._layout import RunLayout
-from ..run._validation import JOBS, JobRecord, read_job
+from ..run import JOBS, MIN_SELECTION, JobRecord, RunLayout, read_job
 from . import _figures as fig
 from ._context import ReportContext, markdown_table, pct
 

@@ -1,31 +1,60 @@
 """A run: its configuration (`RunConfig`), where its files live (`Roots`, `RunLayout`), its
 records (`RunLog`, the manifests), the `Stage` interface and the runner that skips what is up to
-date. Which stages `ctd eval` runs is listed in `harness._eval`."""
+date. Which stages `ctd eval` runs is listed in `harness._eval`.
 
-from ._config import RunConfig, load_run_config
-from ._context import RunContext
-from ._layout import Roots, RunLayout
-from ._log import Invocation, Manifests, RunLog, RunLogError, StageRecord, StageStatus
-from ._runner import run_stages
-from ._sections import ExpertSettings, ProbeSettings
-from ._stage import Stage, StageOutcome, StageResult
+Imported on first use (PEP 562): a command takes only the parts it names (the progress bars
+bring rich, the validation jobs calibrate).
+"""
 
-__all__ = [
-    "ExpertSettings",
-    "Invocation",
-    "Manifests",
-    "ProbeSettings",
-    "Roots",
-    "RunConfig",
-    "RunContext",
-    "RunLayout",
-    "RunLog",
-    "RunLogError",
-    "Stage",
-    "StageOutcome",
-    "StageRecord",
-    "StageResult",
-    "StageStatus",
-    "load_run_config",
-    "run_stages",
-]
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+# Every public name and the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "DV_TARGET_CHOICES": "._config",
+    "JOBS": "._validation",
+    "MIN_SELECTION": "._config",
+    "BundleLayout": "._layout",
+    "DVLayout": "._layout",
+    "ExpertSettings": "._sections",
+    "HeadlineRule": "._validation",
+    "Invocation": "._log",
+    "JobRecord": "._validation",
+    "Manifests": "._log",
+    "ProbeLayout": "._layout",
+    "ProbeSettings": "._sections",
+    "QueryLayout": "._layout",
+    "ProgressFn": "._stage",
+    "ReportLayout": "._layout",
+    "Roots": "._layout",
+    "RunConfig": "._config",
+    "RunContext": "._context",
+    "RunLayout": "._layout",
+    "RunLog": "._log",
+    "RunLogError": "._log",
+    "Stage": "._stage",
+    "StageOutcome": "._stage",
+    "StageProgress": "._progress",
+    "StageRecord": "._log",
+    "StageResult": "._stage",
+    "StageStatus": "._log",
+    "SweepLayout": "._layout",
+    "ValidationJob": "._validation",
+    "ValidationLayout": "._layout",
+    "check_roots": "._layout",
+    "file_sha256": "._log",
+    "fingerprint": "._log",
+    "git_revision": "._log",
+    "listed_paths": "._runner",
+    "load_run_config": "._config",
+    "make_console": "._progress",
+    "read_job": "._validation",
+    "run_stages": "._runner",
+    "slug": "._layout",
+    "took": "._progress",
+}
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

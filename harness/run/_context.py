@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from probes import ModelInfo
 
-from ..data._dataspec import DataSplits
+from ..data import DataSplits
 from ..expert import ResolvedExpert
 from ._config import RunConfig
 from ._layout import Roots, RunLayout

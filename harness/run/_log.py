@@ -23,7 +23,7 @@ from typing import Any
 from experts import redact
 
 from .._errors import InputError, named
-from ..data._tables import read_json, write_json
+from ..data import read_json, write_json
 from ._layout import RunLayout
 
 __all__ = [

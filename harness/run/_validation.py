@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 import calibrate
 
 from .._errors import InputError
-from ..data._tables import read_json, read_table
+from ..data import read_json, read_table
 from ._layout import ValidationLayout
 
 __all__ = ["HEADLINE_RULES", "JOBS", "HeadlineRule", "JobRecord", "ValidationJob", "read_job"]

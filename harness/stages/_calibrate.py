@@ -15,13 +15,18 @@ import calibrate
 from calibrate import MergeChoice, SweepConfig, ValidationConfig, ValidationResult
 
 from .._errors import InputError
-from ..data._scores import ScoresTable, read_scores, write_scores
-from ..data._simulate import Scenario, simulate_scores
-from ..data._tables import check_writable, write_json, write_jsonl, write_table
-from ..run._context import RunContext
-from ..run._layout import Roots, SweepLayout
-from ..run._log import file_sha256, fingerprint
-from ..run._stage import StageResult
+from ..data import (
+    Scenario,
+    ScoresTable,
+    check_writable,
+    read_scores,
+    simulate_scores,
+    write_json,
+    write_jsonl,
+    write_scores,
+    write_table,
+)
+from ..run import Roots, RunContext, StageResult, SweepLayout, file_sha256, fingerprint
 
 __all__ = [
     "CALIBRATE_SETTINGS",

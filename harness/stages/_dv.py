@@ -23,12 +23,16 @@ from calibrate import DV_TARGETS, DVTarget
 from probes import ProbeConfig, ProbeError
 
 from .._errors import InputError
-from ..data._scores import binary_twin, read_scores, scores_from_columns, write_scores
-from ..data._tables import check_writable, read_table, write_json
-from ..run._context import RunContext
-from ..run._layout import DVLayout, ProbeLayout
-from ..run._log import file_sha256, fingerprint
-from ..run._stage import ProgressFn, StageResult
+from ..data import (
+    binary_twin,
+    check_writable,
+    read_scores,
+    read_table,
+    scores_from_columns,
+    write_json,
+    write_scores,
+)
+from ..run import DVLayout, ProbeLayout, ProgressFn, RunContext, StageResult, file_sha256, fingerprint
 from ._probe import open_stores
 
 __all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]

@@ -20,13 +20,8 @@ import calibrate
 from probes import ActivationStore, ProbeError, Ragged, StoreKey
 
 from .._errors import InputError
-from ..data._dataspec import SPLITS, DataSplits, SplitName
-from ..data._tables import read_json, write_json, write_table
-from ..run._context import RunContext
-from ..run._layout import ProbeLayout, Roots
-from ..run._log import fingerprint
-from ..run._sections import ProbeSettings
-from ..run._stage import ProgressFn, StageResult
+from ..data import SPLITS, DataSplits, SplitName, read_json, write_json, write_table
+from ..run import ProbeLayout, ProbeSettings, ProgressFn, Roots, RunContext, StageResult, fingerprint
 from ._probe_metrics import ProbeMetrics, ProbeRun, SplitExtraction
 
 if TYPE_CHECKING:

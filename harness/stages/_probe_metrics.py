@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .._errors import InputError
-from ..data._tables import read_json
+from ..data import read_json
 
 if TYPE_CHECKING:
     from probes import ExtractStats

@@ -19,11 +19,9 @@ from experts import ConfigError, ExpertSpec, Item, RunStats, ScoreCache
 
 from .._errors import InputError, check_failed_fraction
 from .._signals import stop_signals
-from ..data._datasets import read_dataset
-from ..data._tables import check_writable, write_table
+from ..data import check_writable, read_dataset, write_table
 from ..expert import check_expert
-from ..run._layout import Roots
-from ..run._stage import ProgressFn
+from ..run import ProgressFn, Roots
 
 __all__ = [
     "ExpertProgress",

@@ -17,11 +17,8 @@ import experts
 from experts import ConfigError, ExpertSpec
 
 from .._errors import InputError, check_failed_fraction
-from ..data._example import Example
-from ..data._tables import read_table, write_table
-from ..run._context import RunContext
-from ..run._log import fingerprint
-from ..run._stage import StageResult
+from ..data import Example, read_table, write_table
+from ..run import RunContext, StageResult, fingerprint
 from ._query import QuerySummary, preflight_cache, query_items
 
 __all__ = ["QueryStage", "expert_identity"]

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..run._context import RunContext
-from ..run._log import fingerprint
-from ..run._stage import StageResult
+from ..run import RunContext, StageResult, fingerprint
 from ._calibrate import CALIBRATE_SETTINGS
 from ._validate import VALIDATE_SETTINGS
 
@@ -37,8 +35,10 @@ class ReportStage:
         return [self.ctx.layout.report.root]
 
     def run(self) -> StageResult:
-        from ..report import read_warnings
-        from ..report._build import build_report  # matplotlib is imported only when a report is built
+        from ..report import (
+            build_report,  # matplotlib is imported only when a report is built
+            read_warnings,
+        )
 
         path = build_report(self.ctx.layout.root, progress=self.ctx.progress.step)
         warnings = read_warnings(self.ctx.layout.root)

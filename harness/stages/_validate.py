@@ -27,14 +27,18 @@ from typing import Any, ClassVar
 import calibrate
 
 from .._errors import InputError
-from ..data._scores import BINARY_SUFFIX, read_scores
-from ..data._tables import write_json
-from ..run._config import MIN_SELECTION
-from ..run._context import RunContext
-from ..run._layout import ValidationLayout
-from ..run._log import file_sha256, fingerprint
-from ..run._stage import StageResult
-from ..run._validation import JOBS, HeadlineRule, ValidationJob
+from ..data import BINARY_SUFFIX, read_scores, write_json
+from ..run import (
+    JOBS,
+    MIN_SELECTION,
+    HeadlineRule,
+    RunContext,
+    StageResult,
+    ValidationJob,
+    ValidationLayout,
+    file_sha256,
+    fingerprint,
+)
 from ._calibrate import validate_scores
 
 __all__ = ["VALIDATE_SETTINGS", "ValidateStage", "headline_level", "run_job"]

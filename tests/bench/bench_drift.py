@@ -27,7 +27,10 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the old alarm live
 sys.path.insert(0, str(Path(__file__).parents[2]))  # first: tests/experts/ must not shadow experts
 from window_alarm import window_alarms
 
-from harness.monitor._drift import BETTING_FRACTIONS, DEFAULT_MTFA, RateWatch
+from harness.monitor import DEFAULT_MTFA, RateWatch
+
+# Private: the betting fractions the drift watch mixes, timed one by one.
+from harness.monitor._drift import BETTING_FRACTIONS
 
 STREAM = 100_000
 GOOD_BEFORE = 50_000

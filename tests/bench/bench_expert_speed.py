@@ -38,11 +38,12 @@ import httpx
 import numpy as np
 
 import experts
-from experts._prompts import load_template
-from experts._scoring import build_request
+from experts import build_request, load_template
+
+# Private: the server's default thread count, which the bench reports.
 from experts._serve import default_threads
-from harness.data._datasets import read_dataset
-from probes._embedded import embedded_gguf
+from harness.data import read_dataset
+from probes import embedded_gguf
 
 WARM_UP = "Hello! Can you recommend a good book for a long train ride?"
 CTD = "import sys; from harness.cli import main; sys.argv = ['ctd', *sys.argv[1:]]; main()"

@@ -28,15 +28,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from probes import load_model
+
 # Private: the extraction's inner steps, timed one by one.
 from probes._extract import _pad, bucket_batches, extract, tokenize
-from probes._model import decoder_layers, load_model
+
+# Private: the decoder layers, timed without the rest of the model.
+from probes._model import decoder_layers
 
 MUP = Path(__file__).resolve().parents[3] / "shared" / "data" / "mup" / "dev"
 
 
 def conversations(n: int, data: Path = MUP) -> tuple[list, str]:
-    from harness.data._datasets import read_dataset
+    from harness.data import read_dataset
 
     if data.is_dir():
         items = [it for f in sorted(data.glob("*.jsonl")) for it in read_dataset(f).items]

@@ -111,7 +111,7 @@ def build_model(folder: Path, tokenizer_dir: Path | None, tiny: bool, device: st
 
 
 def read_data(data: Path, limit: int | None) -> tuple[list, np.ndarray, list[Path], list[Path]]:
-    from harness.data._datasets import read_dataset
+    from harness.data import read_dataset
 
     train = sorted((data / "training").glob("*.jsonl"))
     dev = sorted((data / "dev").glob("*.jsonl"))
@@ -126,6 +126,8 @@ def read_data(data: Path, limit: int | None) -> tuple[list, np.ndarray, list[Pat
 
 def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu: GpuUse) -> dict:
     from probes import bucket_batches, extract, load_model, pad_batch, resolve_layer, tokenize
+
+    # Private: the decoder layers, timed without the rest of the model.
     from probes._model import decoder_layers
 
     loaded = load_model(str(folder))
@@ -199,8 +201,7 @@ def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu:
 def part_train(args, store_folder: Path, labels: np.ndarray, gpu: GpuUse) -> tuple[dict, tuple]:
     import inspect
 
-    from probes import ActivationStore, ProbeConfig, predict, train_probe
-    from probes._store import StoreKey
+    from probes import ActivationStore, ProbeConfig, StoreKey, predict, train_probe
 
     store = ActivationStore(store_folder, StoreKey(**json.loads((store_folder / "key.json").read_text())))
     acts = store.read()
@@ -232,8 +233,8 @@ def part_train(args, store_folder: Path, labels: np.ndarray, gpu: GpuUse) -> tup
 
 def write_bundle(folder: Path, model_folder: Path, store, kept) -> Path:
     """A bundle serving `kept` (the trained attention probe) as both probes, budget mode at 0.5."""
-    from harness.monitor._bundle import BUNDLE_VERSION
-    from harness.run._layout import BundleLayout
+    from harness.monitor import BUNDLE_VERSION
+    from harness.run import BundleLayout
     from probes import ProbeArtifact, save_probe
 
     sys.path.insert(0, str(ROOT / "tests"))

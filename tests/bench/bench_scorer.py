@@ -59,6 +59,7 @@ def main() -> None:
     import monitor_bundle
     from bench_monitor import texts
 
+    # Private: the scorer module, whose forward passes are timed.
     from harness.monitor import _scorer
     from probes import extract, predict
 

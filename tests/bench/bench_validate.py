@@ -26,9 +26,9 @@ from timing import timings
 
 import harness
 from harness import RunConfig
+from harness.run import JOBS
 
 # Private: the validation jobs, timed one by one.
-from harness.run._validation import JOBS
 from harness.stages._validate import run_job
 
 DEFAULT = RunConfig()  # the levels and headline levels of the default run

@@ -27,9 +27,8 @@ import httpx
 import numpy as np
 
 import experts
-from experts._prompts import load_template
-from experts._scoring import build_request
-from harness.data._datasets import read_dataset
+from experts import build_request, load_template
+from harness.data import read_dataset
 from harness.expert import ResolvedExpert
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -9,7 +9,7 @@ import calibrate
 
 # Private: the two routes are internal; compared on their own.
 import calibrate._splits as splits_module
-from calibrate._splits import policy_signal, threshold_candidates
+from calibrate import policy_signal, threshold_candidates
 from harness import scores_from_columns, simulate_scores
 
 

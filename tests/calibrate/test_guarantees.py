@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 
 import calibrate
+from calibrate import policy_signal
 
 # Private: an anti-conservative variant and an independent re-measurement.
 from calibrate._fwer import FixedSequence, FWERBatch
-from calibrate._splits import evaluate_delegation, policy_signal
+
+# Private: one split's delegation outcome, the unit the guarantee is about.
+from calibrate._splits import evaluate_delegation
 from harness import scores_from_columns, simulate_scores
 
 DELTA = 0.1
@@ -230,7 +233,8 @@ def test_paper_qualitative_findings() -> None:
 def test_chunked_trials_give_the_chunks_of_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trials drawn and calibrated a few at a time, and the fresh table's per-trial uncertainty
     signal in small chunks, give exactly what one pass over all trials gives."""
-    import calibrate._validate as engine  # private: its chunk size is patched
+    # Private: its chunk size is patched.
+    import calibrate._validate as engine
 
     table = simulated("weak", 500, 2)
     fresh = simulated("weak", 2000, 2, random_state=5)

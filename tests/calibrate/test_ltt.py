@@ -29,14 +29,15 @@ from calibrate import (
     budget_control,
     empirical_control,
     performance_control,
+    policy_signal,
     random_splits,
     sweep,
+    threshold_candidates,
     uncertainty_signal,
 )
 
 # Private: k* and the candidates the controllers consume, unit-tested.
 from calibrate._pvalues import binomial_kstar
-from calibrate._splits import policy_signal, threshold_candidates
 
 # --------------------------------------------------------------------------- helpers
 

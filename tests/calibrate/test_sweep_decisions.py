@@ -11,7 +11,7 @@ import pytest
 import calibrate
 from calibrate import ANY_BATCH_SIZE, ANY_OBJECTIVE, DECISION_COLUMNS, SweepConfig
 from harness import simulate_scores
-from harness.data._scores import scores_from_columns
+from harness.data import scores_from_columns
 
 CONFIG = SweepConfig(budgets=(0.1, 0.25, 0.5), batch_sizes=(16, 40))
 

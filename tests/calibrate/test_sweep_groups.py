@@ -11,6 +11,10 @@ import pytest
 from numpy.typing import NDArray
 
 import calibrate
+
+# The reference rebuilds the sweep's masks from its inner steps (the split,
+# the signals, the threshold candidates, budget control, top-k), exactly as
+# harness/report/_data.py's `_group_masks` did before the group table moved into the sweep.
 from calibrate import (
     GROUP_COLUMNS,
     POLICIES,
@@ -18,15 +22,12 @@ from calibrate import (
     SweepConfig,
     budget_control,
     group_table,
+    policy_signal,
     random_splits,
     sweep,
+    threshold_candidates,
     topk_mask,
 )
-
-# Private on purpose: the reference rebuilds the sweep's masks from its inner steps (the split,
-# the signals, the threshold candidates, budget control, top-k), exactly as
-# harness/report/_data.py's `_group_masks` did before the group table moved into the sweep.
-from calibrate._splits import policy_signal, threshold_candidates
 
 GROUPS = ("anthropic", "mt", "mts", "toolace")
 CONFIG = SweepConfig(budgets=(0.05, 0.2, 0.3, 0.75), batch_sizes=(32, 64), n_grid=30, split_seed=3)

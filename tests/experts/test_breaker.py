@@ -25,6 +25,8 @@ from experts import (
     RetryPolicy,
     StorageError,
 )
+
+# Private: the circuit breaker and the transport errors it counts, unit-tested.
 from experts._breaker import Breaker
 from experts._errors import HTTPStatusError, ResponseError, TransportError
 

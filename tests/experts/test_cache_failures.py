@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from experts import CacheCorrupt, ScoreCache, StorageError, check_cache, salvage_cache
-from experts._claims import ClaimLedger, list_claims
+from experts import CacheCorrupt, ScoreCache, StorageError, check_cache, list_claims, salvage_cache
+
+# Private: the claim ledger, failed directly under the cache.
+from experts._claims import ClaimLedger
 
 N = 120
 
@@ -150,6 +152,7 @@ def test_the_wal_switch_giving_up_on_a_lock_is_a_locked_cache() -> None:
     it is the machine's doing (exit 3, "end that process"), not an unknown failure (exit 1)."""
     import sqlite3
 
+    # Private: how a storage error is classified.
     from experts._errors import storage_kind
 
     assert (

@@ -12,6 +12,8 @@ import pytest
 # Private: the cache key, unit-tested.
 import experts._cache as cache_module
 from experts import ExpertClient, ExpertSpec, Item, RateLimit, RetryPolicy, Timeout
+
+# Private: the cache key and its schema version, which no caller builds.
 from experts._cache import SCHEMA_VERSION, CacheKey
 
 STAKES_V1 = Path(__file__).resolve().parents[2] / "experts" / "prompts" / "stakes-v1.toml"

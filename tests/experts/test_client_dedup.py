@@ -16,10 +16,11 @@ import pytest
 from fault_server import FaultPlan, RunningServer, item_score
 from test_experts_engine import db_rows, make_spec
 
+# Private: the client module, patched to count the requests it sends.
 import experts._client
 from experts import ExpertClient, Item, RateLimit, RetryPolicy, ScoreCache, Stopped
-from harness.data._tables import read_table
-from harness.stages._query import query_items
+from harness.data import read_table
+from harness.stages import query_items
 
 N, DISTINCT = 100, 50
 

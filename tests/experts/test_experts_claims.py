@@ -245,7 +245,8 @@ def hold(
 
 
 def score_row(spec: Any, item: Item, score: float) -> dict[str, Any]:
-    from experts._cache import now  # private: the cache's own clock
+    # Private: the cache's own clock.
+    from experts._cache import now
 
     return {
         "key": key_of(spec, item), "expert": spec.name, "item_id": item.id, "endpoint": "x", "model": "x",

@@ -18,8 +18,10 @@ from ctd_cli import free_port, llama_servers_on, start_ctd
 
 import experts
 from experts import ExpertClient, Item, ScoreCache
+
+# Private: the llama.cpp server module the local server starts.
 from experts._serve import SERVER_MODULE as MODULE
-from probes._embedded import embedded_gguf
+from probes import embedded_gguf
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("xllamacpp") is None,

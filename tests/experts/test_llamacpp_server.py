@@ -16,11 +16,12 @@ import pytest
 from ctd_cli import free_port
 
 import experts
-from experts import ConfigError
-from experts._prompts import load_template
-from experts._scoring import build_request, parse_response
+from experts import ConfigError, build_request, load_template
+
+# Private: the response parser, fed the real server's answers.
+from experts._scoring import parse_response
 from experts._serve import SERVER_MODULE as MODULE
-from probes._embedded import embedded_gguf
+from probes import embedded_gguf
 
 SMOLLM2 = experts.BUILTIN_EXPERTS["smollm2"]
 needs_xllamacpp = pytest.mark.skipif(

@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 from experts import check_endpoint, expert_from_url, redact
+
+# Private: the endpoint and the errors whose messages must not hold a key.
 from experts._endpoint import Endpoint
 from experts._errors import HTTPStatusError, TransportError
 from experts._redact import redact_known

@@ -20,6 +20,8 @@ from models_server import serving
 
 import experts
 from experts import ConfigError, ExpertClient, Item
+
+# Private: the server module and the port holders it looks for, unit-tested.
 from experts import _serve as serve
 from experts._ports import Holder, descendants, port_holder
 

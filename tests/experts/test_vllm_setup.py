@@ -13,9 +13,10 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 
 import experts
-from experts import ConfigError, InvalidSetting, VllmSettings
-from experts._serve import LocalServer, server_command
-from experts._vllm import VLLM_MODULE, setup_vllm, vllm_command
+from experts import ConfigError, InvalidSetting, LocalServer, VllmSettings, server_command, setup_vllm
+
+# Private: the vLLM module and command line a setup writes.
+from experts._vllm import VLLM_MODULE, vllm_command
 
 SPEC = experts.BUILTIN_EXPERTS["smollm2-vllm"]
 
@@ -147,8 +148,7 @@ def test_the_port_and_settings_reach_a_moved_server(tmp_path: Path) -> None:
 def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness import expert
-    from harness._errors import InputError
+    from harness import InputError, expert
 
     down = experts.EndpointCheck(url=SPEC.base_urls[0], problem="unreachable")
     monkeypatch.setattr(expert, "check_expert", lambda spec: down)
@@ -167,6 +167,7 @@ def test_a_run_may_start_a_vllm_expert_that_does_not_answer(
 
 
 def test_a_process_the_server_leaves_behind_is_killed() -> None:
+    # Private: the server's reaping and start time, tested on a real child process.
     from experts._serve import _reap, _start_time
 
     leftover = subprocess.Popen(["sleep", "60"])

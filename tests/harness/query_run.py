@@ -16,14 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness.data._dataspec import load_data
+from harness.data import load_data
 from harness.expert import resolve_expert
-from harness.run._config import RunConfig
-from harness.run._context import RunContext
-from harness.run._layout import Roots
-from harness.run._log import Manifests
-from harness.run._progress import StageProgress
-from harness.stages._query_stage import QueryStage
+from harness.run import Manifests, Roots, RunConfig, RunContext, StageProgress
+from harness.stages import QueryStage
 from probes import ModelInfo
 
 

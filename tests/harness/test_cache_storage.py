@@ -22,6 +22,8 @@ from fault_server import RunningServer
 from full_disk import fill
 
 from experts import ScoreCache
+
+# Private: the exit code of an environment failure.
 from harness._errors import EXIT_ENVIRONMENT
 
 

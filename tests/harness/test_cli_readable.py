@@ -16,11 +16,13 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 from rich.console import Console
 
+# Private: how a command shows a path or value.
 from harness.cli._common import shown
 from harness.expert import check_expert, pick_expert
-from harness.run._config import RunConfig
-from harness.run._log import RUN_LOG_VERSION, RunLog, RunLogError, StageStatus
-from harness.run._progress import StageProgress
+from harness.run import RunConfig, RunLog, RunLogError, StageProgress, StageStatus
+
+# Private: the run log's format version, written into the hand-made logs.
+from harness.run._log import RUN_LOG_VERSION
 
 # RunConfig fields whose default is not a value of the option: derived, or empty meaning "built-in".
 # Defaults of None, described in words in their help ("default: ...").

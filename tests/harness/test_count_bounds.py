@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 
+# Private: the count bounds every command checks.
 from harness._bounds import LIMITS
 
 BIG = "1000000000"

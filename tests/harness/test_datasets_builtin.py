@@ -22,6 +22,8 @@ from harness.data import parse_data_spec, read_dataset
 # Private: the spec parser's salt and sources, and the built-in set's generator, unit-tested.
 from harness.data._dataspec import SPLIT_SALT, DataSource
 from harness.data.builtin import builtin_dir
+
+# Private: the generator of the built-in files, checked against them.
 from harness.data.builtin._generate import (
     BUILTIN_GROUPS,
     BUILTIN_SPLITS,
@@ -311,7 +313,8 @@ def test_automatic_dev_test_split(files: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_automatic_split_depends_on_the_salted_id_hash(files: dict[str, Path], monkeypatch) -> None:
-    import harness.data._dataspec as dataspec  # private: its hash function is patched
+    # Private: its hash function is patched.
+    import harness.data._dataspec as dataspec
 
     spec = f"train={files['train']} dev={files['anthropic']}"
     before = {e.id for e in load_data(spec).test}

@@ -26,11 +26,11 @@ import pytest
 from ctd_cli import run_ctd
 from eval_data import eval_env
 
-from harness.data._tables import read_table
-from harness.report._context import slug
+from harness.data import read_table
+
+# Private: the budgets the summary shows.
 from harness.report._summary import SUMMARY_BUDGETS
-from harness.run._config import MIN_SELECTION, RunConfig
-from harness.run._layout import RunLayout
+from harness.run import MIN_SELECTION, RunConfig, RunLayout, slug
 
 GAIN_BUDGETS = (0.1, 0.15, 0.2, 0.25, 0.3)
 MIN_GAIN = 0.01

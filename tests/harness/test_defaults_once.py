@@ -96,7 +96,7 @@ def test_probe_and_dv_command_defaults_are_the_probe_settings() -> None:
 
 
 def test_monitor_calibrate_defaults_are_the_engine_and_bundle_defaults() -> None:
-    from harness.monitor._certify import calibrate_bundle  # the function the command calls
+    from harness.monitor import calibrate_bundle  # the function the command calls
 
     found = _defaults("monitor", "calibrate")
     bundle = inspect.signature(calibrate_bundle).parameters

@@ -16,15 +16,11 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd
 from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
 
-from harness._errors import InputError
-from harness.data._dataspec import load_data
+from harness import InputError
+from harness.data import load_data
 from harness.expert import resolve_expert
-from harness.run._config import RunConfig
-from harness.run._context import RunContext
-from harness.run._layout import Roots
-from harness.run._log import Manifests
-from harness.run._progress import StageProgress
-from harness.stages._query_stage import QueryStage
+from harness.run import Manifests, Roots, RunConfig, RunContext, StageProgress
+from harness.stages import QueryStage
 from probes import ModelInfo
 
 

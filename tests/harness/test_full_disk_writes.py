@@ -13,11 +13,11 @@ import pytest
 import typer
 from full_disk import fill
 
+# Private: the exit codes and the error wrapper the commands use.
 from harness._errors import EXIT_ENVIRONMENT, EXIT_INPUT, EnvironmentFailure
 from harness.cli._common import clean_errors
-from harness.data._tables import write_json, write_jsonl, write_table
-from harness.run._layout import RunLayout
-from harness.run._log import Manifests
+from harness.data import write_json, write_jsonl, write_table
+from harness.run import Manifests, RunLayout
 
 COLUMNS = {"id": np.array([f"ex{i}" for i in range(5000)]), "score": np.linspace(0, 1, 5000)}
 WRITERS: dict[str, Callable[[Path], object]] = {

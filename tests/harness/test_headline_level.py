@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness import InputError
-from harness.run._config import MIN_SELECTION, RunConfig, load_run_config
+from harness.run import MIN_SELECTION, RunConfig, load_run_config
+
+# Private: the rule that picks a job's headline level.
 from harness.stages._validate import headline_level
 
 # CTD's selection rates at alpha 0.05 ... 0.5 in the default run (report/tables/.../validation.csv).

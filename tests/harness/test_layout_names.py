@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
-from harness.run._layout import ReportLayout, ReportTable, RunLayout
+from harness.run import ReportLayout, RunLayout
+
+# Private: the report's table names, which only the layout spells.
+from harness.run._layout import ReportTable
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("harness", "calibrate", "experts", "probes")

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 
-from harness.data._dataspec import SPLITS, load_data
+from harness.data import SPLITS, load_data
+
+# Private: the stratified --limit, unit-tested.
 from harness.data._limit import stratified_limit
-from harness.run._config import RunConfig
-from harness.run._log import RunLog, StageStatus
+from harness.run import RunConfig, RunLog, StageStatus
 
 
 def strata(examples) -> Counter[tuple[str, int]]:  # type: ignore[no-untyped-def]

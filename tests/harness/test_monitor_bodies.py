@@ -18,9 +18,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from monitor_bundle import write_untrained_bundle
 
+from harness.monitor import Monitor, create_app
+
+# Private: the request roles and the error types the monitor raises.
 from harness.monitor._errors import LogUnavailable
-from harness.monitor._monitor import Monitor
-from harness.monitor._server import ROLES, create_app
+
+# Private: the request roles and the error type the body parser raises.
+from harness.monitor._server import ROLES
 
 # Any code point, lone surrogates included (json.dumps writes them as \udXXX escapes); the
 # surrogates are also drawn on their own, or a few in 2,048 code points would rarely come up.

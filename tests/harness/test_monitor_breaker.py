@@ -14,6 +14,8 @@ import httpx
 from fault_server import RunningServer, item_score
 
 from experts import ExpertSpec, Item
+
+# Private: the default transport and the monitor's expert gate, unit-tested.
 from experts._endpoint import default_transport
 from harness.monitor._expert import ExpertAnswer, ExpertGate
 

@@ -15,6 +15,8 @@ import pytest
 from monitor_run import fill
 
 from harness import InputError
+
+# Private: the decision log, unit-tested.
 from harness.monitor import _decisions
 from harness.monitor._decisions import DecisionLog, record_bound
 from harness.monitor._errors import LogUnavailable

@@ -12,10 +12,8 @@ import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 from window_alarm import window_alarms
 
-from harness.monitor._bundle import Bundle
-from harness.monitor._drift import DEFAULT_MTFA, RateWatch
-from harness.monitor._monitor import Monitor
-from harness.run._layout import BundleLayout
+from harness.monitor import DEFAULT_MTFA, Bundle, Monitor, RateWatch
+from harness.run import BundleLayout
 
 STREAM = 100_000  # requests per false-alarm stream
 GOOD_BEFORE = 50_000  # good requests before a late drift starts

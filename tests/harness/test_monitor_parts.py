@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness._errors import InputError
+from harness import InputError
+from harness.monitor import DEFAULT_MTFA, DelegationCap, RateWatch
+
+# Private: the monitor's parts, unit-tested one by one.
 from harness.monitor._batcher import MicroBatcher
 from harness.monitor._decisions import DecisionLog
-from harness.monitor._drift import DEFAULT_MTFA, DelegationCap, RateWatch
 from harness.monitor._metrics import GaugeValue, MonitorMetrics
 from harness.monitor._server import MAX_BODY_BYTES, BadRequest, parse_check, parse_feedback, read_json_body
 

@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness import InputError
 from harness.monitor import Monitor, read_bundle
+
+# Private: the admission queue and the scorer behind it, unit-tested.
 from harness.monitor._admission import Admission
 from harness.monitor._errors import Overloaded
 from harness.monitor._metrics import MonitorMetrics

@@ -18,8 +18,12 @@ import torch
 from monitor_bundle import write_untrained_bundle
 
 from harness.data.builtin import builtin_dir
+
+# Private: the scorer's forward passes, checked against the probes'.
 from harness.monitor._scorer import ProbeScorer, forward_passes
 from probes import ProbeConfig, extract, predict
+
+# Private: a probe built without training.
 from probes._build import build_probe
 
 TOLERANCE = 1e-5

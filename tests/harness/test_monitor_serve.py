@@ -27,7 +27,7 @@ from monitor_run import conversations_of, labels_of, replay, serve, stop
 from prometheus_client.parser import text_string_to_metric_families
 
 import calibrate
-from harness.data._tables import read_table
+from harness.data import read_table
 
 TOLERANCE = 1e-5
 

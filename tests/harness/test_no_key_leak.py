@@ -19,9 +19,9 @@ from aiohttp import web
 from ctd_cli import run_ctd
 from fault_server import RunningServer
 
+# Private: the stream that redacts keys from a command's output.
 from harness.cli._redacting import RedactingStream
-from harness.run._layout import RunLayout
-from harness.run._log import Manifests, RunLog, StageStatus
+from harness.run import Manifests, RunLayout, RunLog, StageStatus
 
 # A name no secret-name rule knows: only the expert's own api_key_env can find its value.
 KEY_ENV = "ECHO_JUDGE_AUTH"

@@ -12,6 +12,7 @@ from aiohttp import web
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 from fault_server import FaultPlan, RunningServer
 
+# Private: the exit code of an environment failure.
 from harness._errors import EXIT_ENVIRONMENT
 
 

@@ -23,11 +23,10 @@ from ctd_cli import free_port, llama_servers_on, start_ctd
 from eval_data import eval_env
 
 import experts
-from harness.data._dataspec import load_data
-from harness.data._tables import read_table
-from harness.run._config import RunConfig
-from harness.stages._query import query_items
-from probes._embedded import embedded_gguf
+from harness.data import load_data, read_table
+from harness.run import RunConfig
+from harness.stages import query_items
+from probes import embedded_gguf
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("xllamacpp") is None,

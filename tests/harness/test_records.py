@@ -12,18 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import InputError
-from harness._eval import read_summary  # private: the run's summary as typed rows
-from harness.data._tables import dumps, read_json, write_json, write_table
-from harness.monitor._bundle_record import (
-    BundleCandidates,
-    BundleRecord,
-    BundleSources,
-    ProbeSource,
-    ScoresSource,
-)
-from harness.report._summary_table import SUMMARY_COLUMNS, SummaryRow, summary_tables
-from harness.stages._probe_metrics import ProbeMetrics, ProbeRun, SplitExtraction, read_probe_metrics
+from harness import InputError, read_summary
+from harness.data import dumps, read_json, write_json, write_table
+from harness.monitor import BundleRecord
+
+# Private: the bundle record's parts, built by hand to write bundles of each shape.
+from harness.monitor._bundle_record import BundleCandidates, BundleSources, ProbeSource, ScoresSource
+from harness.report import SUMMARY_COLUMNS, SummaryRow, summary_tables
+from harness.stages import ProbeMetrics, read_probe_metrics
+
+# Private: the probe metrics' parts, built by hand to write files of each shape.
+from harness.stages._probe_metrics import ProbeRun, SplitExtraction
 
 # summary.csv as the report wrote it before its rows were typed (two rows of the default run).
 SUMMARY_CSV = (

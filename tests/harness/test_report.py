@@ -19,20 +19,31 @@ import numpy as np
 import pytest
 
 import calibrate
-import calibrate._splits as calibrate_splits  # private: the recomputation steps
+
+# Private: the recomputation steps.
+import calibrate._splits as calibrate_splits
 import harness
 import harness.report
-import harness.report._figures  # private: figures checked one by one
+
+# Private: figures checked one by one.
+import harness.report._figures
 from calibrate import SweepConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
+
+# Private: the summary as `ctd eval` reads it back.
 from harness._eval import read_summary
-from harness.report._build import build_report  # private: with a progress hook
-from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep  # private: the report's tables
-from harness.report._sections import MEAN_V_TABLE_FRACTIONS  # private: the report's tables
+from harness.report import (
+    build_report,
+    summary_tables,
+)
+
+# Private: the report's tables.
+from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep
+from harness.report._sections import MEAN_V_TABLE_FRACTIONS
 from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
-from harness.report._summary_table import summary_tables
-from harness.run._config import MIN_SELECTION
-from harness.run._validation import JOBS, read_job  # private: the jobs the report reads
+from harness.run import JOBS, MIN_SELECTION, read_job
+
+# Private: the report's tables, read and recomputed; the validation jobs run one by one.
 from harness.stages._validate import run_job
 
 ARCH = "simulated"

@@ -15,8 +15,8 @@ from ctd_cli import run_ctd
 from eval_data import SIZES, eval_env, write_tagged_data
 from fault_server import RunningServer
 
-from harness.data._tables import read_table
-from harness.run._layout import RunLayout
+from harness.data import read_table
+from harness.run import RunLayout
 
 FAST = [
     "--seeds", "0",

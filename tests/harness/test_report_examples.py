@@ -12,10 +12,12 @@ import pytest
 import calibrate
 from calibrate import SweepConfig
 from harness import calibrate_scores, simulate_scores, write_scores
-from harness.data._tables import read_table, write_table
-from harness.report._build import build_report
+from harness.data import read_table, write_table
+from harness.report import build_report
+
+# Private: how much of an example's text the report shows.
 from harness.report._examples import TEXT_SHOWN
-from harness.run._layout import RunLayout
+from harness.run import RunLayout
 
 ARCH = "simulated"
 CONFIG = SweepConfig(budgets=(0.1, 0.2, 0.3, 0.5), batch_sizes=(32, 64))

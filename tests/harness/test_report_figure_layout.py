@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
+# Private: the figures' layout and the curves they draw.
 import harness.report._figures as fig
 from harness.report._data import Curve, GainCurve
 

@@ -15,11 +15,14 @@ from ctd_cli import run_ctd
 
 from calibrate import SweepConfig
 from harness import calibrate_scores, simulate_scores, write_scores
-from harness.data._scores import scores_from_columns
-from harness.report import read_warnings
-from harness.report._build import build_report
+from harness.data import scores_from_columns
+from harness.report import build_report, read_warnings
+
+# Private: the checks behind the report's warnings, and one validation job.
 from harness.report._checks import NARROW_SPREAD, ONE_CLASS_SHARE, check_scores
-from harness.run._validation import JOBS
+from harness.run import JOBS
+
+# Private: one validation job, run on its own.
 from harness.stages._validate import run_job
 
 ARCH = "simulated"

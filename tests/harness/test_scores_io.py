@@ -26,7 +26,7 @@ from harness import (
     write_scores,
     write_table,
 )
-from harness.data._tables import write_json, write_jsonl
+from harness.data import write_json, write_jsonl
 
 GROUPS = {"anthropic", "mt", "mts", "toolace"}
 N, N_DEV, SEEDS = 300, 200, 2

@@ -24,9 +24,10 @@ import pytest
 from ctd_cli import free_port, run_ctd, start_ctd
 from eval_data import eval_env
 
+# Private: the ports and the vLLM module the server runs, checked after it stops.
 from experts._ports import descendants, port_free
 from experts._vllm import VLLM_MODULE
-from harness.data._tables import read_table
+from harness.data import read_table
 from harness.data.builtin import builtin_dir
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("CTD_SKIP_VLLM")), reason="CTD_SKIP_VLLM is set")

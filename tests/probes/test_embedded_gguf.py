@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from ctd_cli import free_port, run_ctd
 
-from probes import ProbeError, _embedded
-from probes._embedded import GGUF_NAME, GGUF_SIZE, embedded_gguf
+# Private: the module whose download is patched.
+from probes import ProbeError, _embedded, embedded_gguf
+
+# Private: the embedded file's name and size, checked against the download.
+from probes._embedded import GGUF_NAME, GGUF_SIZE
 
 
 def test_the_variable_wins_and_a_wrong_one_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

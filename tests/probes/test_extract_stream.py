@@ -14,20 +14,23 @@ import numpy as np
 import pytest
 import torch
 
-from harness.data._datasets import read_dataset
+from harness.data import read_dataset
 from harness.data.builtin import builtin_dir
 from probes import (
     ActivationStore,
     LoadedModel,
     ProbeError,
     StoreKey,
+    bucket_batches,
     extract,
     layer_activations,
     load_model,
+    pad_batch,
+    tokenize,
 )
 
 # Private: the pieces replaced by batched versions, and the writer's commit steps.
-from probes._extract import bucket_batches, pad_batch, render, tokenize
+from probes._extract import render
 from probes._model import decoder_layers
 from probes._store import ShardWriter
 from probes._stream import CommitCadence

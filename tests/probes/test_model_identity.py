@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import _hashes, describe_model
-from probes._embedded import embedded_gguf
+# Private: the hashes and the legacy identities a model identity is made of.
+from probes import _hashes, describe_model, embedded_gguf
 from probes._model import (
     FOLDER_IDENTITY_PREFIX,
     _legacy_folder_identity,

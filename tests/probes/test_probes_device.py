@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+# Private: the batch layouts and the raw outputs, checked on each device.
 import probes._batches as batches_module
 import probes._ragged as ragged_module
 from probes import ARCHS, ProbeConfig, Ragged, default_device, predict, release_device_memory, train_probe
+
+# Private: the batch layouts and the raw outputs, checked on each device.
 from probes._batches import Pooled, Resident, Streamed, inputs
 from probes._build import build_probe
 from probes._train import _raw_outputs

@@ -18,15 +18,19 @@ from probes import (
     ProbeError,
     StoreKey,
     describe_model,
+    embedded_gguf,
     extract,
     layer_activations,
     load_model,
+    model_cache_root,
     resolve_layer,
 )
 
 # Private: tokenising, padding, bucketing, the store's plan and the model files, unit-tested.
 from probes._extract import _pad, bucket_batches, tokenize
-from probes._model import embedded_gguf, file_sha256, model_cache_root
+
+# Private: the file hash a model identity is made of.
+from probes._model import file_sha256
 from probes._store import Plan
 
 CONVERSATIONS = [

@@ -13,6 +13,8 @@ from scipy.stats import rankdata, spearmanr
 # Private: each architecture's module and the probe builder, unit-tested; training is patched.
 import probes._train as train_module
 from probes import ARCHS, EpochLog, Probe, ProbeConfig, Ragged, predict, train_probe
+
+# Private: the probe classes, trained and checked one by one.
 from probes._attention import AttentionProbe
 from probes._build import build_probe
 from probes._mean import MeanProbe
