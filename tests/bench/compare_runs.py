@@ -190,8 +190,9 @@ def main() -> int:
     parser.add_argument(
         "--work", type=Path, help="with --rev: where the runs go (default: a temporary folder)"
     )
-    args, options = parser.parse_known_args()
-    options = [o for o in options if o != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, options = parser.parse_args(argv[:cut]), argv[cut + 1 :]  # after --: ctd eval's own
     aliases = [tuple(a.split("=", 1)) for a in args.alias]
     if args.rev:
         if args.cache is None:
