@@ -23,7 +23,7 @@ import calibrate._splits as calibrate_splits  # private: the recomputation steps
 import harness
 import harness.report
 import harness.report._figures  # private: figures checked one by one
-from calibrate import SweepConfig
+from calibrate import SweepConfig, ValidationConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
 from harness._eval import read_summary
 from harness.report._build import build_report  # private: with a progress hook
@@ -78,9 +78,7 @@ def _validate(run: Path, arch: str) -> None:
             arch=arch,
             alphas=LEVELS[job.mode],
             headline_alpha=HEADLINE[job.mode],
-            delta=0.1,
-            trials=TRIALS,
-            pvalue="binomial",
+            config=ValidationConfig(trials=TRIALS),
         )
 
 
@@ -127,9 +125,7 @@ def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         arch=ARCH,
         alphas=(0.2,),
         headline_alpha=0.3,
-        delta=0.1,
-        trials=20,
-        pvalue="binomial",
+        config=ValidationConfig(trials=20),
     )
     (folder / f"{JOBS[0].name}.parquet").unlink()
     (folder / "performance.json").write_text("{}", encoding="utf-8")
