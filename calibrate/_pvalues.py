@@ -12,6 +12,7 @@ algorithms to achieve risk control. Section 3 (binomial and Hoeffding-Bentkus p-
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -20,10 +21,12 @@ from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "PVALUE_METHODS",
+    "CalibrationSize",
     "PValueMethod",
     "ProportionCI",
     "binomial_kstar",
     "binomial_pvalue",
+    "calibration_size",
     "clopper_pearson",
     "hoeffding_bentkus_pvalue",
     "min_calibration_size",
@@ -143,6 +146,37 @@ def min_certifiable_level(n: int, delta: float) -> float:
     while special.bdtr(0, int(n), alpha) > delta:
         alpha = float(np.nextafter(alpha, 1.0))
     return alpha
+
+
+@dataclass(frozen=True)
+class CalibrationSize:
+    """Whether `n` calibration rows can certify level `alpha` at `delta`: a threshold is certified
+    only when its losses reject H: R > alpha, and the fewest (zero) do so exactly when
+    (1 - alpha)^n <= delta, i.e. when `n` is at least `need` (`min_calibration_size`)."""
+
+    n: int
+    alpha: float
+    delta: float
+    need: int
+
+    @property
+    def enough(self) -> bool:
+        """Some threshold can be certified at `alpha` with `n` rows."""
+        return self.n >= self.need
+
+    def lowest_level(self, decimals: int = 3) -> float | None:
+        """The smallest level with `decimals` decimals that `n` rows can certify at `delta`:
+        `min_certifiable_level` rounded up (so that it is certifiable itself); None without rows."""
+        if self.n < 1:
+            return None
+        scale = 10**decimals
+        return math.ceil(min_certifiable_level(self.n, self.delta) * scale) / scale
+
+
+def calibration_size(n: int, alpha: float, delta: float) -> CalibrationSize:
+    """Can `n` calibration rows certify `alpha` at `delta`, and how many would: the one place
+    every refusal of a too small D_cal asks (ValueError when alpha or delta is not in (0, 1))."""
+    return CalibrationSize(n=n, alpha=alpha, delta=delta, need=min_calibration_size(alpha, delta))
 
 
 def _h1(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:

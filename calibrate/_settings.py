@@ -20,7 +20,9 @@ __all__ = [
     "DEFAULT_BUDGETS",
     "DEFAULT_DELTA",
     "DEFAULT_FWER",
+    "DEFAULT_PARETO",
     "DEFAULT_PVALUE",
+    "DEFAULT_SPLIT_SEED",
     "DEFAULT_TRIALS",
     "EST_FRACTION",
     "N_GRID",
@@ -40,6 +42,11 @@ DEFAULT_DELTA = 0.1
 # binomial p-values (the paper's text).
 DEFAULT_FWER: FWERMethod = "fixed-sequence"
 DEFAULT_PVALUE: PValueMethod = "binomial"
+# ... testing only the thresholds Pareto-optimal on D_est (Pareto testing, the paper's).
+DEFAULT_PARETO = True
+# The seed of the random cuts into D_est, D_cal and the evaluation rest unless one is given: the
+# sweep's, a validation's calibration samples and the deployed monitor's D_est/D_cal cut.
+DEFAULT_SPLIT_SEED = 0
 # Thresholds per policy and split: quantiles of the signal (`threshold_grid`).
 N_GRID = 100
 # Random calibration samples of a guarantee validation.
@@ -76,7 +83,7 @@ class ControlConfig:
 
     delta: float = DEFAULT_DELTA
     fwer: FWERMethod | FWERProcedure = DEFAULT_FWER
-    pareto: bool = True
+    pareto: bool = DEFAULT_PARETO
     pvalue: PValueMethod = DEFAULT_PVALUE
 
     def __post_init__(self) -> None:

@@ -29,7 +29,9 @@ from ._settings import (
     DEFAULT_BUDGETS,
     DEFAULT_DELTA,
     DEFAULT_FWER,
+    DEFAULT_PARETO,
     DEFAULT_PVALUE,
+    DEFAULT_SPLIT_SEED,
     EST_FRACTION,
     N_GRID,
     ControlConfig,
@@ -109,8 +111,8 @@ class SweepConfig:
     est_fraction: float = EST_FRACTION
     fwer: FWERMethod = DEFAULT_FWER
     pvalue: PValueMethod = DEFAULT_PVALUE
-    pareto: bool = True
-    split_seed: int = 0
+    pareto: bool = DEFAULT_PARETO
+    split_seed: int = DEFAULT_SPLIT_SEED
 
     def __post_init__(self) -> None:
         if not self.budgets or not all(0 < b < 1 for b in self.budgets):

@@ -33,7 +33,9 @@ from ._settings import (
     CERTIFIED_MODES,
     DEFAULT_DELTA,
     DEFAULT_FWER,
+    DEFAULT_PARETO,
     DEFAULT_PVALUE,
+    DEFAULT_SPLIT_SEED,
     DEFAULT_TRIALS,
     EST_FRACTION,
     N_GRID,
@@ -89,12 +91,12 @@ class ValidationConfig:
     merge: MergeRule | None = None
     delta: float = DEFAULT_DELTA
     fwer: FWERMethod | FWERProcedure = DEFAULT_FWER
-    pareto: bool = True
+    pareto: bool = DEFAULT_PARETO
     pvalue: PValueMethod = DEFAULT_PVALUE
     cal_size: int | None = None
     est_fraction: float = EST_FRACTION
     n_grid: int = N_GRID
-    seed: int | tuple[int, ...] = 0
+    seed: int | tuple[int, ...] = DEFAULT_SPLIT_SEED
 
     def __post_init__(self) -> None:
         spec = POLICIES.get(self.policy)

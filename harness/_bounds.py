@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._errors import InputError
 
-__all__ = ["LIMITS", "check_count", "check_counts", "check_list_length"]
+__all__ = ["LIMITS", "check_count", "check_counts", "check_levels", "check_list_length"]
 
 LIMITS: dict[str, int] = {
     "--trials": 100_000,  # validation trials (the paper: 500 to 2,000)
@@ -53,3 +53,12 @@ def check_list_length(option: str, count: int) -> None:
     """A list option (or a START:STOP:COUNT grid) holds at most LIMITS['values'] values."""
     if count > LIMITS["values"]:
         raise InputError(f"{option}: {count:,} values, at most {LIMITS['values']:,}")
+
+
+def check_levels(option: str, values: tuple[float, ...]) -> tuple[float, ...]:
+    """Levels (budgets, error levels, delta): at least one, each inside (0, 1). The one check of
+    `--budgets`, whether from a flag of `ctd eval` or `ctd calibrate` or from config.toml."""
+    bad = [v for v in values if not 0 < v < 1]  # also rejects NaN
+    if bad or not values:
+        raise InputError(f"{option}: {f'{bad[0]:g}' if bad else 'none'} is outside (0, 1)")
+    return values

@@ -19,7 +19,7 @@ from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
 from .data import DataSplits, atomic_path, load_data, read_table
-from .expert import ResolvedExpert, resolve_expert
+from .expert import ResolvedExpert
 from .report import SUMMARY_COLUMNS, SummaryRow, read_warnings
 from .run import (
     Manifests,
@@ -71,25 +71,26 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     caches), data spec, expert, model and layer, budgets against the test split's size."""
     check_roots(runs_root)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
-    expert = resolve_expert(config.expert, model=config.expert_model, named=config.expert_named)
+    expert = config.expert_settings.resolve()
     try:
         model = describe_model(config.model, revision=config.revision)
         resolve_layer(config.layer, model.n_layers, model.config)
     except ProbeError as error:
         raise InputError(str(error)) from None
     n_cal = calibrate.split_sizes(len(data.test))[1]  # D_cal of a calibration half (SPEC section 4)
-    if n_cal < calibrate.min_calibration_size(min(config.budgets), config.delta):
-        raise InputError(_budgets_too_small(config, len(data.test), n_cal))
+    size = calibrate.calibration_size(n_cal, min(config.budgets), config.delta)
+    if not size.enough:
+        raise InputError(_budgets_too_small(config, len(data.test), size))
     roots = Roots.resolve(runs_root)
     roots = Roots(runs=roots.runs, store=roots.store.resolve(), cache=roots.cache.resolve())
     return _Prepared(data, expert, model, roots, roots.run(config.run_name))
 
 
-def _budgets_too_small(config: RunConfig, n_test: int, n_cal: int) -> str:
-    """The refusal of budgets too small for D_cal, naming the budgets that would work: with n_cal
-    rows, zero losses certify exactly the budgets at or above `calibrate.min_certifiable_level`."""
-    budget = min(config.budgets)
-    need = calibrate.min_calibration_size(budget, config.delta)
+def _budgets_too_small(config: RunConfig, n_test: int, size: calibrate.CalibrationSize) -> str:
+    """The refusal of the smallest budget (`size`: D_cal against it), naming the budgets that would
+    work: with n_cal rows, zero losses certify exactly the budgets at or above
+    `calibrate.min_certifiable_level`."""
+    budget, need, n_cal = size.alpha, size.need, size.n
     n_needed = n_test
     while calibrate.split_sizes(n_needed)[1] < need:
         n_needed += 1
@@ -98,10 +99,10 @@ def _budgets_too_small(config: RunConfig, n_test: int, n_cal: int) -> str:
         f"certifying budget {budget:g} at delta {config.delta:g} needs at least {need} (a test split "
         f"of {n_needed} examples)"
     )
-    if n_cal < 1:
+    low = size.lowest_level()
+    if low is None:
         return head + "; no budget can be certified without calibration rows"
-    low = math.ceil(calibrate.min_certifiable_level(n_cal, config.delta) * 1000) / 1000  # shown rounded up
-    workable = [b for b in config.budgets if calibrate.min_calibration_size(b, config.delta) <= n_cal]
+    workable = [b for b in config.budgets if calibrate.calibration_size(n_cal, b, config.delta).enough]
     if workable:
         advice = f"pass --budgets {','.join(f'{b:g}' for b in workable)} (those asked for that can)"
     else:
@@ -156,7 +157,7 @@ def run_eval(
         # A damaged, full or read-only cache costs no request.
         items = [example.item() for example in query.examples()]
         missing = preflight_cache(ctx.roots.cache, expert.spec, items)
-        may_serve = config.serve == "auto" and expert.spec.server != "external"
+        may_serve = config.expert_settings.serve == "auto" and expert.spec.server != "external"
         if missing:
             start_server = expert.preflight(serve=may_serve)
             query = QueryStage(ctx, start_server=start_server, may_serve=may_serve)

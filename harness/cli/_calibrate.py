@@ -24,7 +24,7 @@ from calibrate import (
     ValidationMode,
 )
 
-from .._bounds import LIMITS
+from .._bounds import LIMITS, check_levels
 from .._errors import InputError
 from ..data import Scenario
 from ..run import RunLayout
@@ -35,7 +35,6 @@ from ._common import (
     parse_floats,
     parse_ints,
     parse_names,
-    parse_unit_interval,
     print_json,
     stdout,
 )
@@ -88,7 +87,7 @@ _VALIDATION = ValidationConfig()
 
 
 def _unit(value: float, option: str) -> float:
-    parse_unit_interval((value,), option)
+    check_levels(option, (value,))
     return value
 
 
@@ -179,7 +178,7 @@ def calibrate_command(
     try:
         config = SweepConfig(
             budgets=(
-                parse_unit_interval(parse_floats(budgets, "--budgets"), "--budgets")
+                check_levels("--budgets", parse_floats(budgets, "--budgets"))
                 if budgets is not None
                 else _SWEEP.budgets
             ),
@@ -293,7 +292,7 @@ def validate_command(
                 "seeded by (--seed, s), so the same seed gives the same trials."
             ),
         ),
-    ] = 0,
+    ] = calibrate.DEFAULT_SPLIT_SEED,  # ValidationConfig's, typed as the one seed this option takes
     cal_size: Annotated[
         int | None,
         typer.Option(

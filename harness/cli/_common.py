@@ -111,13 +111,6 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def parse_unit_interval(values: tuple[float, ...], option: str) -> tuple[float, ...]:
-    bad = [v for v in values if not 0 < v < 1]
-    if bad:
-        raise InputError(f"{option}: {bad[0]:g} is outside (0, 1)")
-    return values
-
-
 def parse_ints(text: str, option: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())

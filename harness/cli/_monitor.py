@@ -52,7 +52,9 @@ def monitor_calibrate(
         str | None, typer.Option("--arch", help="Probe configuration (default: the run's first).")
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Probe seed (default: the run's first).")] = None,
-    split_seed: Annotated[int, typer.Option("--split-seed", help="Seed of the D_est/D_cal cut.")] = 0,
+    split_seed: Annotated[
+        int, typer.Option("--split-seed", help="Seed of the D_est/D_cal cut.")
+    ] = calibrate.DEFAULT_SPLIT_SEED,
     name: Annotated[
         str | None, typer.Option("--name", help="Bundle name under runs/RUN/monitor/ (default: MODE-LEVEL).")
     ] = None,

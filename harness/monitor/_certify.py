@@ -21,7 +21,7 @@ from experts import ExpertSpec
 
 from .._errors import InputError
 from ..data import BINARY_SUFFIX, read_scores, write_json
-from ..expert import expert_record, read_expert, resolve_expert
+from ..expert import expert_record, read_expert
 from ..run import RunConfig, RunLayout, file_sha256, load_run_config
 from ._bundle import (
     POLICY,
@@ -127,7 +127,7 @@ def queried_expert(layout: RunLayout, config: RunConfig) -> ExpertSpec:
     registry says now. A run made before the query stage wrote that file has none: its expert
     is resolved from its config.toml (`expert`, `expert_model`) against the registry in force,
     as it always was."""
-    return read_expert(layout.query.expert) or resolve_expert(config.expert, model=config.expert_model).spec
+    return read_expert(layout.query.expert) or config.expert_settings.resolve().spec
 
 
 def calibrate_bundle(
@@ -139,7 +139,7 @@ def calibrate_bundle(
     delta: float = calibrate.DEFAULT_DELTA,
     arch: str | None = None,
     seed: int | None = None,
-    split_seed: int = 0,
+    split_seed: int = calibrate.DEFAULT_SPLIT_SEED,
     objective: calibrate.Objective = "auroc",
     force: bool = False,
 ) -> BundleWritten:
@@ -170,11 +170,11 @@ def calibrate_bundle(
             f"--run {layout.name}: {layout.scores} changed while it was read; run the command again"
         )
     splits = deploy_splits(rows.scores.n, split_seed)
-    need = calibrate.min_calibration_size(alpha, delta)
-    if splits.cal.shape[1] < need:
+    size = calibrate.calibration_size(splits.cal.shape[1], alpha, delta)
+    if not size.enough:
         raise InputError(
             f"--run {layout.name}: the test split of seed {rows.seed} has {rows.scores.n} rows, so D_cal "
-            f"holds {splits.cal.shape[1]}; level {alpha:g} at --delta {delta:g} needs at least {need}"
+            f"holds {size.n}; level {alpha:g} at --delta {delta:g} needs at least {size.need}"
         )
     sources = {
         "safety": layout.probe.artifact(base, rows.seed),

@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 import calibrate
 from probes import ARCHS, Arch
 
-from .._bounds import check_count, check_counts, check_list_length
+from .._bounds import check_count, check_counts, check_levels, check_list_length
 from .._errors import MAX_FAILED, InputError, check_max_failed
 from ..expert import check_expert_url, is_url
 from ._sections import ExpertSettings, ProbeSettings, Serve
@@ -43,8 +43,8 @@ class RunConfig:
 
     Flat, as config.toml and the flags spell it (and as the stage fingerprints read it); the
     sections the stages take are built from it (`probe_settings`, `expert_settings`,
-    `sweep_config(merge)`), and these fields read their defaults from the sections and from
-    calibrate's named constants."""
+    `sweep_config(merge)`, `validation_config`), and these fields read their defaults from the
+    sections and from calibrate's named constants."""
 
     name: str | None = None  # run folder under the runs root; None: derived from model, expert and data
     # data and monitored model (the probe stage)
@@ -88,10 +88,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for name in ("budgets", "performance_alphas"):
-            bad = [b for b in getattr(self, name) if not 0 < b < 1]  # also rejects NaN
-            if bad or not getattr(self, name):
-                option = "--" + name.replace("_", "-")
-                raise InputError(f"{option}: {bad[0] if bad else 'none'} is outside (0, 1)")
+            check_levels("--" + name.replace("_", "-"), getattr(self, name))
         check_max_failed(self.max_failed)
         if self.pvalue not in calibrate.PVALUE_METHODS:
             raise InputError(f"--pvalue {self.pvalue}: choose from {', '.join(calibrate.PVALUE_METHODS)}")
@@ -137,14 +134,6 @@ class RunConfig:
             data += f"-limit{self.limit}"
         return "-".join(_slug(part) for part in (self.model, self.expert, data))
 
-    @property
-    def expert_named(self) -> str:
-        """The expert as an error line names it: `--expert X` when another expert was chosen, and
-        "the default expert smollm2" when it is the default, which the user may never have typed."""
-        if self.expert == _DEFAULT_EXPERT:
-            return f"the default expert {self.expert}"
-        return f"--expert {self.expert}"
-
     def to_toml(self) -> str:
         """The resolved configuration, as a TOML file `load_run_config` reads back."""
         lines = ["# ctd eval: the resolved configuration of this run", "[run]"]
@@ -178,6 +167,12 @@ class RunConfig:
     def expert_settings(self) -> ExpertSettings:
         """The query stage's section: the expert as asked for."""
         return ExpertSettings(expert=self.expert, expert_model=self.expert_model, serve=self.serve)
+
+    @property
+    def validation_config(self) -> calibrate.ValidationConfig:
+        """The validate stage's section: how every job tests (each job sets its Pareto filter and
+        its split seed; the others at their defaults)."""
+        return calibrate.ValidationConfig(delta=self.delta, trials=self.trials, pvalue=self.pvalue)
 
     def sweep_config(self, merge: calibrate.MergeChoice) -> calibrate.SweepConfig:
         """The calibrate stage's section: one sweep per merge choice (the others at their defaults)."""
@@ -213,7 +208,6 @@ def _toml(value: object) -> str:
     raise TypeError(type(value))
 
 
-_DEFAULT_EXPERT = RunConfig.expert  # the class attribute holds the field's default
 _TUPLES = {f.name for f in fields(RunConfig) if str(f.type).startswith("tuple")}
 
 

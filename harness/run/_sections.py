@@ -10,6 +10,7 @@ from typing import Literal
 from probes import ARCHS, EMBEDDED_MODEL, Arch, ProbeConfig
 
 from .._errors import InputError
+from ..expert import ResolvedExpert, resolve_expert
 
 __all__ = ["ExpertSettings", "ProbeSettings", "Serve"]
 
@@ -48,8 +49,22 @@ class ProbeSettings:
 @dataclass(frozen=True, kw_only=True)
 class ExpertSettings:
     """The expert as the run was asked for it: a registered name, or a base URL with the served
-    model's name (resolving it to a spec is the query stage's)."""
+    model's name, and whether the run may start a local server for it. `resolve` makes it the
+    run's `ResolvedExpert` (harness.expert), checked once."""
 
     expert: str = "smollm2"
     expert_model: str | None = None
     serve: Serve = "auto"
+
+    @property
+    def named(self) -> str:
+        """The expert as an error line names it: `--expert X` when another expert was chosen, and
+        "the default expert smollm2" when it is the default, which the user may never have typed."""
+        if self.expert == ExpertSettings.expert:  # the class attribute holds the field's default
+            return f"the default expert {self.expert}"
+        return f"--expert {self.expert}"
+
+    def resolve(self) -> ResolvedExpert:
+        """The spec of the expert asked for (registry errors and a URL that cannot work: one
+        InputError line)."""
+        return resolve_expert(self.expert, model=self.expert_model, named=self.named)

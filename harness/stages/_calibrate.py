@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from dataclasses import dataclass, fields
@@ -69,7 +68,6 @@ def check_calibration_size(
     """Fail early when a split is empty, or D_cal too small for any threshold to be certified:
     zero losses must reject H: R > alpha, i.e. (1 - alpha)^n_cal <= delta. Also require both
     labels per seed."""
-    need = calibrate.min_calibration_size(alpha, delta)
     for seed, scores in by_seed.items():
         if cal_size is not None and cal_size >= scores.n:
             raise InputError(
@@ -82,26 +80,21 @@ def check_calibration_size(
                 f"{source}: seed {seed} has {scores.n} test rows, too few for D_est "
                 f"({n_est}), D_cal ({n_cal}) and the evaluation half ({n_eval})"
             )
-        if n_cal < need:
+        size = calibrate.calibration_size(n_cal, alpha, delta)
+        if not size.enough:
             sample = "--cal-size " + str(cal_size) if cal_size is not None else f"{scores.n} test rows"
+            low = size.lowest_level()  # what n_cal rows can certify, when there are any
+            can = "" if low is None else f"; {n_cal} rows certify levels of {low:.3f} or more"
             raise InputError(
                 f"{source}: seed {seed} has {sample}, so D_cal holds {n_cal}; "
-                f"{option} {alpha:g} with --delta {delta:g} needs at least {need} for any threshold "
-                f"to be certified{_certifiable_from(n_cal, delta)}"
+                f"{option} {alpha:g} with --delta {delta:g} needs at least {size.need} for any threshold "
+                f"to be certified{can}"
             )
         if np.unique(scores.label).size < 2:
             raise InputError(
                 f"{source}: column 'label': the test split of seed {seed} has only label "
                 f"{int(scores.label[0])}; AUROC and accuracy need both classes"
             )
-
-
-def _certifiable_from(n_cal: int, delta: float) -> str:
-    """What n_cal rows can certify: the levels at or above `calibrate.min_certifiable_level`."""
-    if n_cal < 1:
-        return ""
-    low = math.ceil(calibrate.min_certifiable_level(n_cal, delta) * 1000) / 1000  # shown rounded up
-    return f"; {n_cal} rows certify levels of {low:.3f} or more"
 
 
 def simulate(

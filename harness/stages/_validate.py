@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,11 +68,12 @@ def _certifiable(
     n_cal = min(calibrate.split_sizes(s.n)[1] for s in by_seed.values())
     kept, dropped = [], []
     for alpha in alphas:
-        need = calibrate.min_calibration_size(alpha, delta)
-        if n_cal >= need:
+        size = calibrate.calibration_size(n_cal, alpha, delta)
+        if size.enough:
             kept.append(alpha)
         else:
-            dropped.append({"alpha": alpha, "why": f"D_cal holds {n_cal} rows; alpha {alpha:g} needs {need}"})
+            why = f"D_cal holds {n_cal} rows; alpha {alpha:g} needs {size.need}"
+            dropped.append({"alpha": alpha, "why": why})
     return tuple(kept), dropped
 
 
@@ -95,14 +96,13 @@ def run_job(
     arch: str,
     alphas: tuple[float, ...],
     headline_alpha: float | None,
-    delta: float,
-    trials: int,
-    pvalue: calibrate.PValueMethod,
+    config: calibrate.ValidationConfig,
 ) -> dict[str, Any]:
     """Validate one job at `alphas` plus `headline_alpha` and write its two files; returns the
-    JSON record. `headline_alpha` None: chosen from the results by `headline_level`. A table that
-    cannot be validated at all (one class in a seed's test split) is recorded as {"job", "error"}
-    and raises nothing."""
+    JSON record. `config` holds the run's testing settings (`RunConfig.validation_config`); the
+    job sets its Pareto filter and its own split seed. `headline_alpha` None: chosen from the
+    results by `headline_level`. A table that cannot be validated at all (one class in a seed's
+    test split) is recorded as {"job", "error"} and raises nothing."""
     levels = tuple(sorted({*alphas, headline_alpha} - {None}))
     if not levels:
         raise ValueError("run_job: no level to validate (no alphas and no headline level)")
@@ -112,16 +112,14 @@ def run_job(
     trials_path.unlink(missing_ok=True)
     try:
         by_seed = read_scores(scores_path).test_scores(arch)
-        kept, dropped = _certifiable(by_seed, levels, delta)
+        kept, dropped = _certifiable(by_seed, levels, config.delta)
         if not kept:
             raise InputError(f"no level can be certified: {dropped[0]['why']}")
         results = validate_scores(
             scores_path,
             mode=job.mode,
             alphas=kept,
-            config=calibrate.ValidationConfig(
-                delta=delta, trials=trials, pareto=job.pareto, pvalue=pvalue, seed=split_seed(arch, job)
-            ),
+            config=replace(config, pareto=job.pareto, seed=split_seed(arch, job)),
             arch=arch,
             out=trials_path,
         )
@@ -160,6 +158,7 @@ class ValidateStage:
         ctx, config, layout = self.ctx, self.ctx.config, self.ctx.layout
         levels = {"budget": config.budgets, "performance": config.performance_alphas}
         headline = {"budget": config.budget_alpha, "performance": config.performance_alpha}
+        validation = config.validation_config
         archs = [a for a in read_scores(layout.scores).archs if not a.endswith(BINARY_SUFFIX)]
         shutil.rmtree(layout.validate, ignore_errors=True)
         total, done, parts = len(archs) * len(JOBS), 0, []
@@ -175,9 +174,7 @@ class ValidateStage:
                     arch=arch,
                     alphas=levels[job.mode],
                     headline_alpha=headline[job.mode],
-                    delta=config.delta,
-                    trials=config.trials,
-                    pvalue=config.pvalue,
+                    config=validation,
                 )
                 if "error" in record:
                     ctx.manifests.log(f"validate {arch} {job.name}: not run: {record['error']}")

@@ -47,9 +47,7 @@ def stage(scores: Path, folder: Path, *, every_level: bool) -> None:
             arch="simulated",
             alphas=levels,
             headline_alpha=HEADLINE[job.mode],
-            delta=0.1,
-            trials=500,
-            pvalue="binomial",
+            config=DEFAULT.validation_config,
         )
 
 

@@ -23,6 +23,7 @@ from scipy import stats
 from calibrate import (
     ProportionCI,
     binomial_pvalue,
+    calibration_size,
     clopper_pearson,
     hoeffding_bentkus_pvalue,
     min_calibration_size,
@@ -257,6 +258,39 @@ def test_min_certifiable_level_known_values() -> None:
             min_certifiable_level(bad, 0.1)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         min_certifiable_level(10, 1.0)
+
+
+# --------------------------------------------------------------------------- calibration_size
+
+
+@SETTINGS
+@given(
+    n=st.integers(min_value=0, max_value=10_000),
+    alpha=st.floats(min_value=1e-3, max_value=0.9),
+    delta=st.floats(min_value=1e-4, max_value=0.9),
+)
+def test_calibration_size_decides_as_the_zero_loss_test(n: int, alpha: float, delta: float) -> None:
+    size = calibration_size(n, alpha, delta)
+    assert size.need == min_calibration_size(alpha, delta)
+    assert size.enough == (n >= size.need)
+    low = size.lowest_level()
+    if n == 0:
+        assert low is None
+        return
+    # The smallest three-decimal level n rows certify: at or above the exact level (so certified
+    # itself), and one step below it is not.
+    level = min_certifiable_level(n, delta)
+    assert low is not None and level <= low < level + 0.001
+
+
+def test_calibration_size_known_values() -> None:
+    # 14 rows at delta 0.1 (min_certifiable_level 0.15166): 0.15 needs 15, 0.16 needs 14.
+    short, enough = calibration_size(14, 0.15, 0.1), calibration_size(14, 0.16, 0.1)
+    assert (short.enough, short.need, enough.enough, enough.need) == (False, 15, True, 14)
+    assert short.lowest_level() == 0.152 and short.lowest_level(2) == 0.16
+    assert calibration_size(0, 0.5, 0.1).lowest_level() is None
+    with pytest.raises(ValueError):
+        calibration_size(10, 0.0, 0.1)
 
 
 # --------------------------------------------------------------------------- Hoeffding-Bentkus

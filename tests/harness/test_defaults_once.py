@@ -1,6 +1,7 @@
 """Every default is written once: the commands' defaults are the config sections' (read from the
 Typer app's own parameters), `ctd eval`'s are RunConfig's, RunConfig's are the sections', and the
-engine's split fractions and grids are spelled once in the source."""
+engine's split fractions, grids, Pareto filter and split seed are spelled once in the source; and
+whether D_cal is large enough is computed in one place."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_monitor_calibrate_defaults_are_the_engine_and_bundle_defaults() -> None
     found = _defaults("monitor", "calibrate")
     bundle = inspect.signature(calibrate_bundle).parameters
     assert found["--delta"] == calibrate.ControlConfig().delta == bundle["delta"].default
-    assert found["--split-seed"] == bundle["split_seed"].default
+    assert found["--split-seed"] == bundle["split_seed"].default == calibrate.SweepConfig().split_seed
 
 
 def test_eval_defaults_are_run_config_and_run_config_is_made_of_the_sections() -> None:
@@ -114,12 +115,13 @@ def test_eval_defaults_are_run_config_and_run_config_is_made_of_the_sections() -
     assert config.probe_settings == ProbeSettings()
     assert config.expert_settings == ExpertSettings()
     assert config.sweep_config("default") == calibrate.SweepConfig()
-    validation = calibrate.ValidationConfig()
-    assert (config.trials, config.delta, config.pvalue) == (
-        validation.trials,
-        validation.delta,
-        validation.pvalue,
-    )
+    assert config.validation_config == calibrate.ValidationConfig()
+
+
+def test_the_testing_defaults_are_the_control_configs() -> None:
+    """The sweep and validation test as ControlConfig does unless told otherwise."""
+    control = calibrate.ControlConfig()
+    assert calibrate.SweepConfig().control == control == calibrate.ValidationConfig().control
 
 
 # Each engine default, as it would be spelled if written again: (pattern, where it may appear).
@@ -133,6 +135,11 @@ SPELLED_ONCE = {
     r"n_grid\s*:\s*int\s*=\s*100": 0,
     r"trials\s*:\s*int\s*=\s*500|\]\s*=\s*500,": 0,
     r"= \(0\.1, 0\.2, 0\.3\)": 1,
+    r"pareto\s*:\s*bool\s*=\s*True": 0,
+    r"DEFAULT_PARETO\s*=\s*True": 1,
+    # a seed's default 0 as a field, a one-line option or a multi-line option's closing line
+    r"seed\s*:\s*int[^=]*=\s*0\b|\"--(?:split-)?seed\".*\]\s*=\s*0,|^\s*\]\s*=\s*0,?$": 0,
+    r"DEFAULT_SPLIT_SEED\s*=\s*0": 1,
 }
 
 
@@ -147,3 +154,17 @@ def test_engine_defaults_are_spelled_once(pattern: str) -> None:
         if not line.lstrip().startswith("#") and re.search(pattern, line)
     ]
     assert len(hits) == SPELLED_ONCE[pattern], hits
+
+
+def test_the_calibration_size_is_asked_in_one_place() -> None:
+    """Every refusal of a too small D_cal (eval's budgets, the sweep's and validation's samples,
+    the validate stage's levels, the monitor bundle) asks `calibrate.calibration_size`; none
+    computes the size or the certifiable level itself."""
+    pattern = r"min_calibration_size\(|min_certifiable_level\(|\* 1000\) / 1000"
+    hits = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "harness").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(pattern, line)
+    ]
+    assert hits == []

@@ -27,7 +27,7 @@ import harness.report
 
 # Private: figures checked one by one.
 import harness.report._figures
-from calibrate import SweepConfig
+from calibrate import SweepConfig, ValidationConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
 
 # Private: the summary as `ctd eval` reads it back.
@@ -89,9 +89,7 @@ def _validate(run: Path, arch: str) -> None:
             arch=arch,
             alphas=LEVELS[job.mode],
             headline_alpha=HEADLINE[job.mode],
-            delta=0.1,
-            trials=TRIALS,
-            pvalue="binomial",
+            config=ValidationConfig(trials=TRIALS),
         )
 
 
@@ -138,9 +136,7 @@ def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         arch=ARCH,
         alphas=(0.2,),
         headline_alpha=0.3,
-        delta=0.1,
-        trials=20,
-        pvalue="binomial",
+        config=ValidationConfig(trials=20),
     )
     (folder / f"{JOBS[0].name}.parquet").unlink()
     (folder / "performance.json").write_text("{}", encoding="utf-8")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ctd_cli import run_ctd
 
-from calibrate import SweepConfig
+from calibrate import SweepConfig, ValidationConfig
 from harness import calibrate_scores, simulate_scores, write_scores
 from harness.data import scores_from_columns
 from harness.report import build_report, read_warnings
@@ -45,9 +45,7 @@ def _run(folder: Path, columns: dict[str, np.ndarray], *, performance_alpha: flo
             arch=ARCH,
             alphas=(performance_alpha,),
             headline_alpha=performance_alpha,
-            delta=0.1,
-            trials=20,
-            pvalue="binomial",
+            config=ValidationConfig(trials=20),
         )
     build_report(folder)
     return folder
