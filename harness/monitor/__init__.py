@@ -16,6 +16,8 @@ _EXPORTS: dict[str, str] = {
     "CONTROL_MODES": "._bundle",
     "Alarm": "._drift",
     "Bundle": "._bundle",
+    "LogUnavailable": "._errors",
+    "Overloaded": "._errors",
     "BundleRecord": "._bundle_record",
     "BundleWritten": "._certify",
     "ControlMode": "._bundle",

@@ -247,6 +247,18 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     return value
 
 
+# Option names that are not keys of the file: the key of --arch is archs (it lists several), and
+# where runs go, retrying failures and the output format belong to one invocation, not a run.
+_SEE_KEYS = " (the keys: docs/reference/configuration.md, or a run's config.toml)"
+_KEY_HINTS = {
+    "arch": ": the key of --arch is 'archs'",
+    **{
+        flag: f": --{flag.replace('_', '-')} is a flag of ctd eval only"
+        for flag in ("runs_dir", "retry_failed", "json")
+    },
+}
+
+
 def load_run_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
     """The TOML file (if any) with `overrides` (flags given on the command line) on top."""
     values: dict[str, Any] = {}
@@ -264,7 +276,7 @@ def load_run_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
         for key, value in table.items():
             if key not in known:
                 line = next((i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(key)), 0)
-                raise InputError(f"{path}:{line}: unknown key '{key}' (see `ctd eval --help`)")
+                raise InputError(f"{path}:{line}: unknown key '{key}'{_KEY_HINTS.get(key, _SEE_KEYS)}")
             values[key] = _coerce(key, value, f"{path}")
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RunConfig(**values)
