@@ -21,8 +21,7 @@ from harness.monitor._bundle_record import BundleCandidates, BundleSources, Prob
 from harness.report import SUMMARY_COLUMNS, SummaryRow, summary_tables
 from harness.stages import DVMetrics, ProbeMetrics, read_dv_metrics, read_probe_metrics
 
-# Private: the DV metrics' parts and the run folder's by-target object, built by hand to write files
-# of each shape.
+# Private: the DV metrics' parts and a run's by-target object, built by hand to write each shape.
 from harness.stages._dv_metrics import DVRun, dv_metrics_json
 
 # Private: the probe metrics' parts, built by hand to write files of each shape.
