@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,7 +36,10 @@ __all__ = [
     "tokenize",
 ]
 
-Conversation = str | list[dict[str, str]]  # a plain string is one user turn
+Conversation = str | Sequence[Mapping[str, str]]
+"""An input: a plain string (one user turn) or a list of {"role": ..., "content": ...} messages. The
+same type as `experts.Conversation` (the libraries import nothing of each other; a test keeps the
+two the same). Read, never changed."""
 
 TOKENIZE_CHUNK = 1024  # texts per tokenizer call: a fast tokenizer encodes a batch in Rust threads
 
@@ -57,7 +60,7 @@ class ExtractStats:
         return 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
-def _messages(conversation: Conversation) -> list[dict[str, str]]:
+def _messages(conversation: Conversation) -> Sequence[Mapping[str, str]]:
     return [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
 
 

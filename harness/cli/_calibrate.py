@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.table import Table
 
 import calibrate
 from calibrate import (
-    DEFAULT_FWER,
     OBJECTIVES,
     POLICIES,
     CalibratedPolicyName,
@@ -26,7 +25,7 @@ from calibrate import (
 
 from .._bounds import LIMITS, check_levels
 from .._errors import InputError
-from ..data import Scenario
+from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
 from ..stages import calibrate_scores, resolve_scores, simulate, validate_scores
 from ._common import (
@@ -84,6 +83,8 @@ DeltaOption = Annotated[
 # The commands' defaults are the config objects' own: one place for each.
 _SWEEP = SweepConfig()
 _VALIDATION = ValidationConfig()
+# ValidationConfig's, typed as the option takes it: a method's name (the field also takes a procedure).
+_VALIDATION_FWER = cast(FWERMethod, _VALIDATION.fwer)
 
 
 def _unit(value: float, option: str) -> float:
@@ -110,7 +111,9 @@ def simulate_command(
         int, typer.Option("--seeds", min=1, max=LIMITS["values"], help="Probe training seeds.")
     ] = 3,
     out: Annotated[Path, typer.Option("--out", help="Output file: Parquet, or CSV when it ends .csv.")],
-    random_state: Annotated[int, typer.Option("--random-state", help="Seed of the generator.")] = 0,
+    random_state: Annotated[
+        int, typer.Option("--random-state", help="Seed of the generator.")
+    ] = DEFAULT_RANDOM_STATE,
 ) -> None:
     """Write a synthetic scores table: four groups, a strong or weak expert, a noisy DV score."""
     rows = seeds * (n + (n if n_dev is None else n_dev))
@@ -277,7 +280,7 @@ def validate_command(
         Objective, typer.Option("--objective", help="Pareto objective in budget mode.")
     ] = _VALIDATION.objective,
     pareto: ParetoOption = _VALIDATION.pareto,
-    fwer: FwerOption = DEFAULT_FWER,
+    fwer: FwerOption = _VALIDATION_FWER,
     pvalue: PValueOption = _VALIDATION.pvalue,
     merge: Annotated[
         MergeRule | None,

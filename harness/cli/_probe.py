@@ -136,12 +136,10 @@ def dv_command(
             probe_dir, expert, out, target=target, training=ProbeConfig(epochs=epochs), progress=progress
         )
     if json_out:
-        print_json(result.metrics)
+        print_json(result.metrics.to_json())
         return
-    for arch_name, means in result.metrics["mean"].items():
-        stdout.print(
-            f"{arch_name}: DV test MSE {means['test_mse']:.4f}, Spearman {means['test_spearman']:.3f}"
-        )
+    for arch_name, means in result.metrics.mean.items():
+        stdout.print(f"{arch_name}: DV test MSE {means.test_mse:.4f}, Spearman {means.test_spearman:.3f}")
     if result.missing_expert:
         stdout.print(f"left out {result.missing_expert} examples the expert failed on")
     stdout.print(f"scores: {result.scores}")

@@ -12,7 +12,7 @@ from ._scores import (
     scores_from_columns,
     write_scores,
 )
-from ._simulate import SCENARIOS, Scenario, simulate_scores
+from ._simulate import DEFAULT_RANDOM_STATE, SCENARIOS, Scenario, simulate_scores
 from ._tables import (
     RawTable,
     atomic_path,
@@ -27,6 +27,7 @@ from ._tables import (
 
 __all__ = [
     "BINARY_SUFFIX",
+    "DEFAULT_RANDOM_STATE",
     "SCENARIOS",
     "SCORES_COLUMNS",
     "SPLITS",

@@ -17,10 +17,13 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SCENARIOS", "Scenario", "simulate_scores"]
+__all__ = ["DEFAULT_RANDOM_STATE", "SCENARIOS", "Scenario", "simulate_scores"]
 
 Scenario = Literal["strong", "weak"]
 SCENARIOS: tuple[str, ...] = get_args(Scenario)
+# The generator's seed unless one is given (`ctd simulate --random-state`, `harness.simulate`):
+# the same table every time.
+DEFAULT_RANDOM_STATE = 0
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def simulate_scores(
     seeds: int,
     *,
     n_dev: int | None = None,
-    random_state: int = 0,
+    random_state: int = DEFAULT_RANDOM_STATE,
 ) -> dict[str, NDArray]:
     """A scores table (SPEC section 2) as columns: `n` test and `n_dev` (default `n`) dev
     examples, each scored under `seeds` probe seeds. DV scores are given on test rows only."""

@@ -140,7 +140,7 @@ def calibrate_bundle(
     arch: str | None = None,
     seed: int | None = None,
     split_seed: int = calibrate.DEFAULT_SPLIT_SEED,
-    objective: calibrate.Objective = "auroc",
+    objective: calibrate.Objective = calibrate.ValidationConfig.objective,  # what `ctd validate` checks
     force: bool = False,
 ) -> BundleWritten:
     """Calibrate the CTD policy of the run for deployment and write the bundle `monitor/NAME/`,

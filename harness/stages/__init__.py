@@ -12,6 +12,7 @@ from .._lazy import lazy_exports
 # Every public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
     "CalibrateStage": "._calibrate",
+    "DVMetrics": "._dv_metrics",
     "DVStage": "._dv",
     "ProbeSettings": "._probe",
     "ProbeMetrics": "._probe_metrics",
@@ -27,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "probe_stage": "._probe",
     "query_dataset": "._query",
     "query_items": "._query",
+    "read_dv_metrics": "._dv_metrics",
     "read_expert_scores": "._dv",
     "resolve_scores": "._calibrate",
     "simulate": "._calibrate",

@@ -15,6 +15,7 @@ from calibrate import MergeChoice, SweepConfig, ValidationConfig, ValidationResu
 
 from .._errors import InputError
 from ..data import (
+    DEFAULT_RANDOM_STATE,
     Scenario,
     ScoresTable,
     check_writable,
@@ -98,7 +99,13 @@ def check_calibration_size(
 
 
 def simulate(
-    scenario: Scenario, n: int, seeds: int, out: Path, *, n_dev: int | None = None, random_state: int = 0
+    scenario: Scenario,
+    n: int,
+    seeds: int,
+    out: Path,
+    *,
+    n_dev: int | None = None,
+    random_state: int = DEFAULT_RANDOM_STATE,
 ) -> Path:
     """Write a synthetic scores table (see `harness.data._simulate`)."""
     check_writable(out, "--out")

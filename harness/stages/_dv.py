@@ -5,13 +5,13 @@ The probe scores on dev come from safety probes trained on train only, so the DV
 out-of-sample, as they will be at deployment.
 
 Outputs: the scores table of SPEC section 2 (`dv` filled on test rows, empty on dev rows) and
-`dv_metrics.json` (per arch and seed: MSE and Spearman of d against v on test).
+`dv_metrics.json` (per arch and seed: MSE and Spearman of d against v on test; `DVMetrics`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +33,7 @@ from ..data import (
     write_scores,
 )
 from ..run import DVLayout, ProbeLayout, ProgressFn, RunContext, StageResult, file_sha256, fingerprint
+from ._dv_metrics import DVMetrics, DVRun, dv_metrics_json
 from ._probe import open_stores
 
 __all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
@@ -41,7 +42,7 @@ __all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
 @dataclass(frozen=True)
 class DVStageResult:
     scores: Path
-    metrics: dict
+    metrics: DVMetrics  # dv_metrics.json beside the scores table
     missing_expert: int  # dev/test examples left out because the expert failed on them
 
 
@@ -105,7 +106,7 @@ def dv_stage(
     label = np.asarray(table["label"]).astype(np.int64)
     probe = np.asarray(table["probe"]).astype(np.float64)
     dv = np.full(len(ids), np.nan)
-    runs: list[dict] = []
+    runs: list[DVRun] = []
     pairs = list(dict.fromkeys(zip(table["arch"], table["seed"], strict=True)))
     value_fn = calibrate.delegation_value if target == "continuous" else calibrate.binary_delegation_value
     for number, (arch, seed) in enumerate(pairs):
@@ -135,18 +136,18 @@ def dv_stage(
         v_test = calibrate.delegation_value(label[test_rows], probe[test_rows], expert_col[test_rows])
         quality = calibrate.dv_quality(d_test, v_test)
         runs.append(
-            {
-                "arch": str(arch),
-                "seed": int(seed),
-                "target": target,
-                "best_epoch": result.best_epoch,
-                "n_train": result.n_train,
-                "n_val": result.n_val,
-                "test_mse": quality.mse,
-                "test_spearman": quality.spearman,
-                "dev_mean_v": float(v_dev.mean()),
-                "test_mean_v": float(v_test.mean()),
-            }
+            DVRun(
+                arch=str(arch),
+                seed=int(seed),
+                target=target,
+                best_epoch=result.best_epoch,
+                n_train=result.n_train,
+                n_val=result.n_val,
+                test_mse=quality.mse,
+                test_spearman=quality.spearman,
+                dev_mean_v=float(v_dev.mean()),
+                test_mean_v=float(v_test.mean()),
+            )
         )
         if artifacts is not None:
             safety_stem, dv_stem = artifacts
@@ -157,7 +158,7 @@ def dv_stage(
             save_probe(
                 dv_stem(str(arch), int(seed)),
                 result.probe,
-                replace(reads, task="dv", config=config, metrics=runs[-1]),
+                replace(reads, task="dv", config=config, metrics=asdict(runs[-1])),
             )
     if progress is not None:
         progress("DV probes", len(pairs), len(pairs), unit="trained")
@@ -175,18 +176,10 @@ def dv_stage(
     }
     scores_from_columns(columns, str(out))  # the contract, checked before anything is written
     missing = len(set(ids[~keep]))
-    metrics = {"target": target, "missing_expert": missing, "runs": runs, "mean": _means(runs)}
-    write_json(DVLayout(Path(out).parent).metrics, metrics)
+    metrics = DVMetrics(target, missing, tuple(runs), DVMetrics.means(runs))
+    write_json(DVLayout(Path(out).parent).metrics, metrics.to_json())
     write_scores(out, columns)
     return DVStageResult(Path(out), metrics, missing)
-
-
-def _means(runs: list[dict]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for arch in dict.fromkeys(r["arch"] for r in runs):
-        rows = [r for r in runs if r["arch"] == arch]
-        out[arch] = {k: float(np.mean([r[k] for r in rows])) for k in ("test_mse", "test_spearman")}
-    return out
 
 
 @dataclass(frozen=True)
@@ -238,7 +231,8 @@ class DVStage:
         ctx, layout = self.ctx, self.ctx.layout
         expert = self._expert()
         training = ProbeConfig(epochs=ctx.config.epochs)
-        parts, metrics = [], {}
+        parts: list[dict[str, np.ndarray]] = []
+        metrics: dict[DVTarget, DVMetrics] = {}
         for target in self.targets:
             path = layout.dv.scores(target)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,16 +251,16 @@ class DVStage:
                 columns["arch"] = np.array([binary_twin(str(a)) for a in columns["arch"]])
             parts.append(columns)
         merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        write_json(layout.dv.metrics, metrics)
+        write_json(layout.dv.metrics, dv_metrics_json(metrics))
         write_scores(layout.scores, merged)
         read_scores(layout.scores)  # the contract holds
         first = metrics[self.targets[0]]
         detail = "; ".join(
-            f"{arch} DV Spearman {m['test_spearman']:.3f}, MSE {m['test_mse']:.4f}"
-            for arch, m in first["mean"].items()
+            f"{arch} DV Spearman {means.test_spearman:.3f}, MSE {means.test_mse:.4f}"
+            for arch, means in first.mean.items()
         )
-        if first["missing_expert"]:
-            detail += f"; {first['missing_expert']} left out (expert failed)"
+        if first.missing_expert:
+            detail += f"; {first.missing_expert} left out (expert failed)"
         return StageResult(detail)
 
     def check_outputs(self) -> None:

@@ -14,8 +14,9 @@ import pytest
 import typer
 
 import calibrate
-from harness import ExpertSettings, ProbeSettings, RunConfig
+from harness import ExpertSettings, ProbeSettings, RunConfig, simulate, simulate_scores
 from harness.cli import app
+from harness.data import DEFAULT_RANDOM_STATE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,6 +78,13 @@ def test_validate_command_defaults_are_the_validation_config() -> None:
         assert found[option] == getattr(config, field), option
 
 
+def test_simulate_command_and_functions_default_to_one_random_state() -> None:
+    found = _defaults("simulate")["--random-state"]
+    function = inspect.signature(simulate).parameters["random_state"].default
+    engine = inspect.signature(simulate_scores).parameters["random_state"].default
+    assert found == function == engine == DEFAULT_RANDOM_STATE
+
+
 def test_probe_and_dv_command_defaults_are_the_probe_settings() -> None:
     settings = ProbeSettings()
     found = _defaults("probe")
@@ -103,6 +111,23 @@ def test_monitor_calibrate_defaults_are_the_engine_and_bundle_defaults() -> None
     bundle = inspect.signature(calibrate_bundle).parameters
     assert found["--delta"] == calibrate.ControlConfig().delta == bundle["delta"].default
     assert found["--split-seed"] == bundle["split_seed"].default == calibrate.SweepConfig().split_seed
+    assert bundle["objective"].default == calibrate.ValidationConfig().objective  # what validate checks
+
+
+def test_sweep_and_validation_commands_read_their_sections_not_the_engine_constants() -> None:
+    """`ctd calibrate` and `ctd validate` take their defaults from SweepConfig and ValidationConfig,
+    so a section's default changes its command's; an engine constant (calibrate.DEFAULT_*) written
+    as an option's default would keep the old value (the one exception, --seed, says why)."""
+    source = (REPO / "harness" / "cli" / "_calibrate.py").read_text(encoding="utf-8").splitlines()
+    hits = [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(source, 1)
+        if re.search(r"\bDEFAULT_[A-Z_]+\b", line)
+        and not line.lstrip().startswith("#")
+        and "DEFAULT_RANDOM_STATE" not in line  # ctd simulate has no section: the constant is its default
+        and "ValidationConfig's, typed as the one seed" not in line
+    ]
+    assert hits == []
 
 
 def test_eval_defaults_are_run_config_and_run_config_is_made_of_the_sections() -> None:
@@ -140,6 +165,10 @@ SPELLED_ONCE = {
     # a seed's default 0 as a field, a one-line option or a multi-line option's closing line
     r"seed\s*:\s*int[^=]*=\s*0\b|\"--(?:split-)?seed\".*\]\s*=\s*0,|^\s*\]\s*=\s*0,?$": 0,
     r"DEFAULT_SPLIT_SEED\s*=\s*0": 1,
+    # the simulated table's generator seed, as a field or a one-line option
+    r"random_state\s*:.*=\s*0\b|\"--random-state\".*\]\s*=\s*0,": 0,
+    r"DEFAULT_RANDOM_STATE\s*=\s*0": 1,
+    r"objective\s*:[^=]*=\s*\"auroc\"": 1,  # ValidationConfig's
 }
 
 

@@ -19,7 +19,10 @@ from harness.monitor import BundleRecord
 # Private: the bundle record's parts, built by hand to write bundles of each shape.
 from harness.monitor._bundle_record import BundleCandidates, BundleSources, ProbeSource, ScoresSource
 from harness.report import SUMMARY_COLUMNS, SummaryRow, summary_tables
-from harness.stages import ProbeMetrics, read_probe_metrics
+from harness.stages import DVMetrics, ProbeMetrics, read_dv_metrics, read_probe_metrics
+
+# Private: the DV metrics' parts and a run's by-target object, built by hand to write each shape.
+from harness.stages._dv_metrics import DVRun, dv_metrics_json
 
 # Private: the probe metrics' parts, built by hand to write files of each shape.
 from harness.stages._probe_metrics import ProbeRun, SplitExtraction
@@ -107,6 +110,111 @@ def test_probe_metrics_of_another_version_or_shape_are_one_line(tmp_path: Path) 
     odd = write_json(tmp_path / "odd.json", record)
     with pytest.raises(InputError, match=r"odd\.json: not probe metrics \(.*extra"):
         read_probe_metrics(odd)
+
+
+# dv/dv_metrics.json of a ctd eval run as the DV stage wrote it before its records were typed
+# (its first run, from the default run, and a second run whose Spearman is undefined).
+DV_METRICS_JSON = """{
+  "continuous": {
+    "target": "continuous",
+    "missing_expert": 0,
+    "runs": [
+      {
+        "arch": "attention",
+        "seed": 0,
+        "target": "continuous",
+        "best_epoch": 48,
+        "n_train": 128,
+        "n_val": 32,
+        "test_mse": 0.019384520582849608,
+        "test_spearman": 0.7493159603465336,
+        "dev_mean_v": -0.040479050246663,
+        "test_mean_v": -0.03914379632328651
+      },
+      {
+        "arch": "attention",
+        "seed": 1,
+        "target": "continuous",
+        "best_epoch": 57,
+        "n_train": 128,
+        "n_val": 32,
+        "test_mse": 0.019945558981606895,
+        "test_spearman": null,
+        "dev_mean_v": -0.04334089938579568,
+        "test_mean_v": -0.03979388864261437
+      }
+    ],
+    "mean": {
+      "attention": {
+        "test_mse": 0.01966503978222825,
+        "test_spearman": null
+      }
+    }
+  }
+}
+"""
+
+
+def _dv_metrics() -> DVMetrics:
+    runs = (
+        DVRun("attention", 0, "binary", 48, 128, 32, 0.0194, 0.7493, -0.0405, -0.0391),
+        DVRun("linear", 0, "binary", 57, 128, 32, 0.0199, 0.6560, -0.0433, -0.0398),
+        DVRun("linear", 1, "binary", 59, 128, 32, 0.0131, 0.8274, -0.0441, -0.0405),
+    )
+    return DVMetrics("binary", 3, runs, DVMetrics.means(runs))
+
+
+def test_dv_metrics_round_trip_and_write_the_bytes_the_stage_wrote(tmp_path: Path) -> None:
+    metrics = _dv_metrics()
+    single = write_json(tmp_path / "dv_metrics.json", metrics.to_json())  # as ctd dv writes it
+    assert read_dv_metrics(single) == {"binary": metrics}
+    assert list(read_json(single)) == ["target", "missing_expert", "runs", "mean"]
+    assert "version" not in read_json(single)  # an unchanged run writes the same bytes as before
+    assert metrics.mean["linear"].test_mse == pytest.approx((0.0199 + 0.0131) / 2)
+    assert list(metrics.mean) == ["attention", "linear"]  # in the order of the runs
+
+    before = tmp_path / "eval" / "dv_metrics.json"  # as ctd eval writes it: one object per target
+    before.parent.mkdir()
+    before.write_text(DV_METRICS_JSON)
+    by_target = read_dv_metrics(before)
+    assert list(by_target) == ["continuous"]
+    spearmans = [run.test_spearman for run in by_target["continuous"].runs]
+    assert spearmans[0] == 0.7493159603465336 and math.isnan(spearmans[1])  # null is NaN again
+    assert math.isnan(by_target["continuous"].mean["attention"].test_spearman)
+    recomputed = DVMetrics.means(by_target["continuous"].runs)  # a NaN seed makes the mean NaN
+    assert dumps({arch: asdict(means) for arch, means in recomputed.items()}) == dumps(
+        read_json(before)["continuous"]["mean"]
+    )
+    rewritten = write_json(tmp_path / "rewritten.json", dv_metrics_json(by_target))
+    assert rewritten.read_bytes() == before.read_bytes()
+
+
+def test_dv_metrics_of_another_version_or_shape_are_one_line(tmp_path: Path) -> None:
+    record = _dv_metrics().to_json()
+    same = write_json(tmp_path / "same.json", {"binary": {**record, "version": DVMetrics.VERSION}})
+    assert read_dv_metrics(same) == {"binary": _dv_metrics()}
+    newer = write_json(tmp_path / "newer.json", {**record, "version": 99})
+    with pytest.raises(InputError, match=r"newer\.json: DV metrics version 99, expected 1$"):
+        read_dv_metrics(newer)
+    misfiled = write_json(tmp_path / "misfiled.json", {"continuous": record})
+    with pytest.raises(InputError, match=r"misfiled\.json: the metrics under 'continuous' are of DV target"):
+        read_dv_metrics(misfiled)
+    unknown = write_json(tmp_path / "unknown.json", {**record, "target": "ternary"})
+    with pytest.raises(
+        InputError, match=r"unknown\.json: DV target 'ternary': choose from continuous, binary"
+    ):
+        read_dv_metrics(unknown)
+    with pytest.raises(InputError, match=r"empty\.json: no DV metrics"):
+        read_dv_metrics(write_json(tmp_path / "empty.json", {}))
+    with pytest.raises(InputError, match=r"scalar\.json: not DV metrics \(an object per target"):
+        read_dv_metrics(write_json(tmp_path / "scalar.json", {"continuous": 1}))
+    record["runs"][0]["extra"] = 1
+    odd = write_json(tmp_path / "odd.json", record)
+    with pytest.raises(InputError, match=r"odd\.json: not DV metrics \(.*extra"):
+        read_dv_metrics(odd)
+    del record["mean"]
+    with pytest.raises(InputError, match=r"nomean\.json: missing key 'mean'"):
+        read_dv_metrics(write_json(tmp_path / "nomean.json", record))
 
 
 def _bundle_record() -> BundleRecord:

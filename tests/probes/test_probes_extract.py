@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
 import torch
 
+import experts
+import probes
 from probes import (
     ActivationStore,
     ExtractStats,
@@ -97,6 +102,20 @@ def test_chat_template_and_truncation(embedded: LoadedModel) -> None:
     assert max(len(t) for t in ids) == 64
     text = embedded.tokenizer.decode(ids[1])
     assert "<|im_start|>user" in text and "<|im_start|>assistant" in text and "SIGTERM" in text
+
+
+def test_a_conversation_is_one_type_in_probes_and_experts() -> None:
+    """The libraries import nothing of each other, so each spells `Conversation`; the harness hands
+    one value to both (the monitored model's activations and the expert's prompt)."""
+    assert probes.Conversation == experts.Conversation
+    assert repr(probes.Conversation) == repr(experts.Conversation)
+    assert typing.get_args(probes.Conversation) == (str, Sequence[Mapping[str, str]])
+
+
+def test_messages_in_any_read_only_sequence_tokenize_as_the_list(embedded: LoadedModel) -> None:
+    messages = CONVERSATIONS[1]
+    read_only = tuple(MappingProxyType(message) for message in messages)
+    assert tokenize(embedded.tokenizer, [read_only], 64) == tokenize(embedded.tokenizer, [messages], 64)
 
 
 def test_bucketing_bounds_padding_and_batch_tokens() -> None:
