@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # The wheel's llama.cpp runs its forward pass on OpenMP threads, which spin while they wait by
     # default: with anything else on the cores they collapse (a spinning thread holds the core
-    # its peer needs). Sleeping waiters scored 2.5-3x faster under load here (the README's
-    # benchmark). Read by the OpenMP runtime when xllamacpp loads it, so set before the import.
+    # its peer needs). Sleeping waiters scored 2.5-3x faster under load here (docs/benchmarks.md,
+    # the embedded expert). Read by the OpenMP runtime when xllamacpp loads it, so set before the import.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import xllamacpp
 

@@ -166,7 +166,7 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
             template="fine-v1",
             top_logprobs=10,
             # One request in flight per slot of the local server (`ctd` starts it with as many
-            # slots as this): llama.cpp decodes them in one batch. Measured: the README's benchmark.
+            # slots as this): llama.cpp decodes them in one batch. Measured: docs/benchmarks.md.
             rate=RateLimit(concurrency=4),
             server="llama.cpp",
         ),
@@ -178,7 +178,7 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
             template="fine-v1",
             top_logprobs=10,
             # vLLM batches whatever is in flight (continuous batching); 8 kept 2 CPU cores busy
-            # without queueing requests past their timeout (the README's vLLM benchmark).
+            # without queueing requests past their timeout (docs/benchmarks.md, vLLM beside llama.cpp).
             rate=RateLimit(concurrency=8),
             server="vllm",
             # The embedded model (SmolLM2-135M-Instruct): `ctd` serves the Hugging Face folder

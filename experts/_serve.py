@@ -61,7 +61,7 @@ _LIKELIHOOD_EXTRA = (
 
 def default_threads() -> int:
     """Threads for the local server's forward pass: every core this process may use (measured
-    on 2 cores with other work beside it: see the README's expert-speed benchmark)."""
+    on 2 cores with other work beside it: see docs/benchmarks.md, the embedded expert)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -76,7 +76,7 @@ def test_a_run_whose_borrowed_local_server_goes_away_starts_its_own_and_finishes
 QUERY_RUN = Path(__file__).with_name("query_run.py")
 FIRST, SECOND = 2, 8  # examples per split: the first run ends while the second still queries
 # Prompts batched differently (two servers, other slots busy) and the prompt cache move a score
-# by up to about 0.12 (the README; 0.08 seen here), never by what a failed answer would.
+# by up to about 0.12 (docs/benchmarks.md; 0.08 seen here), never by what a failed answer would.
 MOVE = 0.2
 
 

@@ -21,7 +21,7 @@ learns from one domain and is evaluated on four, as in the paper, where it is tr
 set and tested on others; and a quarter of the training group's templates per label appear only in
 dev and test (see `builtin_rows`). Measured with the embedded default (`ctd eval`): probe test
 AUROC 0.80 with this seed of the generator and 0.84 with another, where training on all four gave
-0.97 and left an expert nothing to correct (the README's quick start has the run's numbers).
+0.97 and left an expert nothing to correct (the README's summary table has the run's numbers).
 Run `python -m harness.data.builtin._generate OUT_DIR` to rewrite the files.
 """
 
