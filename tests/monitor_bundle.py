@@ -66,22 +66,50 @@ def write_untrained_bundle(
             seed=0,
         )
         save_probe(stem, build_probe(config, dim), artifact)
+    # Without an expert entry, served with --no-expert: never read.
+    entry = {"name": "stand-in", "base_urls": ["http://127.0.0.1:9/v1"], "model": "stand-in"}
+    record = stand_in_record(run=str(folder.parent), threshold=threshold, expert=entry if expert else {})
+    layout.record.write_text(json.dumps(record))
+    seal(folder)
+    return folder
+
+
+def stand_in_record(**changes: Any) -> dict[str, Any]:
+    """Every key `ctd monitor calibrate` writes in bundle.json (the record is typed:
+    `BundleRecord`), with `changes` on top: budget mode at alpha 0.5. What was certified is a
+    stand-in: no scores table, no candidates, no calibration examples (`seal` hashes the probes)."""
     record: dict[str, Any] = {
         "version": BUNDLE_VERSION,
-        "threshold": threshold,
+        "run": "/nowhere",
+        "created": "2026-01-01T00:00:00+00:00",
+        "policy": "ctd",
+        "signal": "dv",
         "merge": "overwrite",
         "mode": "budget",
         "alpha": 0.5,
         "delta": 0.1,
-        # Without an expert entry, served with --no-expert: never read.
-        "expert": {"name": "stand-in", "base_urls": ["http://127.0.0.1:9/v1"], "model": "stand-in"}
-        if expert
-        else {},
+        "objective": "auroc",
+        "test_order": "est_budget",
+        "selection": "est_objective",
+        "threshold": 0.5,
+        "arch": "mean",
+        "dv_target": "continuous",
+        "seed": 0,
+        "split_seed": 0,
+        "n_test": 0,
+        "est_budget": None,
+        "est_error": None,
+        "expert": {},
         "ltt": {},
+        "candidates": {"thresholds": [], "est_budget": [], "est_objective": []},
+        "sources": {
+            "scores": {"path": "scores.parquet", "sha256": "0" * 64},  # no scores table: never audited
+            **{part: {"path": part, "safetensors": "0" * 64, "json": "0" * 64} for part in ("safety", "dv")},
+        },
+        "cal_ids": [],
+        "est_ids": [],
     }
-    layout.record.write_text(json.dumps(record))
-    seal(folder)
-    return folder
+    return record | changes
 
 
 def seal(folder: Path) -> None:
@@ -90,7 +118,13 @@ def seal(folder: Path) -> None:
     layout = BundleLayout(folder)
     record = json.loads(layout.record.read_text())
     record["sources"] = {
-        part: {suffix: file_sha256(stem.with_suffix(f".{suffix}")) for suffix in ("safetensors", "json")}
-        for part, stem in (("safety", layout.safety_probe), ("dv", layout.dv_probe))
+        "scores": {"path": "scores.parquet", "sha256": "0" * 64},  # no scores table: never audited
+        **{
+            part: {
+                "path": stem.name,
+                **{suffix: file_sha256(stem.with_suffix(f".{suffix}")) for suffix in ("safetensors", "json")},
+            }
+            for part, stem in (("safety", layout.safety_probe), ("dv", layout.dv_probe))
+        },
     }
     layout.record.write_text(json.dumps(record))

@@ -249,7 +249,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 # Option names that are not keys of the file: the key of --arch is archs (it lists several), and
 # where runs go, retrying failures and the output format belong to one invocation, not a run.
-_SEE_KEYS = " (the keys: docs/reference/configuration.md, or a run's config.toml)"
+_SEE_KEYS = " (the keys: docs/reference/configuration.md)"
 _KEY_HINTS = {
     "arch": ": the key of --arch is 'archs'",
     **{

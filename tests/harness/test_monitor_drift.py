@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, run_ctd
+from monitor_bundle import stand_in_record
 from window_alarm import window_alarms
 
-from harness.monitor import DEFAULT_MTFA, Bundle, Monitor, RateWatch
+from harness.monitor import DEFAULT_MTFA, Bundle, BundleRecord, Monitor, RateWatch
 from harness.run import BundleLayout
 
 STREAM = 100_000  # requests per false-alarm stream
@@ -125,7 +126,7 @@ def test_metrics_show_the_certified_watch_evidence_threshold_and_latched_alarm(
     tmp_path: Path, mode: str, risk: str
 ) -> None:
     """`Monitor.prometheus()` without a model: the scorer is only used by a forward pass."""
-    record = {"mode": mode, "alpha": 0.2, "threshold": 0.5, "merge": "replace"}
+    record = BundleRecord.from_json(stand_in_record(mode=mode, alpha=0.2), tmp_path / "bundle.json")
     bundle = Bundle(BundleLayout(tmp_path), record)
     monitor = Monitor(bundle, None, gate=None, drift_mtfa=150)  # type: ignore[arg-type]
     watch = monitor.delegation if risk == "delegation" else monitor.errors
