@@ -8,7 +8,7 @@ no configuration holds a URL that cannot work. Every command (`ctd eval`, `ctd q
 `ctd experts check|serve`, `ctd cache explain`), the query stage and the monitor bundle read the
 resolved expert from here, never the raw option.
 
-A run's query stage writes the expert it asked into the run folder (`RunLayout.expert`,
+A run's query stage writes the expert it asked into the run folder (`QueryLayout.expert`,
 query/expert.json) with `ResolvedExpert.write`, keeping the fields of `EXPERT_FIELDS`: where and
 how to ask, never a key (`api_key_env` names a variable). `ctd monitor calibrate` reads it back
 with `read_expert`, so the bundle deploys the expert the run queried even after the registry
