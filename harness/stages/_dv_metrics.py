@@ -25,6 +25,7 @@ from calibrate import DV_TARGETS, DVTarget
 
 from .._errors import InputError
 from ..data import read_json
+from ._probe_metrics import check_metrics_record
 
 __all__ = ["DVMeans", "DVMetrics", "DVRun", "dv_metrics_json", "read_dv_metrics"]
 
@@ -83,12 +84,7 @@ class DVMetrics:
         InputError line naming `source`."""
         if not isinstance(record, Mapping):
             raise InputError(f"{source}: not DV metrics (an object per target expected)")
-        version = record.get("version", cls.VERSION)
-        if version != cls.VERSION:
-            raise InputError(f"{source}: DV metrics version {version!r}, expected {cls.VERSION}")
-        missing = [f.name for f in fields(cls) if f.name not in record]
-        if missing:
-            raise InputError(f"{source}: missing key {missing[0]!r}")
+        check_metrics_record(record, cls, source, "DV metrics")
         if record["target"] not in DV_TARGETS:
             raise InputError(f"{source}: DV target {record['target']!r}: choose from {', '.join(DV_TARGETS)}")
         try:

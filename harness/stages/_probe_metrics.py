@@ -21,7 +21,14 @@ from ..data import read_json
 if TYPE_CHECKING:
     from probes import ExtractStats
 
-__all__ = ["ProbeMeans", "ProbeMetrics", "ProbeRun", "SplitExtraction", "read_probe_metrics"]
+__all__ = [
+    "ProbeMeans",
+    "ProbeMetrics",
+    "ProbeRun",
+    "SplitExtraction",
+    "check_metrics_record",
+    "read_probe_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -108,12 +115,7 @@ class ProbeMetrics:
     def from_json(cls, record: Mapping[str, Any], source: Path) -> ProbeMetrics:
         """The record of a probe_metrics.json; a missing key, a wrong version or a bad entry is
         one InputError line naming `source`."""
-        version = record.get("version", cls.VERSION)
-        if version != cls.VERSION:
-            raise InputError(f"{source}: probe metrics version {version!r}, expected {cls.VERSION}")
-        missing = [f.name for f in fields(cls) if f.name not in record]
-        if missing:
-            raise InputError(f"{source}: missing key {missing[0]!r}")
+        check_metrics_record(record, cls, source, "probe metrics")
         try:
             return cls(
                 **{f.name: record[f.name] for f in fields(cls)[:6]},
@@ -123,6 +125,18 @@ class ProbeMetrics:
             )
         except (TypeError, AttributeError) as error:  # a key too many or too few, not an object
             raise InputError(f"{source}: not probe metrics ({error})") from None
+
+
+def check_metrics_record(record: Mapping[str, Any], kind: Any, source: Path, what: str) -> None:
+    """A metrics file's record names no version other than `kind.VERSION` (none: the version
+    this code writes, which leaves it out) and has every field of the dataclass `kind`; one
+    InputError line naming `source` otherwise."""
+    version = record.get("version", kind.VERSION)
+    if version != kind.VERSION:
+        raise InputError(f"{source}: {what} version {version!r}, expected {kind.VERSION}")
+    missing = [f.name for f in fields(kind) if f.name not in record]
+    if missing:
+        raise InputError(f"{source}: missing key {missing[0]!r}")
 
 
 def read_probe_metrics(path: Path) -> ProbeMetrics:
