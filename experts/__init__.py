@@ -5,10 +5,11 @@ What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) wit
 `score_items`) that scores `Item`s through them; `check_endpoint` before a run and
 `LocalServer` for a local llama.cpp or vLLM server (`setup_vllm` puts vLLM in a venv of its
 own); `check_cache` and `salvage_cache` for a damaged cache (every failure of the cache file is
-a `StorageError` naming it, `CacheCorrupt` for damage). Inside, small composable pieces stay
-private: the endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM), the
-cache's single writer, and claims on the items in flight under a lease (so that runs sharing a
-cache never pay twice).
+a `StorageError` naming it, `CacheCorrupt` for damage); `merge_caches` to bring other machines'
+answers into a cache, `write_answers`/`import_answers` to move them as JSON lines. Inside,
+small composable pieces stay private: the endpoint (replicas, error translation), the limiter
+(concurrency, RPM, TPM), the cache's single writer, and claims on the items in flight under a
+lease (so that runs sharing a cache never pay twice).
 
 The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
 registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
@@ -41,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "Item": "._items",
     "ItemResult": "._items",
     "LocalServer": "._serve",
+    "MergeReport": "._merge",
     "PortTaken": "._serve",
     "ProgressSink": "._items",
     "PromptTemplate": "._prompts",
@@ -61,12 +63,15 @@ _EXPORTS: dict[str, str] = {
     "check_cache": "._repair",
     "check_base_url": "._config",
     "check_endpoint": "._check",
+    "check_merge_sources": "._merge",
     "describe_template": "._prompts",
     "expert_from_url": "._registry",
+    "import_answers": "._answers",
     "experts_file": "._registry",
     "list_claims": "._claims",
     "load_experts": "._registry",
     "load_template": "._prompts",
+    "merge_caches": "._merge",
     "redact": "._redact",
     "redact_url": "._config",
     "resolve_expert": "._registry",
@@ -76,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "setup_vllm": "._vllm",
     "top_logprobs": "._scoring",
     "vllm_env": "._vllm",
+    "write_answers": "._answers",
 }
 
 __all__ = list(_EXPORTS)

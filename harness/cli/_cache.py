@@ -1,11 +1,11 @@
-"""`ctd cache stats|explain|export|check|salvage`: the shared SQLite cache of expert answers."""
+"""`ctd cache stats|explain|export|import|merge|check|salvage`: the shared SQLite cache of expert
+answers."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import typer
@@ -28,14 +28,21 @@ from ._expert_options import (
 )
 
 if TYPE_CHECKING:
-    from experts import ScoreCache
+    from experts import MergeReport, ScoreCache
 
 __all__ = ["register"]
 
 
 cache_app = typer.Typer(
-    help="The SQLite cache of expert answers: stats, explain, export, check, salvage.", no_args_is_help=True
+    help="The SQLite cache of expert answers: stats, explain, export, import, merge, check, salvage.",
+    no_args_is_help=True,
 )
+
+EXPORT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
+"""The formats `ctd cache export` writes, by the suffix of --out (the one way to choose)."""
+
+CONFLICTS_SHOWN = 10
+"""Conflicts `ctd cache merge` names one per line on the terminal (--json lists them all)."""
 
 
 def _open_cache(path: Path | None) -> ScoreCache:
@@ -142,11 +149,32 @@ def cache_export(
     out: Annotated[Path, typer.Option("--out", help="Output file: .csv, .jsonl or .parquet.")],
     expert: ExpertOption = None,
     cache: CacheOption = None,
-    with_response: Annotated[bool, typer.Option("--with-response", help="Include the raw answers.")] = False,
+    with_response: Annotated[
+        bool, typer.Option("--with-response", help="Include the raw answers (.jsonl always has them).")
+    ] = False,
+    export_format: Annotated[
+        Literal["csv", "jsonl", "parquet"] | None,
+        typer.Option(
+            "--format",
+            help="The format --out's suffix chooses, stated (a mismatch is an error). jsonl keeps "
+            "every column of each answer as stored: what `ctd cache import` reads on another machine.",
+        ),
+    ] = None,
 ) -> None:
     """Export stored scores (one row per answer)."""
-    check_writable(out, "--out", (".csv", ".jsonl", ".parquet"))
+    check_writable(out, "--out", tuple(EXPORT_SUFFIXES))
+    chosen = EXPORT_SUFFIXES[out.suffix.lower()]
+    if export_format is not None and export_format != chosen:
+        raise InputError(
+            f"--format {export_format}: --out {out} is {chosen} by its suffix; "
+            f"name the file .{export_format} (the suffix chooses the format)"
+        )
     store = _open_cache(cache)
+    if chosen == "jsonl":
+        with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            written = experts.write_answers(store, handle, expert=expert)
+        stdout.print(f"wrote {written} rows to {out}")
+        return
     columns = [
         "key",
         "expert",
@@ -165,19 +193,82 @@ def cache_export(
     if with_response:
         columns.append("response")
     rows = [{c: getattr(row, c) for c in columns} for row in store.rows(expert)]
-    if out.suffix.lower() == ".jsonl":
-        with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(
-                    json.dumps({k: (str(v) if k == "created" else v) for k, v in row.items()}) + "\n"
-                )
-    else:
-        table = {
-            c: np.array([(str(r[c]) if c == "created" else (np.nan if r[c] is None else r[c])) for r in rows])
-            for c in columns
-        }
-        write_table(out, table)
+    table = {
+        c: np.array([(str(r[c]) if c == "created" else (np.nan if r[c] is None else r[c])) for r in rows])
+        for c in columns
+    }
+    write_table(out, table)
     stdout.print(f"wrote {len(rows)} rows to {out}")
+
+
+@cache_app.command("merge")
+@clean_errors
+def cache_merge(
+    others: Annotated[
+        list[Path], typer.Argument(help="Other machines' caches (.sqlite), merged in the order given.")
+    ],
+    cache: CacheOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Bring the scored answers of other caches into this one (created if missing). A key new
+    here is copied as stored there; a key stored here with the same score is a duplicate; with
+    another score it is a conflict, and this cache's answer is kept (the report says by how much
+    and why). Recorded failures are not answers: counted, not merged. Every source is checked
+    first (exists, not this cache, a sound ctd cache of this version); rerunning finishes an
+    interrupted merge."""
+    path = cache or Roots.resolve().cache
+    experts.check_merge_sources(path, others)  # before the target is created or written
+    store = experts.ScoreCache.for_run(path)
+    try:
+        reports = experts.merge_caches(store, others)
+    finally:
+        store.close()
+    _print_merge(path, reports, json_output)
+
+
+@cache_app.command("import")
+@clean_errors
+def cache_import(
+    files: Annotated[
+        list[Path], typer.Argument(help="Answers as `ctd cache export --out FILE.jsonl` writes them.")
+    ],
+    cache: CacheOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Read exported answers (.jsonl) into this cache (created if missing), as `ctd cache merge`
+    does with a cache: every line is checked first, and a malformed one (FILE:LINE) stops the
+    import before anything is added."""
+    path = cache or Roots.resolve().cache
+    _print_merge(path, experts.import_answers(path, files), json_output)
+
+
+def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> None:
+    if json_output:
+        print_json({"cache": str(path), "sources": [report.to_dict() for report in reports]})
+        return
+    for report in reports:
+        stdout.print(
+            f"{report.source}: {report.answers} answers: {report.added} new, {report.duplicates} already "
+            f"here, {report.conflicts} in conflict (this cache's answer kept); "
+            f"{report.failures} recorded failures not merged",
+            highlight=False,
+        )
+        if report.claimed:
+            stdout.print(
+                f"  {report.claimed} of the new answers are for items a running query is asking about "
+                "(its claims stay; its commit will find them answered)",
+                highlight=False,
+            )
+        for conflict in report.listed[:CONFLICTS_SHOWN]:
+            stdout.print(
+                f"  conflict: {conflict.expert} item {conflict.item_id} key {conflict.key[:16]}: "
+                + conflict.reason,
+                highlight=False,
+                markup=False,
+            )
+        if report.conflicts > CONFLICTS_SHOWN:
+            stdout.print(f"  ... {report.conflicts - CONFLICTS_SHOWN} more conflicts (--json lists them)")
+    stdout.print(f"merged into {path}", highlight=False)
 
 
 @cache_app.command("check")

@@ -1,0 +1,209 @@
+"""Answers as JSON lines, for moving them through object storage: `write_answers` writes every
+column of each stored answer exactly as stored, one object per line (behind `ctd cache export
+--out FILE.jsonl`), and `import_answers` reads such files back into a cache (behind `ctd cache
+import`) through `merge_caches`, the one way answers are added from elsewhere.
+
+An import first reads every file, each into a new cache of its own in a temporary folder beside
+the target (on its device, so a large import finds room where the cache lives), checking each
+line; a malformed line is a ConfigError naming the file and line, and nothing is imported. Then
+those caches are merged like any other machine's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import tempfile
+from collections.abc import Sequence
+from contextlib import closing
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._cache import SCHEMA_VERSION, ScoreCache
+from ._errors import ConfigError
+from ._merge import ANSWER_COLUMNS, MergeReport, merge_caches
+from ._storage import storage_errors
+
+__all__ = ["import_answers", "write_answers"]
+
+_TEXT = ("key", "expert", "item_id", "endpoint", "model", "method", "template_sha256", "response", "created")
+_NULLABLE = frozenset({"label_mass", "prompt_tokens", "completion_tokens"})
+_BATCH = 5_000  # lines per insert into the staging cache
+_INSERT = (
+    "INSERT INTO scores (" + ", ".join(f'"{c}"' for c in ANSWER_COLUMNS) + ") "
+    f"VALUES ({', '.join('?' * len(ANSWER_COLUMNS))})"
+)
+_KEY, _CREATED, _SCHEMA, _MASS = (
+    ANSWER_COLUMNS.index(c) for c in ("key", "created", "schema_version", "label_mass")
+)
+_TEXT_AT = tuple(ANSWER_COLUMNS.index(c) for c in _TEXT)
+_REALS_AT = tuple(ANSWER_COLUMNS.index(c) for c in ("score", "latency_ms"))  # label_mass may be null
+_COUNTS_AT = tuple(ANSWER_COLUMNS.index(c) for c in ("prompt_tokens", "completion_tokens"))
+
+
+def write_answers(cache: ScoreCache, handle: TextIO, *, expert: str | None = None) -> int:
+    """Write the answers of `cache` (of `expert` only, if given) to `handle`, one JSON object per
+    line with every column of `ANSWER_COLUMNS` as stored, streamed in the order they were
+    added; return how many."""
+    columns = ", ".join(f'"{c}"' for c in ANSWER_COLUMNS)
+    where, values = ("WHERE expert = ?", (expert,)) if expert is not None else ("", ())
+    written = 0
+    with storage_errors(cache.path):
+        connection = cache.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute(f"SELECT {columns} FROM scores {where} ORDER BY rowid", values)
+            while rows := cursor.fetchmany(5_000):
+                for row in rows:
+                    handle.write(json.dumps(dict(zip(ANSWER_COLUMNS, row, strict=True)), ensure_ascii=False))
+                    handle.write("\n")
+                written += len(rows)
+        finally:
+            connection.close()
+    return written
+
+
+def import_answers(target: Path, files: Sequence[Path]) -> list[MergeReport]:
+    """Read the JSON-lines `files` (as `write_answers` writes them) into the cache at `target`
+    (created if missing, once every file has been read): all of them are checked line by line
+    before the first answer is added (see the module's text)."""
+    target = Path(target)
+    files = [Path(file) for file in files]
+    for file in files:
+        if not file.exists():
+            raise ConfigError(f"{file}: no such file")
+        if not file.is_file():
+            raise ConfigError(f"{file}: is a folder, expected a .jsonl file of answers")
+        if file.suffix.lower() != ".jsonl":
+            raise ConfigError(
+                f"{file}: unknown file type {file.suffix or '(none)'!r}; import reads the .jsonl "
+                "that `ctd cache export --out FILE.jsonl` writes"
+            )
+    beside = target.parent if target.parent.is_dir() else None  # None: the system's temporary folder
+    with tempfile.TemporaryDirectory(prefix=".ctd-import-", dir=beside) as folder:
+        staged = []
+        for number, file in enumerate(files):
+            staged.append(Path(folder) / f"{number}.sqlite")
+            _stage(file, staged[-1])
+        cache = ScoreCache.for_run(target)
+        try:
+            return merge_caches(cache, staged, names=[str(file) for file in files])
+        finally:
+            cache.close()
+
+
+def _stage(file: Path, into: Path) -> None:
+    """Check every line of `file` and store its answers in a new cache at `into`."""
+    ScoreCache(into).close()  # this version's tables
+    with closing(sqlite3.connect(into)) as staging, file.open("rb") as lines:
+        batch: list[tuple[Any, ...]] = []
+        numbers: list[int] = []
+        for number, raw in enumerate(lines, start=1):
+            answer = _parse_line(raw, f"{file}:{number}")
+            if answer is not None:
+                batch.append(answer)
+                numbers.append(number)
+            if len(batch) == _BATCH:
+                _insert(staging, batch, numbers, file)
+                batch, numbers = [], []
+        _insert(staging, batch, numbers, file)
+        staging.commit()
+
+
+def _parse_line(raw: bytes, where: str) -> tuple[Any, ...] | None:
+    """The checked answer on one line, None for a blank line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    if not text.strip():
+        return None
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    return _answer_row(answer, where)
+
+
+def _insert(
+    staging: sqlite3.Connection, batch: list[tuple[Any, ...]], numbers: list[int], file: Path
+) -> None:
+    before = staging.total_changes
+    try:
+        staging.executemany(_INSERT, batch)
+    except sqlite3.IntegrityError:  # the only constraint a checked row can break: its key repeats
+        stopped = staging.total_changes - before  # executemany stops at the row that failed
+        raise ConfigError(
+            f"{file}:{numbers[stopped]}: key {batch[stopped][0]} repeats an earlier line of this file; "
+            "import each export as a file of its own"
+        ) from None
+
+
+def _answer_row(answer: Any, where: str) -> tuple[Any, ...]:
+    """The values of one exported answer in `ANSWER_COLUMNS` order, checked field by field (a
+    row as `write_answers` writes it passes the quick look; any other gets the full check, which
+    names what is wrong)."""
+    if isinstance(answer, dict) and len(answer) == len(ANSWER_COLUMNS):
+        row = tuple(answer.get(name) for name in ANSWER_COLUMNS)
+        if _looks_whole(row):
+            return row
+    if not isinstance(answer, dict):
+        raise ConfigError(f"{where}: expected a JSON object with the fields {', '.join(ANSWER_COLUMNS)}")
+    unknown = sorted(set(answer) - set(ANSWER_COLUMNS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; an answer has {', '.join(ANSWER_COLUMNS)}")
+    for name in ANSWER_COLUMNS:
+        if name not in answer and name not in _NULLABLE:
+            raise ConfigError(
+                f"{where}: missing field {name!r} (`ctd cache export --out FILE.jsonl` writes every field)"
+            )
+        _check_field(name, answer.get(name), where)
+    return tuple(answer.get(name) for name in ANSWER_COLUMNS)
+
+
+def _looks_whole(row: tuple[Any, ...]) -> bool:
+    """Every field present and of its type: the quick look at a row (an import's hot loop)."""
+    try:
+        datetime.fromisoformat(row[_CREATED])
+    except (TypeError, ValueError):
+        return False
+    return (
+        all(type(row[at]) is str for at in _TEXT_AT)
+        and bool(row[_KEY])
+        and type(row[_SCHEMA]) is int
+        and row[_SCHEMA] == SCHEMA_VERSION
+        and all(type(row[at]) is float and math.isfinite(row[at]) for at in _REALS_AT)
+        and (row[_MASS] is None or (type(row[_MASS]) is float and math.isfinite(row[_MASS])))
+        and all(row[at] is None or (type(row[at]) is int and row[at] >= 0) for at in _COUNTS_AT)
+    )
+
+
+def _check_field(name: str, value: Any, where: str) -> None:
+    def wrong(expected: str) -> ConfigError:
+        return ConfigError(f"{where}: field {name!r} must be {expected}, got {json.dumps(value)[:60]}")
+
+    if value is None and name in _NULLABLE:
+        return
+    if name in _TEXT:
+        if not isinstance(value, str) or (name == "key" and not value):
+            raise wrong("a non-empty string" if name == "key" else "a string")
+        if name == "created":
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise wrong("a date and time like 2026-11-25 10:00:00.000000") from None
+    elif name == "schema_version":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise wrong("an integer")
+        if value != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{where}: an answer of cache schema {value}, this ctd writes schema {SCHEMA_VERSION}; "
+                "its key never matches this version's questions"
+            )
+    elif name in ("prompt_tokens", "completion_tokens"):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise wrong("a count (an integer >= 0) or null")
+    elif not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise wrong("a finite number" + (" or null" if name in _NULLABLE else ""))

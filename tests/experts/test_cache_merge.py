@@ -1,0 +1,197 @@
+"""Caches that merge: another machine's answers come into this cache by key (new keys copied as
+stored, the same score a duplicate, another score a conflict that keeps this cache's answer and
+says why), recorded failures stay behind, a run's live claim on a key survives the merge and its
+commit still works, a merge killed midway leaves a valid cache that a rerun completes, and
+100,000 answers merge in seconds with bounded memory."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import tracemalloc
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ctd_cli import run_ctd
+
+from experts import ScoreCache, list_claims, merge_caches
+
+# Private: a run's claims under the real ledger, held while another process merges.
+from experts._claims import ClaimLedger
+
+# Private: the batch size, to check that a killed merge left whole batches.
+from experts._merge import ROWS_PER_TRANSACTION
+
+
+def answer(i: int, *, score: float | None = None, response: str | None = None) -> dict[str, Any]:
+    """A stored answer for item i, as a run writes it (every column set)."""
+    return {
+        "key": f"{i:064x}",
+        "expert": "judge",
+        "item_id": f"ex{i}",
+        "endpoint": "http://127.0.0.1:9/v1",
+        "model": "m",
+        "method": "next-token",
+        "template_sha256": "0" * 64,
+        "schema_version": 1,
+        "score": (i % 97) / 97 if score is None else score,
+        "label_mass": 0.9,
+        "response": response or json.dumps({"item": i, "text": "x" * 200}),
+        "prompt_tokens": 40 + i % 7,
+        "completion_tokens": 1,
+        "latency_ms": 12.5,
+        "created": datetime.now(UTC),
+    }
+
+
+def failure(i: int) -> dict[str, Any]:
+    return {
+        "key": f"{i:064x}",
+        "expert": "judge",
+        "item_id": f"ex{i}",
+        "reason": "http-500",
+        "message": "server error",
+        "attempts": 6,
+        "created": datetime.now(UTC),
+    }
+
+
+def cache_with(path: Path, answers: list[dict[str, Any]], failures: list[dict[str, Any]] = ()) -> Path:  # type: ignore[assignment]
+    cache = ScoreCache(path)
+    for start in range(0, len(answers), 10_000):
+        cache.put_many(answers[start : start + 10_000])
+    cache.put_many([], failures)
+    cache.close()
+    return path
+
+
+def table(path: Path) -> list[tuple[Any, ...]]:
+    """Every stored answer, every column, as SQLite holds it (sorted by key)."""
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT * FROM scores ORDER BY key").fetchall()
+
+
+def test_new_keys_come_as_stored_and_a_rerun_is_all_duplicates(tmp_path: Path) -> None:
+    there = cache_with(tmp_path / "there.sqlite", [answer(i) for i in range(50)], [failure(60), failure(61)])
+    here = ScoreCache(tmp_path / "here.sqlite")
+    here.put_many([answer(i) for i in range(40, 55)])  # 40..49 shared (same scores), 50..54 only here
+    [report] = merge_caches(here, [there])
+    assert (report.answers, report.added, report.duplicates, report.conflicts) == (50, 40, 10, 0)
+    assert report.failures == 2  # counted, never merged
+    with closing(sqlite3.connect(here.path)) as db:
+        assert db.execute("SELECT COUNT(*) FROM failures").fetchone() == (0,)
+    merged = {row[0]: row for row in table(here.path)}
+    assert len(merged) == 55
+    for row in table(there)[:40]:  # the keys new here (their own created times differ)
+        assert merged[row[0]] == row  # same key, same row: every column as stored there
+    before = table(here.path)
+    [again] = merge_caches(here, [there])
+    assert (again.added, again.duplicates, again.conflicts) == (0, 50, 0)
+    assert table(here.path) == before
+    here.close()
+
+
+def test_a_conflict_keeps_this_caches_answer_and_says_why(tmp_path: Path) -> None:
+    """Key 1: the server answered differently (another response); key 2: the same response
+    scored differently. Both keep this cache's score, and the reason tells them apart."""
+    there = cache_with(
+        tmp_path / "there.sqlite",
+        [answer(0), answer(1, score=0.75, response='{"other": true}'), answer(2, score=0.4, response="same")],
+    )
+    here = ScoreCache(tmp_path / "here.sqlite")
+    here.put_many([answer(0), answer(1, score=0.25), answer(2, score=0.5, response="same")])
+    [report] = merge_caches(here, [there])
+    assert (report.added, report.duplicates, report.conflicts) == (0, 1, 2)
+    by_key = {conflict.key: conflict for conflict in report.listed}
+    server = by_key[f"{1:064x}"]
+    assert (server.kept, server.other, server.difference) == (0.25, 0.75, 0.5)
+    assert server.reason.startswith("score differs by 0.5 (0.25 kept, 0.75 there)")
+    assert "non-deterministic server" in server.reason
+    scoring = by_key[f"{2:064x}"]
+    assert (
+        scoring.difference == 0.09999999999999998 and "same raw answer scored differently" in scoring.reason
+    )
+    assert {row[0]: row[8] for row in table(here.path)} == {
+        f"{0:064x}": 0.0,
+        f"{1:064x}": 0.25,
+        f"{2:064x}": 0.5,
+    }
+    assert report.to_dict()["conflicts_listed"][0]["reason"] == report.listed[0].reason
+    here.close()
+
+
+def test_a_live_claim_survives_the_merge_and_its_holders_commit_keeps_the_merged_answer(
+    tmp_path: Path,
+) -> None:
+    """A run (this process) holds a claim on key 7 of this cache while `ctd cache merge` (another
+    process) brings an answer for it: the answer goes in, the claim stays, a second run finds the
+    item answered, and the holder's own commit (another score) neither fails nor replaces it."""
+    there = cache_with(tmp_path / "there.sqlite", [answer(i, score=0.125) for i in range(5, 10)])
+    here = ScoreCache(tmp_path / "here.sqlite")
+    holder = ClaimLedger(here)
+    assert holder.claim("judge", {f"{7:064x}": "ex7"}).mine == {f"{7:064x}"}
+    merged = run_ctd("cache", "merge", str(there), "--cache", str(here.path), "--json", cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr
+    [report] = json.loads(merged.stdout)["sources"]
+    assert (report["added"], report["added_while_claimed"]) == (5, 1)
+    [claims] = list_claims(here)
+    assert (claims.live, claims.owner) == (1, holder.owner)
+    other_run = ClaimLedger(here).claim("judge", {f"{7:064x}": "ex7"})
+    assert other_run.mine == set() and other_run.scored[f"{7:064x}"].score == 0.125
+    here.put_many([answer(7, score=0.875)], release_owner=holder.owner)  # the holder's commit
+    assert list_claims(here) == []
+    assert here.get_many([f"{7:064x}"])[f"{7:064x}"].score == 0.125
+    here.close()
+
+
+MERGE_IN_A_PROCESS = """
+import sys
+from experts import ScoreCache, merge_caches
+merge_caches(ScoreCache(sys.argv[1]), [sys.argv[2]])
+"""
+
+
+def test_a_killed_merge_leaves_a_valid_cache_that_a_rerun_completes_quickly(tmp_path: Path) -> None:
+    """kill -9 after the first batches are committed: the cache is sound and holds whole batches;
+    the rerun adds the rest (what came before counts as duplicates) in seconds, its memory
+    bounded by a batch, not by the 100,000 answers."""
+    n = 100_000
+    there = cache_with(tmp_path / "there.sqlite", [answer(i) for i in range(n)])
+    here = tmp_path / "here.sqlite"
+    ScoreCache(here).close()
+    merging = subprocess.Popen([sys.executable, "-c", MERGE_IN_A_PROCESS, str(here), str(there)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and merging.poll() is None:
+            with closing(sqlite3.connect(here)) as db:
+                if db.execute("SELECT COUNT(*) FROM scores").fetchone()[0] > 0:
+                    break
+            time.sleep(0.005)
+        merging.send_signal(signal.SIGKILL)
+    finally:
+        merging.wait()
+    assert merging.returncode == -signal.SIGKILL, "the merge ended before it could be killed"
+    with closing(sqlite3.connect(here)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        done = db.execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert 0 < done < n and done % ROWS_PER_TRANSACTION == 0
+    cache = ScoreCache(here)
+    tracemalloc.start()
+    started = time.perf_counter()
+    [report] = merge_caches(cache, [there])
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    cache.close()
+    assert (report.added, report.duplicates, report.conflicts) == (n - done, done, 0)
+    assert table(here) == table(there)
+    print(
+        f"rerun merged {n - done} new of {n} answers in {seconds:.2f} s, peak {peak / 2**20:.1f} MiB traced"
+    )
+    assert seconds < 60 and peak < 32 * 2**20
