@@ -4,8 +4,10 @@ What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) wit
 (`Timeout`, `RateLimit`, `RetryPolicy`), a `ScoreCache`, and the `ExpertClient` (or
 `score_items`) that scores `Item`s through them; `check_endpoint` before a run and
 `LocalServer` for a local llama.cpp or vLLM server (`setup_vllm` puts vLLM in a venv of its
-own); `check_cache` and `salvage_cache` for a damaged cache (every failure of the cache file is
-a `StorageError` naming it, `CacheCorrupt` for damage). Inside, small composable pieces stay
+own); `batch_request_lines`, `read_batch_results` and `commit_batch_results` for the same
+requests as an OpenAI batch file, keyed by the cache key (`experts._batch`); `check_cache` and
+`salvage_cache` for a damaged cache (every failure of the cache file is a `StorageError` naming
+it, `CacheCorrupt` for damage). Inside, small composable pieces stay
 private: the endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM), the
 cache's single writer, and claims on the items in flight under a lease (so that runs sharing a
 cache never pay twice).
@@ -21,10 +23,14 @@ import importlib
 
 # Every public name and the module that defines it: the one list of this package's API.
 _EXPORTS: dict[str, str] = {
+    "BATCH_URL_ROOT": "._batch",
     "BUILTIN_EXPERTS": "._registry",
     "BUILTIN_TEMPLATES": "._prompts",
     "DEFAULT_TEMPLATE": "._prompts",
     "DRAIN_GRACE": "._drain",
+    "BatchAnswer": "._batch",
+    "BatchCommit": "._batch",
+    "BatchRequests": "._batch",
     "BreakerState": "._breaker",
     "CacheCheck": "._repair",
     "CacheCorrupt": "._errors",
@@ -57,16 +63,20 @@ _EXPORTS: dict[str, str] = {
     "VLLM_ENV_VAR": "._vllm",
     "VllmSettings": "._vllm",
     "add_expert": "._registry",
+    "batch_custom_ids": "._batch",
+    "batch_request_lines": "._batch",
     "build_request": "._scoring",
     "check_cache": "._repair",
     "check_base_url": "._config",
     "check_endpoint": "._check",
+    "commit_batch_results": "._batch",
     "describe_template": "._prompts",
     "expert_from_url": "._registry",
     "experts_file": "._registry",
     "list_claims": "._claims",
     "load_experts": "._registry",
     "load_template": "._prompts",
+    "read_batch_results": "._batch",
     "redact": "._redact",
     "redact_url": "._config",
     "resolve_expert": "._registry",
