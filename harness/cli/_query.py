@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from experts import ExpertSpec
-
 from .._errors import MAX_FAILED, InputError, check_max_failed
 from ..expert import resolve_expert
 from ..run import StageProgress
@@ -24,6 +22,8 @@ from ._expert_options import (
 )
 
 if TYPE_CHECKING:
+    from experts import ExpertSpec
+
     from ..stages import QuerySummary
 
 __all__ = ["register"]
