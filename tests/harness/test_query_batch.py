@@ -18,7 +18,9 @@ import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 from fault_server import RunningServer
 
-from harness.data import read_table
+from harness.data import read_dataset, read_table
+from harness.expert import resolve_expert
+from harness.stages import preflight_cache
 
 ITEMS = 1000
 SECRET = "sk-batch-secret-0123456789"  # the expert's API key: it must reach no batch file
@@ -104,7 +106,9 @@ def stored(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("method", ["next-token", "likelihood"])
-def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(tmp_path: Path, method: str) -> None:
+def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
+    tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = write_data(tmp_path, ITEMS)
     with RunningServer() as running:
         expert = Expert(tmp_path, running.url, method)
@@ -147,6 +151,10 @@ def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(tmp_path: Path, meth
         assert (report["committed"], report["already"], report["failed"]) == (ITEMS, 0, 0)
         assert (report["unmatched"], report["missing"], report["lines"]) == (0, 0, ITEMS * bodies)
         assert stored(tmp_path / "cache.sqlite") == (ITEMS, 0)
+        # What `ctd eval`'s query stage asks the cache before it starts (or checks) an expert.
+        monkeypatch.setenv("CTD_EXPERTS_FILE", str(expert.registry))
+        spec = resolve_expert("fault").spec
+        assert preflight_cache(tmp_path / "cache.sqlite", spec, read_dataset(data).items) == 0
 
         rerun = expert.ctd("query", "--data", str(data), "--out", "rerun.parquet")
         assert rerun.returncode == 0, rerun.stderr
