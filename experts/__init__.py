@@ -4,12 +4,14 @@ What a user calls: an `ExpertSpec` (from the registry, or `expert_from_url`) wit
 (`Timeout`, `RateLimit`, `RetryPolicy`), a `ScoreCache`, and the `ExpertClient` (or
 `score_items`) that scores `Item`s through them; `check_endpoint` before a run and
 `LocalServer` for a local llama.cpp or vLLM server (`setup_vllm` puts vLLM in a venv of its
-own); `check_cache` and `salvage_cache` for a damaged cache (every failure of the cache file is
-a `StorageError` naming it, `CacheCorrupt` for damage); `merge_caches` to bring other machines'
-answers into a cache, `write_answers`/`import_answers` to move them as JSON lines. Inside,
-small composable pieces stay private: the endpoint (replicas, error translation), the limiter
-(concurrency, RPM, TPM), the cache's single writer, and claims on the items in flight under a
-lease (so that runs sharing a cache never pay twice).
+own); `batch_request_lines`, `read_batch_results` and `commit_batch_results` for the same
+requests as an OpenAI batch file, keyed by the cache key (`experts._batch`); `check_cache` and
+`salvage_cache` for a damaged cache (every failure of the cache file is a `StorageError` naming
+it, `CacheCorrupt` for damage); `merge_caches` to bring other machines' answers into a cache,
+`write_answers`/`import_answers` to move them as JSON lines. Inside, small composable pieces
+stay private: the endpoint (replicas, error translation), the limiter (concurrency, RPM, TPM),
+the cache's single writer, and claims on the items in flight under a lease (so that runs sharing
+a cache never pay twice).
 
 The names below are imported on first use (PEP 562): `from experts import ExpertSpec` loads the
 registry and not the cache (sqlmodel) or the client (aiohttp), so a command line that only
@@ -22,10 +24,14 @@ import importlib
 
 # Every public name and the module that defines it: the one list of this package's API.
 _EXPORTS: dict[str, str] = {
+    "BATCH_URL_ROOT": "._batch",
     "BUILTIN_EXPERTS": "._registry",
     "BUILTIN_TEMPLATES": "._prompts",
     "DEFAULT_TEMPLATE": "._prompts",
     "DRAIN_GRACE": "._drain",
+    "BatchAnswer": "._batch",
+    "BatchCommit": "._batch",
+    "BatchRequests": "._batch",
     "BreakerState": "._breaker",
     "CacheCheck": "._repair",
     "CacheCorrupt": "._errors",
@@ -59,11 +65,14 @@ _EXPORTS: dict[str, str] = {
     "VLLM_ENV_VAR": "._vllm",
     "VllmSettings": "._vllm",
     "add_expert": "._registry",
+    "batch_custom_ids": "._batch",
+    "batch_request_lines": "._batch",
     "build_request": "._scoring",
     "check_cache": "._repair",
     "check_base_url": "._config",
     "check_endpoint": "._check",
     "check_merge_sources": "._merge",
+    "commit_batch_results": "._batch",
     "describe_template": "._prompts",
     "expert_from_url": "._registry",
     "import_answers": "._answers",
@@ -72,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "load_experts": "._registry",
     "load_template": "._prompts",
     "merge_caches": "._merge",
+    "read_batch_results": "._batch",
     "redact": "._redact",
     "redact_url": "._config",
     "resolve_expert": "._registry",

@@ -24,7 +24,7 @@ from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
 from ._registry import ExpertSpec
 from ._resources import ClientResources
-from ._scoring import Request, build_request, parse_response, total_usage
+from ._scoring import Request, Score, build_request, parse_response, total_usage
 
 __all__ = ["ExpertClient", "score_items"]
 
@@ -373,33 +373,43 @@ class ExpertClient:
         stats.scored += 1
         if writer is not None:
             response = payloads[0] if len(payloads) == 1 else payloads
-            await writer.put_score(self._row(pending, response, score.p, score.label_mass, seconds, usage))
+            row = self.score_row(pending.key, pending.item.id, response, score, seconds=seconds, usage=usage)
+            await writer.put_score(row)
         return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
 
-    def _row(
-        self,
-        pending: _Pending,
-        payload: Any,
-        p: float,
-        mass: float | None,
-        seconds: float,
-        usage: dict[str, Any],
+    def score_row(
+        self, key: str, item_id: str, payload: Any, score: Score, *, seconds: float, usage: dict[str, Any]
     ) -> dict[str, Any]:
+        """The cache's row for an answered item (`payload`: the endpoint's JSON answer, a list of
+        them for likelihood scoring), as every writer of answers stores it: this client, and a
+        batch's results (`experts._batch`, `seconds` 0: a batch times no single request)."""
         return {
-            "key": pending.key,
+            "key": key,
             "expert": self.spec.name,
-            "item_id": pending.item.id,
+            "item_id": item_id,
             "endpoint": self._endpoint_id,
             "model": self.spec.model,
             "method": self.spec.method,
             "template_sha256": self.template.sha256,
             "schema_version": SCHEMA_VERSION,
-            "score": p,
-            "label_mass": mass,
+            "score": score.p,
+            "label_mass": score.label_mass,
             "response": json.dumps(payload, separators=(",", ":")),
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
             "latency_ms": seconds * 1000.0,
+            "created": now(),
+        }
+
+    def failure_row(self, key: str, item_id: str, error: ExpertError, *, attempts: int) -> dict[str, Any]:
+        """The failures table's row for an item that got no score (never a cache hit)."""
+        return {
+            "key": key,
+            "expert": self.spec.name,
+            "item_id": item_id,
+            "reason": error.reason,
+            "message": str(error)[:500],
+            "attempts": attempts,
             "created": now(),
         }
 
@@ -409,17 +419,7 @@ class ExpertClient:
         stats.failed += 1
         stats.failure_reasons[exc.reason] += 1
         if writer is not None:
-            await writer.put_failure(
-                {
-                    "key": pending.key,
-                    "expert": self.spec.name,
-                    "item_id": pending.item.id,
-                    "reason": exc.reason,
-                    "message": str(exc)[:500],
-                    "attempts": attempts,
-                    "created": now(),
-                }
-            )
+            await writer.put_failure(self.failure_row(pending.key, pending.item.id, exc, attempts=attempts))
         return ItemResult(
             pending.item.id,
             None,

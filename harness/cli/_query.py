@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .._errors import MAX_FAILED, check_max_failed
+from .._errors import MAX_FAILED, InputError, check_max_failed
 from ..expert import resolve_expert
 from ..run import StageProgress
 from ._common import clean_errors, print_json, stdout
@@ -22,6 +22,8 @@ from ._expert_options import (
 )
 
 if TYPE_CHECKING:
+    from experts import ExpertSpec
+
     from ..stages import QuerySummary
 
 __all__ = ["register"]
@@ -32,8 +34,9 @@ def query_command(
     *,
     data: Annotated[Path, typer.Option("--data", help="A dataset file (McKenzie et al. JSONL or CSV).")],
     out: Annotated[
-        Path, typer.Option("--out", help="Output table (.parquet, or .csv), aligned with --data.")
-    ],
+        Path | None,
+        typer.Option("--out", help="Output table (.parquet, or .csv), aligned with --data."),
+    ] = None,
     expert: ExpertOption = None,
     expert_url: ExpertUrlOption = None,
     expert_model: ExpertModelOption = None,
@@ -47,6 +50,20 @@ def query_command(
             help=f"Exit with code 1 when more than this fraction of the examples failed [{MAX_FAILED:g}].",
         ),
     ] = MAX_FAILED,
+    batch_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--batch-out",
+            help="Send nothing: write the uncached requests as an OpenAI batch file (.jsonl).",
+        ),
+    ] = None,
+    batch_in: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--batch-in",
+            help="Send nothing: commit a batch's results (.jsonl, repeatable) and write --out.",
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Score every example of a dataset with an expert LLM (async, rate-limited, cached).
@@ -55,12 +72,20 @@ def query_command(
     retries are recorded with their reason and listed at the end; they are retried next time.
     The table is written either way; the exit code is 1 when more than --max-failed of the
     examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
+
+    --batch-out and --batch-in run the same requests as a batch (`vllm run-batch`, a provider's
+    Batch API): the first writes them, the second commits their results to the cache.
     """
     # The expert engine (sqlmodel, aiohttp) loads when a command runs, not on --help
     from ..stages import query_dataset
 
     check_max_failed(max_failed)
     spec = resolve_expert(expert, expert_url, expert_model, method).spec
+    if batch_out is not None or batch_in:
+        _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output)
+        return
+    if out is None:
+        raise InputError("--out is required: the table to write (.parquet or .csv)")
     try:
         with StageProgress(enabled=not json_output) as progress:
             summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)
@@ -86,6 +111,53 @@ def _print_summary(summary: QuerySummary) -> None:
     )
     for reason, count in sorted(summary.failure_reasons.items()):
         stdout.print(f"  failed: {count} x {reason} (they are retried on the next run)")
+
+
+def _batch(
+    data: Path,
+    spec: ExpertSpec,
+    out: Path | None,
+    cache: Path | None,
+    batch_out: Path | None,
+    batch_in: list[Path],
+    max_failed: float,
+    json_output: bool,
+) -> None:
+    """`--batch-out` (the requests, written) or `--batch-in` (the results, committed)."""
+    from ..stages import batch_in as commit_batch
+    from ..stages import batch_out as write_batch
+
+    if batch_out is not None and batch_in:
+        raise InputError("--batch-out and --batch-in: give one (write the requests, or read their results)")
+    if batch_out is not None:
+        if out is not None:
+            raise InputError("--out with --batch-out: the batch holds requests, not a table; leave out --out")
+        written = write_batch(data, spec, batch_out, cache_path=cache)
+        if json_output:
+            print_json(written.to_dict())
+            return
+        stdout.print(
+            f"{written.total} examples: {written.cached} already in the cache, "
+            f"{written.duplicates} duplicates of an earlier example; wrote {written.lines} request lines "
+            f"for {written.written} examples (about {written.tokens:,} tokens) to {written.out}; "
+            "nothing was sent"
+        )
+        return
+    if out is None:
+        raise InputError("--out is required with --batch-in: the table to write (.parquet or .csv)")
+    summary = commit_batch(data, spec, batch_in, out, cache_path=cache)
+    if json_output:
+        print_json(summary.to_dict())
+    else:
+        stdout.print(
+            f"{summary.lines} result lines for {summary.total} examples: {summary.committed} committed, "
+            f"{summary.already} already in the cache (kept), {summary.failed} failed, "
+            f"{summary.unmatched} lines matched no example (ignored); "
+            f"{summary.missing} examples not in the batch; wrote {summary.out}"
+        )
+        for reason, count in sorted(summary.failure_reasons.items()):
+            stdout.print(f"  failed: {count} x {reason} (a later run asks them again)")
+    summary.check_failures(max_failed)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,8 @@ from .._lazy import lazy_exports
 
 # Every public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
+    "BatchInSummary": "._query_batch",
+    "BatchOutSummary": "._query_batch",
     "CalibrateStage": "._calibrate",
     "DVMetrics": "._dv_metrics",
     "DVStage": "._dv",
@@ -22,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "QuerySummary": "._query",
     "ReportStage": "._report",
     "ValidateStage": "._validate",
+    "batch_in": "._query_batch",
+    "batch_out": "._query_batch",
     "calibrate_scores": "._calibrate",
     "dv_stage": "._dv",
     "preflight_cache": "._query",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import experts
-from experts import ConfigError, ExpertSpec, Item, RunStats, ScoreCache
+from experts import ConfigError, ExpertSpec, Item, ItemResult, RunStats, ScoreCache
 
 from .._errors import InputError, check_failed_fraction
 from .._signals import stop_signals
@@ -31,6 +31,7 @@ __all__ = [
     "query_dataset",
     "query_items",
     "uncached_count",
+    "write_query_table",
 ]
 
 
@@ -218,23 +219,10 @@ def query_items(
             )
         except experts.Stopped:  # the answers that arrived are committed; the rest is not lost
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a run
-        top = {"top_tokens": _top_tokens(items, spec, cache)} if with_top_tokens else {}
+        top_tokens = _top_tokens(items, spec, cache) if with_top_tokens else None
     finally:
         cache.close()
-    write_table(
-        Path(out),
-        {
-            "id": np.array([r.id for r in results]),
-            **(extra or {}),
-            "label": np.array([-1 if label is None else label for label in labels]),
-            "expert": np.array([np.nan if r.score is None else r.score for r in results]),
-            "label_mass": np.array([np.nan if r.label_mass is None else r.label_mass for r in results]),
-            "source": np.array([r.source for r in results]),
-            "reason": np.array([r.reason or "" for r in results]),
-            "attempts": np.array([r.attempts for r in results]),
-            **top,
-        },
-    )
+    write_query_table(Path(out), results, labels, extra=extra, top_tokens=top_tokens)
     return QuerySummary(
         expert=spec.name,
         out=Path(out),
@@ -249,6 +237,32 @@ def query_items(
         failure_reasons=dict(stats.failure_reasons),
         dropped=0,
         seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def write_query_table(
+    out: Path,
+    results: Sequence[ItemResult],
+    labels: Sequence[int | None],
+    *,
+    extra: dict[str, np.ndarray] | None = None,
+    top_tokens: np.ndarray | None = None,
+) -> None:
+    """The table of `ctd query` (and of its `--batch-in`): one row per item, in order; `extra`
+    columns go after the id, `top_tokens` (see `_top_tokens`) last."""
+    write_table(
+        out,
+        {
+            "id": np.array([r.id for r in results]),
+            **(extra or {}),
+            "label": np.array([-1 if label is None else label for label in labels]),
+            "expert": np.array([np.nan if r.score is None else r.score for r in results]),
+            "label_mass": np.array([np.nan if r.label_mass is None else r.label_mass for r in results]),
+            "source": np.array([r.source for r in results]),
+            "reason": np.array([r.reason or "" for r in results]),
+            "attempts": np.array([r.attempts for r in results]),
+            **({} if top_tokens is None else {"top_tokens": top_tokens}),
+        },
     )
 
 

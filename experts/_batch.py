@@ -1,0 +1,283 @@
+"""Expert calls as batches keyed by the cache key: the requests a run would send, written as the
+lines of an OpenAI batch file (`vllm run-batch` reads the same format), and the batch's results
+scored and committed to the cache, so that the next run finds every answer there.
+
+Each line's `custom_id` is the item's cache key (`ExpertClient.request_for`), and its body is the
+exact body the client would send, so a result commits under the key a run looks up. Likelihood
+scoring sends two bodies per item: their lines are `KEY.0` (the high-stakes answer) and `KEY.1`
+(the low-stakes one), and an item scores only with both back. Items with the same input share
+one key and are written once; items already cached are not written.
+
+Results are scored by the client's own code (`parse_response`) and stored with its own rows
+(`ExpertClient.score_row`, `failure_row`) through `ScoreCache.put_many`, whose insert keeps the
+first answer of a key: a score some run already stored is never overwritten. A result line that
+failed (an error, a status other than 200, an answer without a usable score) is recorded as a
+failure with its reason, never a hit: a later run asks again. The whole results file is read
+and checked before anything is committed, so a malformed file commits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._cache import ScoreCache
+from ._client import ExpertClient
+from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError
+from ._items import Item, ItemResult
+from ._registry import ExpertSpec
+from ._scoring import Request, Score, parse_response, total_usage
+
+__all__ = [
+    "BATCH_URL_ROOT",
+    "BatchAnswer",
+    "BatchCommit",
+    "BatchRequests",
+    "batch_custom_ids",
+    "batch_request_lines",
+    "commit_batch_results",
+    "read_batch_results",
+]
+
+BATCH_URL_ROOT = "/v1"
+"""What a batch line's url starts with: batch runners take the API path from the root
+("/v1/chat/completions"), where the client posts under a base URL that already ends in /v1."""
+
+_LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
+_COMMIT_CHUNK = 1000  # rows per transaction: other runs on the cache wait on each one briefly
+_NO_ANSWER = "not-in-batch"  # an item's reason in the table when no result line answered it
+
+
+def batch_custom_ids(key: str, request: Request) -> list[str]:
+    """The custom_id of each body of an item's request: the cache key for one body (next-token),
+    `KEY.0`, `KEY.1` for the two bodies of likelihood scoring (high, then low)."""
+    if len(request.bodies) == 1:
+        return [key]
+    return [f"{key}.{index}" for index in range(len(request.bodies))]
+
+
+@dataclass
+class BatchRequests:
+    """What a batch file holds for a data set, counted while its lines are produced: `items`
+    in all, `cached` already answered (not written), `duplicates` sharing the key of an earlier
+    item (written once), `written` items written, as `lines` lines, about `tokens` tokens (the
+    client's estimate, `Request.tokens`)."""
+
+    items: int = 0
+    cached: int = 0
+    duplicates: int = 0
+    written: int = 0
+    lines: int = 0
+    tokens: int = 0
+
+
+def batch_request_lines(
+    spec: ExpertSpec, items: Sequence[Item], cache: ScoreCache | None, counts: BatchRequests
+) -> Iterator[dict[str, Any]]:
+    """The batch lines (`custom_id`, `method`, `url`, `body`) of the items of `items` that have no
+    answer in `cache`, one key once, counted into `counts` as they go. Nothing is sent, and no
+    credential is in them: a key travels in a header, never in a body."""
+    client = ExpertClient(spec, cache=None)
+    seen: set[str] = set()
+    for start in range(0, len(items), _LOOKUP_CHUNK):
+        chunk = [(item, *client.request_for(item)) for item in items[start : start + _LOOKUP_CHUNK]]
+        cached = cache.get_many([key for *_, key in chunk]) if cache is not None else {}
+        for _, request, key in chunk:
+            counts.items += 1
+            if key in cached:
+                counts.cached += 1
+                continue
+            if key in seen:
+                counts.duplicates += 1
+                continue
+            seen.add(key)
+            counts.written += 1
+            counts.tokens += request.tokens
+            for custom_id, body in zip(batch_custom_ids(key, request), request.bodies, strict=True):
+                counts.lines += 1
+                url = BATCH_URL_ROOT + request.path
+                yield {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+@dataclass(frozen=True)
+class BatchAnswer:
+    """One result line: where it was read (file:line), its HTTP status (None when the request
+    got none), the answer's JSON body, and the runner's error (None when there was none)."""
+
+    where: str
+    status: int | None
+    body: Any
+    error: Any
+
+    def failure(self) -> ExpertError | None:
+        """Why this line holds no answer to score, or None."""
+        if self.status is not None and self.status != 200:
+            return HTTPStatusError(self.status, f"{_shown(self.error or self.body)} ({self.where})")
+        if self.error is not None:
+            return ResponseError(f"{_shown(self.error)} ({self.where})", reason="batch-error")
+        if not isinstance(self.body, Mapping):
+            return ResponseError(f"the result holds no answer body ({self.where})", reason="no-logprobs")
+        return None
+
+
+def _shown(value: Any) -> str:
+    """An error as a failure's message holds it: the text of OpenAI's and vLLM's error objects."""
+    if isinstance(value, Mapping):
+        inner = value.get("error", value)
+        if isinstance(inner, Mapping) and "message" in inner:
+            return str(inner["message"])
+        if "message" in value:
+            return str(value["message"])
+    return json.dumps(value)[:300] if not isinstance(value, str) else value
+
+
+def read_batch_results(paths: Sequence[Path]) -> dict[str, BatchAnswer]:
+    """Every result line of `paths` (a batch's output file and, for OpenAI's Batch API, its
+    error file), by custom_id. The whole of each file is read and checked first: a line that is
+    not a result (`{"custom_id", "response": {"status_code", "body"}, "error"}`) or a custom_id
+    seen before is one ConfigError naming file:line."""
+    answers: dict[str, BatchAnswer] = {}
+    for path in paths:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        for number, line in enumerate(raw.split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            answer, custom_id = _result_line(line, where)
+            if custom_id in answers:
+                raise ConfigError(f"{where}: custom_id {custom_id!r} repeats {answers[custom_id].where}")
+            answers[custom_id] = answer
+    return answers
+
+
+def _result_line(line: bytes, where: str) -> tuple[BatchAnswer, str]:
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: expected a result object, found {type(record).__name__}")
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise ConfigError(f"{where}: no custom_id (a batch result line has custom_id, response and error)")
+    response, error = record.get("response"), record.get("error")
+    if response is None and error is None:
+        raise ConfigError(f"{where}: neither a response nor an error for custom_id {custom_id!r}")
+    if response is not None and not isinstance(response, dict):
+        raise ConfigError(f"{where}: response must be an object with status_code and body")
+    status = response.get("status_code") if response is not None else None
+    if status is not None and (not isinstance(status, int) or isinstance(status, bool)):
+        raise ConfigError(f"{where}: response.status_code must be an integer, found {status!r}")
+    body = response.get("body") if response is not None else None
+    return BatchAnswer(where, status, body, error), custom_id
+
+
+@dataclass
+class BatchCommit:
+    """What committing a batch's results did: `committed` items scored into the cache,
+    `already` items the cache answered before (kept, not overwritten), `failed` items recorded
+    as failures (`failure_reasons`), `unmatched` result lines whose custom_id is no item's (a
+    different data file, expert, method or template), `missing` items still without an answer."""
+
+    lines: int = 0
+    committed: int = 0
+    already: int = 0
+    failed: int = 0
+    unmatched: int = 0
+    missing: int = 0
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+
+
+def commit_batch_results(
+    spec: ExpertSpec, items: Sequence[Item], answers: Mapping[str, BatchAnswer], cache: ScoreCache
+) -> tuple[list[ItemResult], BatchCommit]:
+    """Score the answers of a batch for `items` with `spec`'s own scoring, commit them to
+    `cache` (a key it already answers keeps its answer), and give one result per item, read
+    from the cache afterwards: "cache" for every answered item, "failed" with the reason for
+    the rest ("not-in-batch" where no line answered it). When not one line matches an item,
+    nothing is committed and the ConfigError says so: the file belongs to other data or another
+    expert."""
+    client = ExpertClient(spec, cache=None)
+    keyed = [(item, *client.request_for(item)) for item in items]
+    owners: dict[str, tuple[Item, Request]] = {}  # each key's first item: its id goes in the row
+    for item, request, key in keyed:
+        owners.setdefault(key, (item, request))
+    wanted = {cid: key for key, (_, request) in owners.items() for cid in batch_custom_ids(key, request)}
+    report = BatchCommit(lines=len(answers), unmatched=sum(cid not in wanted for cid in answers))
+    if answers and report.unmatched == len(answers):
+        raise ConfigError(
+            f"none of the {len(answers)} result lines answers an item of the data with expert "
+            f"{spec.name} (method {spec.method}, template {spec.template}): the batch was made for "
+            "other data or another expert"
+        )
+    answered = {key for cid, key in wanted.items() if cid in answers}
+    stored = cache.get_many(sorted(answered))
+    scores, failures = [], []
+    failed: dict[str, str] = {}  # key: reason, for the table
+    for key in sorted(answered):
+        if key in stored:
+            report.already += 1
+            continue
+        item, request = owners[key]
+        outcome = _score(client, key, request, [answers.get(cid) for cid in batch_custom_ids(key, request)])
+        if isinstance(outcome, ExpertError):
+            failures.append(client.failure_row(key, item.id, outcome, attempts=1))
+            failed[key] = outcome.reason
+            report.failure_reasons[outcome.reason] += 1
+        else:
+            payload, score, usage = outcome
+            scores.append(client.score_row(key, item.id, payload, score, seconds=0.0, usage=usage))
+    for start in range(0, max(len(scores), len(failures)), _COMMIT_CHUNK):
+        end = start + _COMMIT_CHUNK
+        cache.put_many(scores[start:end], failures[start:end])
+    report.committed, report.failed = len(scores), len(failures)
+    final = cache.get_many([key for *_, key in keyed])
+    results = []
+    for item, _, key in keyed:
+        hit = final.get(key)
+        if hit is not None:
+            results.append(ItemResult(item.id, hit.score, hit.label_mass, "cache"))
+            continue
+        if key not in failed:
+            report.missing += 1
+        results.append(ItemResult(item.id, None, None, "failed", reason=failed.get(key, _NO_ANSWER)))
+    return results, report
+
+
+def _score(
+    client: ExpertClient, key: str, request: Request, halves: list[BatchAnswer | None]
+) -> ExpertError | tuple[Any, Score, dict[str, int]]:
+    """An item's answers scored as the client scores them: the payload to store, its score and
+    token usage, or why there is no score."""
+    ids = batch_custom_ids(key, request)
+    absent = [cid for cid, answer in zip(ids, halves, strict=True) if answer is None]
+    if absent:
+        present = next(answer for answer in halves if answer is not None)
+        lines = " and ".join(f".{cid.rsplit('.', 1)[1]}" for cid in absent)
+        return ResponseError(
+            f"the batch holds part of the item: no result for its {lines} line "
+            f"(custom_id {', '.join(absent)}; {present.where} holds another)",
+            reason="batch-incomplete",
+        )
+    payloads = []
+    for answer in halves:
+        assert answer is not None
+        problem = answer.failure()
+        if problem is not None:
+            return problem
+        payloads.append(answer.body)
+    try:
+        score = parse_response(client.spec.method, payloads, client.template, request)
+    except ResponseError as exc:
+        return exc
+    payload = payloads[0] if len(payloads) == 1 else payloads
+    return payload, score, total_usage(payloads)

@@ -1,0 +1,140 @@
+"""`ctd query --batch-out` and `--batch-in`: a data set's expert requests as an OpenAI batch file
+keyed by the cache key, and that batch's results committed to the cache (see `experts._batch`).
+Nothing is sent to the expert by either: `vllm run-batch` or a provider's Batch API does that."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import experts
+from experts import ExpertSpec, ScoreCache
+
+from .._errors import InputError, check_failed_fraction
+from ..data import atomic_path, check_writable, dumps, read_dataset
+from ..run import Roots
+from ._query import write_query_table
+
+__all__ = ["BatchInSummary", "BatchOutSummary", "batch_in", "batch_out"]
+
+BATCH_SUFFIXES = (".jsonl",)
+
+
+@dataclass(frozen=True)
+class BatchOutSummary:
+    """What `--batch-out` wrote (see `experts.BatchRequests`); nothing was sent."""
+
+    expert: str
+    out: Path
+    cache: Path
+    total: int
+    cached: int
+    duplicates: int
+    written: int
+    lines: int
+    tokens: int
+    dropped: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class BatchInSummary:
+    """What `--batch-in` committed (see `experts.BatchCommit`) and the table it wrote."""
+
+    expert: str
+    out: Path
+    cache: Path
+    total: int
+    lines: int
+    committed: int
+    already: int
+    failed: int
+    unmatched: int
+    missing: int
+    failure_reasons: dict[str, int]
+    dropped: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+    def check_failures(self, max_failed: float) -> None:
+        """RunFailed (exit code 1) when more than `max_failed` of the examples have no score:
+        failed in the batch, or not in it."""
+        check_failed_fraction(
+            self.failed + self.missing,
+            self.total,
+            max_failed,
+            what=f"examples without an answer ({self.failed} failed in the batch, {self.missing} not in it)",
+            remedy=f"their rows in {self.out} say why; `ctd query` (or another --batch-out) asks them again",
+        )
+
+
+def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | None = None) -> BatchOutSummary:
+    """Write the requests `ctd query` would send for `data` (its cache misses, each key once) as
+    an OpenAI batch file at `path`, atomically; nothing is sent and no key is written."""
+    check_writable(path, "--batch-out", BATCH_SUFFIXES)
+    dataset = read_dataset(data)
+    cache_path = cache_path or Roots.resolve().cache
+    counts = experts.BatchRequests()
+    cache = ScoreCache(cache_path)  # read only: which items are answered already
+    try:
+        with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
+                handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+    finally:
+        cache.close()
+    return BatchOutSummary(
+        expert=spec.name,
+        out=path,
+        cache=cache_path,
+        total=counts.items,
+        cached=counts.cached,
+        duplicates=counts.duplicates,
+        written=counts.written,
+        lines=counts.lines,
+        tokens=counts.tokens,
+        dropped=dataset.dropped,
+    )
+
+
+def batch_in(
+    data: Path, spec: ExpertSpec, results: Sequence[Path], out: Path, *, cache_path: Path | None = None
+) -> BatchInSummary:
+    """Commit a batch's results for `data` to the cache, scored as `ctd query` scores answers,
+    then write `ctd query`'s table for `data` from the cache (nothing is sent). Every results
+    file is read and checked before the first commit: a malformed line is one InputError naming
+    file:line, and nothing is committed."""
+    check_writable(out, "--out")
+    for path in results:
+        if not Path(path).is_file():
+            raise InputError(f"--batch-in {path}: no such file")
+    dataset = read_dataset(data)
+    answers = experts.read_batch_results(results)
+    cache_path = cache_path or Roots.resolve().cache
+    cache = ScoreCache.for_run(cache_path)
+    started = time.monotonic()
+    try:
+        item_results, report = experts.commit_batch_results(spec, dataset.items, answers, cache)
+    finally:
+        cache.close()
+    write_query_table(out, item_results, dataset.labels)
+    return BatchInSummary(
+        expert=spec.name,
+        out=out,
+        cache=cache_path,
+        total=len(dataset.items),
+        lines=report.lines,
+        committed=report.committed,
+        already=report.already,
+        failed=report.failed,
+        unmatched=report.unmatched,
+        missing=report.missing,
+        failure_reasons=dict(report.failure_reasons),
+        dropped=dataset.dropped,
+        seconds=round(time.monotonic() - started, 3),
+    )

@@ -1,0 +1,403 @@
+"""`ctd query --batch-out` / `--batch-in`: a data set's expert requests as an OpenAI batch file keyed
+by the cache key, answered elsewhere (here: each line posted to the fault server, whose answers
+are written in the batch output format of `vllm run-batch` and OpenAI's Batch API), committed to
+the cache with the client's own scoring, after which a plain `ctd query` pays for nothing and
+gives the table a direct `ctd query` gives. The real `vllm run-batch` round trip is in
+tests/harness/test_vllm_batch.py."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from ctd_cli import assert_one_line_error, run_ctd
+from fault_server import RunningServer
+
+from harness.data import read_dataset, read_table
+from harness.expert import resolve_expert
+from harness.stages import preflight_cache
+
+ITEMS = 1000
+SECRET = "sk-batch-secret-0123456789"  # the expert's API key: it must reach no batch file
+
+
+def write_data(folder: Path, n: int, *, name: str = "data.jsonl") -> Path:
+    """`n` distinct conversations (the fault server scores each by its item number), then one
+    more example with the input of the first (a duplicate: the same cache key)."""
+    rows = [
+        {
+            "ids": f"ex{i}",
+            "inputs": f"item-{i}: is this risky?",
+            "labels": ("low-stakes", "high-stakes")[i % 2],
+        }
+        for i in range(n)
+    ]
+    rows.append({"ids": "ex0-again", "inputs": rows[0]["inputs"], "labels": rows[0]["labels"]})
+    path = folder / name
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+class Expert:
+    """The fault server registered as expert `fault` (scoring `method`, a key read from
+    $FAULT_KEY), and `ctd` run against it with the cache at `cache`."""
+
+    def __init__(self, folder: Path, url: str, method: str, *, template: str | None = None) -> None:
+        self.folder = folder
+        self.registry = folder / f"experts-{method}.toml"
+        extra = f'template = "{template}"\n' if template else ""
+        self.registry.write_text(
+            f'[experts.fault]\nbase_url = "{url}"\nmodel = "fault-model"\nmethod = "{method}"\n'
+            f'api_key_env = "FAULT_KEY"\nmax_attempts = 2\nconcurrency = 32\n{extra}'
+        )
+
+    def ctd(self, *args: str, cache: str = "cache.sqlite", timeout: float = 300) -> Any:
+        env = {
+            "CTD_CACHE": str(self.folder / cache),
+            "CTD_EXPERTS_FILE": str(self.registry),
+            "FAULT_KEY": SECRET,
+        }
+        return run_ctd(*args, "--expert", "fault", cwd=self.folder, env=env, timeout=timeout)
+
+
+def answer_batch(requests: Path, root: str, results: Path, *, edit: Any = None) -> int:
+    """Post every line's body to `root` + its url and write the answers as batch result lines
+    (`edit(line, result)` may change a result before it is written). Returns the lines."""
+    lines = [json.loads(line) for line in requests.read_text().splitlines()]
+    with httpx.Client(base_url=root, timeout=30) as client, results.open("w") as out:
+        for number, line in enumerate(lines):
+            assert line["method"] == "POST"
+            answer = client.post(line["url"], json=line["body"])
+            result = {
+                "id": f"batch-req-{number}",
+                "custom_id": line["custom_id"],
+                "response": {
+                    "status_code": answer.status_code,
+                    "request_id": f"r{number}",
+                    "body": answer.json(),
+                },
+                "error": None,
+            }
+            if edit is not None:
+                result = edit(line, result)
+            if result is not None:
+                out.write(json.dumps(result) + "\n")
+    return len(lines)
+
+
+def item_requests(server: RunningServer) -> int:
+    """Requests that named an item (the pre-flight check's probes name none)."""
+    return sum(n for item, n in server.server.counts.requests.items() if item >= 0)
+
+
+def stored(path: Path) -> tuple[int, int]:
+    if not path.exists():
+        return 0, 0
+    with sqlite3.connect(path) as db:
+        return (
+            db.execute("SELECT COUNT(*) FROM scores").fetchone()[0],
+            db.execute("SELECT COUNT(*) FROM failures").fetchone()[0],
+        )
+
+
+@pytest.mark.parametrize("method", ["next-token", "likelihood"])
+def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
+    tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_data(tmp_path, ITEMS)
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, method)
+        root = running.url.removesuffix("/v1")
+
+        made = expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl", "--json")
+        assert made.returncode == 0, made.stderr
+        bodies = 2 if method == "likelihood" else 1
+        assert json.loads(made.stdout) | {"tokens": 0} == {
+            "expert": "fault",
+            "out": "requests.jsonl",
+            "cache": str(tmp_path / "cache.sqlite"),
+            "total": ITEMS + 1,
+            "cached": 0,
+            "duplicates": 1,
+            "written": ITEMS,
+            "lines": ITEMS * bodies,
+            "tokens": 0,
+            "dropped": 0,
+        }
+        assert json.loads(made.stdout)["tokens"] > ITEMS  # the client's estimate, summed
+        assert item_requests(running) == 0  # nothing was sent
+        text = (tmp_path / "requests.jsonl").read_text()
+        assert SECRET not in text and "FAULT_KEY" not in text
+        lines = [json.loads(line) for line in text.splitlines()]
+        url = "/v1/chat/completions" if method == "next-token" else "/v1/completions"
+        assert {line["url"] for line in lines} == {url}
+        assert {line["body"]["model"] for line in lines} == {"fault-model"}
+        if method == "likelihood":  # the two bodies of an item: KEY.0 (high), KEY.1 (low)
+            keys = {line["custom_id"].rsplit(".", 1)[0] for line in lines}
+            assert {line["custom_id"][-2:] for line in lines} == {".0", ".1"} and len(keys) == ITEMS
+
+        assert answer_batch(tmp_path / "requests.jsonl", root, tmp_path / "results.jsonl") == ITEMS * bodies
+        paid = item_requests(running)
+        committed = expert.ctd(
+            "query", "--data", str(data), "--batch-in", "results.jsonl", "--out", "batch.parquet", "--json"
+        )
+        assert committed.returncode == 0, committed.stderr
+        report = json.loads(committed.stdout)
+        assert (report["committed"], report["already"], report["failed"]) == (ITEMS, 0, 0)
+        assert (report["unmatched"], report["missing"], report["lines"]) == (0, 0, ITEMS * bodies)
+        assert stored(tmp_path / "cache.sqlite") == (ITEMS, 0)
+        # What `ctd eval`'s query stage asks the cache before it starts (or checks) an expert.
+        monkeypatch.setenv("CTD_EXPERTS_FILE", str(expert.registry))
+        spec = resolve_expert("fault").spec
+        assert preflight_cache(tmp_path / "cache.sqlite", spec, read_dataset(data).items) == 0
+
+        rerun = expert.ctd("query", "--data", str(data), "--out", "rerun.parquet")
+        assert rerun.returncode == 0, rerun.stderr
+        assert item_requests(running) == paid  # the rerun paid for nothing
+        assert f"{ITEMS + 1} from the cache" in rerun.stdout
+
+        direct = expert.ctd("query", "--data", str(data), "--out", "direct.parquet", cache="direct.sqlite")
+        assert direct.returncode == 0, direct.stderr
+    batch, again, asked = (
+        read_table(tmp_path / n).columns for n in ("batch.parquet", "rerun.parquet", "direct.parquet")
+    )
+    assert set(asked["source"].astype(str)) == {"expert"}
+    assert set(again["source"].astype(str)) == set(batch["source"].astype(str)) == {"cache"}
+    for table in (batch, again):
+        assert np.array_equal(table["id"], asked["id"])
+        assert np.array_equal(table["label"], asked["label"])
+        assert np.array_equal(table["expert"], asked["expert"])  # the same scores, bit for bit
+        assert np.array_equal(table["label_mass"], asked["label_mass"], equal_nan=True)
+    with sqlite3.connect(tmp_path / "cache.sqlite") as db, sqlite3.connect(tmp_path / "direct.sqlite") as ref:
+        columns = "key, expert, item_id, endpoint, model, method, template_sha256, score, label_mass"
+        query = f"SELECT {columns} FROM scores ORDER BY key"
+        assert db.execute(query).fetchall() == ref.execute(query).fetchall()  # the client's rows
+
+
+def test_a_second_batch_out_writes_only_what_is_still_missing(tmp_path: Path) -> None:
+    data = write_data(tmp_path, 30)
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "next-token")
+        first_ten = write_data(tmp_path, 10, name="first.jsonl")
+        assert expert.ctd("query", "--data", str(first_ten), "--out", "first.csv").returncode == 0
+        made = expert.ctd("query", "--data", str(data), "--batch-out", "rest.jsonl")
+    assert made.returncode == 0, made.stderr
+    assert "31 examples: 11 already in the cache, 0 duplicates" in made.stdout, made.stdout
+    assert "wrote 20 request lines for 20 examples" in made.stdout
+    assert "nothing was sent" in made.stdout
+    assert len((tmp_path / "rest.jsonl").read_text().splitlines()) == 20
+
+
+# --------------------------------------------------------------------------- failures, counted
+
+
+def test_failed_lines_are_recorded_and_asked_again_and_stored_scores_are_kept(tmp_path: Path) -> None:
+    """One batch with every kind of line: a server error, a runner's error, an answer without
+    the label tokens, half of a likelihood pair, a line for another item, and answers for items
+    some run already stored (with a different score here, so an overwrite would show)."""
+    data = write_data(tmp_path, 12)
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "likelihood")
+        root = running.url.removesuffix("/v1")
+        assert expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl").returncode == 0
+        before = write_data(tmp_path, 3, name="before.jsonl")  # ex0..ex2 answered by a run meanwhile
+        assert expert.ctd("query", "--data", str(before), "--out", "before.parquet").returncode == 0
+        kept = read_table(tmp_path / "before.parquet").columns["expert"].astype(float)
+
+        def edit(line: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+            item = int(line["body"]["prompt"].split("item-")[1].split(":")[0])
+            half = line["custom_id"][-1]
+            if item < 3 and half == "0":  # a different answer for the stored items: P(high) moves
+                logprobs = result["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"]
+                logprobs[1:-1] = [value - 3.0 for value in logprobs[1:-1]]
+            if item == 3:
+                result["response"] = {"status_code": 500, "request_id": "r", "body": {"error": "internal"}}
+            if item == 4 and half == "1":
+                result["response"] = None
+                result["error"] = {"code": "batch_expired", "message": "This request could not be executed"}
+            if item == 5:
+                result["response"]["body"]["choices"][0].pop("logprobs")
+            if item == 6 and half == "1":
+                return None  # the low answer's line is missing
+            if item == 7:
+                return None  # not in this batch at all
+            return result
+
+        answer_batch(tmp_path / "requests.jsonl", root, tmp_path / "results.jsonl", edit=edit)
+        with (tmp_path / "results.jsonl").open("a") as out:  # a line of another batch
+            out.write(
+                json.dumps(
+                    {"id": "x", "custom_id": "f" * 64, "response": {"status_code": 200}, "error": None}
+                )
+            )
+        committed = expert.ctd(
+            "query", "--data", str(data), "--batch-in", "results.jsonl", "--out", "batch.parquet",
+            "--max-failed", "0.5", "--json",
+        )  # fmt: skip
+        assert committed.returncode == 0, committed.stderr
+        report = json.loads(committed.stdout)
+        assert report["failure_reasons"] == {
+            "http-500": 1,
+            "batch-error": 1,
+            "no-logprobs": 1,
+            "batch-incomplete": 1,
+        }, report
+        assert (report["committed"], report["already"], report["failed"]) == (4, 3, 4)
+        assert (report["unmatched"], report["missing"]) == (1, 1)
+
+        table = read_table(tmp_path / "batch.parquet").columns
+        rows = zip(table["source"].astype(str), table["reason"].astype(str), strict=True)
+        by_id = dict(zip(table["id"].astype(str), rows, strict=True))
+        assert by_id["ex3"] == ("failed", "http-500") and by_id["ex4"] == ("failed", "batch-error")
+        assert by_id["ex6"] == ("failed", "batch-incomplete") and by_id["ex7"] == ("failed", "not-in-batch")
+        assert np.array_equal(
+            table["expert"].astype(float)[:3], kept[:3]
+        )  # stored scores kept, not overwritten
+        explain = expert.ctd("cache", "explain", "ex6")
+        assert (
+            "reason=batch-incomplete" in explain.stdout and "no result for its .1 line" in explain.stdout
+        ), explain.stdout
+
+        paid = item_requests(running)
+        rerun = expert.ctd("query", "--data", str(data), "--out", "rerun.csv")
+        assert rerun.returncode == 0, rerun.stderr
+        # Only the 5 failed or missing items are asked again (2 requests each: likelihood).
+        assert item_requests(running) - paid == 10
+    assert "5 scored" in rerun.stdout
+
+
+def test_items_left_without_an_answer_exit_1_past_max_failed(tmp_path: Path) -> None:
+    data = write_data(tmp_path, 10)
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "next-token")
+        assert expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl").returncode == 0
+        root = running.url.removesuffix("/v1")
+        answer_batch(tmp_path / "requests.jsonl", root, tmp_path / "results.jsonl")
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    (tmp_path / "half.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    result = expert.ctd("query", "--data", str(data), "--batch-in", "half.jsonl", "--out", "out.csv")
+    assert result.returncode == 1, result.stderr
+    assert "5 of 11 failed" in result.stderr and "0 failed in the batch, 5 not in it" in result.stderr
+    assert stored(tmp_path / "cache.sqlite") == (5, 0)  # what the batch answered is kept
+    assert (tmp_path / "out.csv").exists()
+
+
+# --------------------------------------------------------------------------- bad input: one line, exit 2
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A folder with a data file and its next-token batch's results, and the expert's URL (the
+    server is gone: nothing below may send anything), made once for the tests below."""
+    folder = tmp_path_factory.mktemp("made")
+    data = write_data(folder, 6)
+    with RunningServer() as running:
+        expert = Expert(folder, running.url, "next-token")
+        assert expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl").returncode == 0
+        answer_batch(folder / "requests.jsonl", running.url.removesuffix("/v1"), folder / "results.jsonl")
+        return folder, running.url
+
+
+@pytest.fixture()
+def answered(tmp_path: Path, made: tuple[Path, str]) -> tuple[Path, Path, str]:
+    """The data file and the results of `made`, copied into this test's folder (no cache yet)."""
+    folder, url = made
+    for name in ("data.jsonl", "results.jsonl"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    return tmp_path / "data.jsonl", tmp_path / "results.jsonl", url
+
+
+def test_a_malformed_result_line_commits_nothing(tmp_path: Path, answered: tuple[Path, Path, str]) -> None:
+    data, results, url = answered
+    lines = results.read_text().splitlines()
+    lines.insert(2, '{"custom_id": "abc", "response": {"status_code": 200, "body": {')
+    results.write_text("\n".join(lines) + "\n")
+    result = Expert(tmp_path, url, "next-token").ctd(
+        "query", "--data", str(data), "--batch-in", str(results), "--out", "out.csv"
+    )
+    assert_one_line_error(result, f"{results}:3: not JSON")
+    assert stored(tmp_path / "cache.sqlite") == (0, 0) and not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("[1, 2]", ":4: expected a result object, found list"),
+        ('{"response": {"status_code": 200, "body": {}}}', ":4: no custom_id"),
+        ('{"custom_id": "k", "response": null, "error": null}', ":4: neither a response nor an error"),
+        (
+            '{"custom_id": "k", "response": {"status_code": "200"}}',
+            ":4: response.status_code must be an integer",
+        ),
+    ],
+)
+def test_a_line_that_is_no_result_is_named(
+    tmp_path: Path, answered: tuple[Path, Path, str], line: str, problem: str
+) -> None:
+    data, results, url = answered
+    results.write_text("\n".join([*results.read_text().splitlines()[:3], line]) + "\n")
+    result = Expert(tmp_path, url, "next-token").ctd(
+        "query", "--data", str(data), "--batch-in", str(results), "--out", "out.csv"
+    )
+    assert_one_line_error(result, f"{results}{problem}")
+    assert stored(tmp_path / "cache.sqlite") == (0, 0)
+
+
+def test_a_repeated_custom_id_is_named(tmp_path: Path, answered: tuple[Path, Path, str]) -> None:
+    data, results, url = answered
+    first = results.read_text().splitlines()[0]
+    (tmp_path / "errors.jsonl").write_text(first + "\n")  # as if an error file held it again
+    result = Expert(tmp_path, url, "next-token").ctd(
+        "query",
+        "--data",
+        str(data),
+        "--batch-in",
+        str(results),
+        "--batch-in",
+        "errors.jsonl",
+        "--out",
+        "o.csv",
+    )
+    assert_one_line_error(result, "errors.jsonl:1: custom_id", f"repeats {results}:1")
+    assert stored(tmp_path / "cache.sqlite") == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("method", "template"), [("likelihood", None), ("next-token", "fine-v1")], ids=["method", "template"]
+)
+def test_results_for_another_expert_match_nothing(
+    tmp_path: Path, answered: tuple[Path, Path, str], method: str, template: str | None
+) -> None:
+    """The batch was made with next-token scoring and the default template: read back with
+    another method or another template, no custom_id is any item's key."""
+    data, results, url = answered
+    result = Expert(tmp_path, url, method, template=template).ctd(
+        "query", "--data", str(data), "--batch-in", str(results), "--out", "out.csv"
+    )
+    assert_one_line_error(result, "none of the 6 result lines answers an item", "fault")
+    assert stored(tmp_path / "cache.sqlite") == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (("--batch-out", "r.jsonl", "--batch-in", "results.jsonl", "--out", "o.csv"), "give one"),
+        (("--batch-out", "r.txt"), "--batch-out r.txt: unknown file type '.txt'"),
+        (("--batch-out", "r.jsonl", "--out", "o.csv"), "--out with --batch-out"),
+        (("--batch-in", "results.jsonl"), "--out is required with --batch-in"),
+        (("--batch-in", "absent.jsonl", "--out", "o.csv"), "--batch-in absent.jsonl: no such file"),
+    ],
+)
+def test_batch_options_that_cannot_work_are_one_line(
+    tmp_path: Path, answered: tuple[Path, Path, str], args: tuple[str, ...], problem: str
+) -> None:
+    data, _, url = answered
+    result = Expert(tmp_path, url, "next-token").ctd("query", "--data", str(data), *args)
+    assert_one_line_error(result, problem)
+    assert stored(tmp_path / "cache.sqlite") == (0, 0)
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "o.csv").exists()
