@@ -78,7 +78,8 @@ def row_item(row: Mapping[str, object], where: str, fallback_id: str) -> Item:
 
     if "inputs" not in row:
         raise InputError(f"{where}: missing field 'inputs'")
-    item_id = str(row.get("ids", row.get("id", ""))).strip() or fallback_id
+    raw_id = row.get("ids", row.get("id"))
+    item_id = ("" if raw_id is None else str(raw_id)).strip() or fallback_id  # a null id is no id
     return Item(item_id, _conversation(row["inputs"], where))
 
 
