@@ -147,7 +147,7 @@ def _csv_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, di
         header = next(csv.reader(lines), None)
     if header is None:
         return
-    ends = [0]
+    ends = [byte_offset]  # set again once the first line is read; a row's start is known before
     reader = csv.reader(_lines(path, byte_offset, ends))
     if byte_offset == 0:
         next(reader)  # the header, read above
