@@ -31,6 +31,7 @@ ROOMS = (
     "harness.report",
     "harness.stages",
     "harness.monitor",
+    "harness.score",
     "harness._eval",
     "harness.cli",
 )

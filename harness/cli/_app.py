@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from .._errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INPUT
-from . import _cache, _calibrate, _eval, _experts, _monitor, _probe, _query, _runs
+from . import _cache, _calibrate, _eval, _experts, _monitor, _probe, _query, _runs, _score
 from ._redacting import RedactingStream
 
 __all__ = ["app", "main"]
@@ -64,7 +64,8 @@ def _options(
     pass
 
 
-for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache, _monitor):  # `ctd --help` order
+# `ctd --help` order
+for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache, _monitor, _score):
     _group.register(app)
 
 

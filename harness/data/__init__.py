@@ -1,7 +1,7 @@
 """Data: labelled data sets and the data spec that makes train/dev/test of them, the scores table
 (the contract between stages), column tables as Parquet or CSV, and synthetic scores tables."""
 
-from ._datasets import Dataset, read_dataset
+from ._datasets import Dataset, read_dataset, row_item, row_label, stream_rows
 from ._dataspec import SPLITS, DataSplits, Example, SplitName, load_data, parse_data_spec
 from ._scores import (
     BINARY_SUFFIX,
@@ -48,8 +48,11 @@ __all__ = [
     "read_json",
     "read_scores",
     "read_table",
+    "row_item",
+    "row_label",
     "scores_from_columns",
     "simulate_scores",
+    "stream_rows",
     "write_json",
     "write_jsonl",
     "write_scores",

@@ -4,8 +4,10 @@ string, or a JSON-encoded list of {"role", "content"} messages), `ids` and `labe
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +20,7 @@ from ._tables import not_utf8
 if TYPE_CHECKING:
     from experts import Item
 
-__all__ = ["Dataset", "read_dataset"]
+__all__ = ["Dataset", "is_dropped", "read_dataset", "row_item", "row_label", "stream_rows"]
 
 _LABELS = {"high-stakes": 1, "low-stakes": 0, "1": 1, "0": 0, "high": 1, "low": 0}
 _DROPPED = {"ambiguous"}
@@ -69,65 +71,119 @@ def _conversation(value: object, where: str) -> Conversation:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def row_item(row: Mapping[str, object], where: str, fallback_id: str) -> Item:
+    """One row's item: its `ids` (or `id`) field, else `fallback_id` (the file stem and the row's
+    index among the file's rows), and its `inputs` as a conversation."""
+    from experts import Item
+
+    if "inputs" not in row:
+        raise InputError(f"{where}: missing field 'inputs'")
+    item_id = str(row.get("ids", row.get("id", ""))).strip() or fallback_id
+    return Item(item_id, _conversation(row["inputs"], where))
+
+
+def is_dropped(row: Mapping[str, object]) -> bool:
+    """Whether the row's label is one a labelled data set leaves out ("ambiguous")."""
+    raw = row.get("labels")
+    return raw is not None and str(raw).strip().lower() in _DROPPED
+
+
+def row_label(row: Mapping[str, object], where: str) -> int | None:
+    """The row's label as 1/0, None when it has none (or an ambiguous one); an unknown label is
+    an InputError naming `where`."""
+    raw = row.get("labels")
+    if raw is None or is_dropped(row):
+        return None
+    text = str(raw).strip().lower()
+    if text not in _LABELS:
+        raise InputError(f"{where}: label {raw!r} is not high-stakes, low-stakes or ambiguous")
+    return _LABELS[text]
+
+
 def _rows(path: Path) -> list[tuple[str, dict[str, object]]]:
     """(where, row) pairs; `where` names the file and line."""
+    return [(where, row) for where, row, _ in stream_rows(path)]
+
+
+def stream_rows(
+    path: Path, *, byte_offset: int = 0, line: int = 1
+) -> Iterator[tuple[str, dict[str, object], int]]:
+    """(where, row, the byte offset where the row starts) of a JSONL or CSV file, one at a time,
+    from `byte_offset` (the start of a row that is line `line` of the file) on: a reader of a
+    file's far end reads only its own lines. Blank lines are skipped; `where` names the file and
+    line."""
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected a dataset file (.jsonl or .csv)")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     try:
-        return _decoded_rows(path)
+        if path.suffix.lower() == ".csv":
+            yield from _csv_rows(path, byte_offset, line)
+        else:
+            yield from _jsonl_rows(path, byte_offset, line)
     except UnicodeDecodeError:
         raise not_utf8(path) from None
     except csv.Error as exc:  # a NUL byte, a field past the csv module's size limit
         raise InputError(f"{path}: malformed CSV ({exc})") from None
 
 
-def _decoded_rows(path: Path) -> list[tuple[str, dict[str, object]]]:
-    rows: list[tuple[str, dict[str, object]]] = []
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if header is None:
-                return rows
-            previous = reader.line_num
-            for fields in reader:
-                where = f"{path}:{previous + 1}"  # a quoted field may span lines: where the row starts
-                previous = reader.line_num
-                if not fields:
-                    continue  # a blank line
-                if len(fields) != len(header):
-                    # csv.DictReader would fill the missing fields with None (id 'None', no label)
-                    # or file the extra ones under a None key: a row like that was paid for.
-                    raise InputError(
-                        f"{where}: {len(fields)} fields where the header has {len(header)} "
-                        f"({', '.join(header)})"
-                    )
-                rows.append((where, dict(zip(header, fields, strict=True))))
-        return rows
-    with path.open(encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{number}: expected a JSON object per line")
-            rows.append((f"{path}:{number}", row))
-    return rows
+def _lines(path: Path, byte_offset: int, ends: list[int]) -> Iterator[str]:
+    """The decoded lines from `byte_offset` on (line endings kept, a leading BOM dropped);
+    `ends[0]` is kept at the byte offset after the last line handed out."""
+    with path.open("rb") as handle:
+        handle.seek(byte_offset)
+        ends[0] = byte_offset
+        for raw in handle:
+            text = raw.decode("utf-8")
+            if ends[0] == 0:
+                text = text.removeprefix("\ufeff")
+            ends[0] += len(raw)
+            yield text
+
+
+def _csv_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, dict[str, object], int]]:
+    with contextlib.closing(_lines(path, 0, [0])) as lines:
+        header = next(csv.reader(lines), None)
+    if header is None:
+        return
+    ends = [0]
+    reader = csv.reader(_lines(path, byte_offset, ends))
+    if byte_offset == 0:
+        next(reader)  # the header, read above
+    start, previous = ends[0], reader.line_num
+    for fields in reader:
+        where = f"{path}:{line + previous}"  # a quoted field may span lines: where the row starts
+        row_start, start, previous = start, ends[0], reader.line_num
+        if not fields:
+            continue  # a blank line
+        if len(fields) != len(header):
+            # csv.DictReader would fill the missing fields with None (id 'None', no label)
+            # or file the extra ones under a None key: a row like that was paid for.
+            raise InputError(
+                f"{where}: {len(fields)} fields where the header has {len(header)} ({', '.join(header)})"
+            )
+        yield where, dict(zip(header, fields, strict=True)), row_start
+
+
+def _jsonl_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, dict[str, object], int]]:
+    ends = [0]
+    start = byte_offset
+    for number, text in enumerate(_lines(path, byte_offset, ends), start=line):
+        row_start, start = start, ends[0]
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object per line")
+        yield f"{path}:{number}", row, row_start
 
 
 def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
     """Read a JSONL (or .csv) file of the McKenzie et al. format. Duplicate ids, unknown labels
     and malformed lines are errors naming the file and line."""
-    # The expert client (aiohttp, sqlmodel) loads with the first data set, not on --help
-    from experts import Item
-
     path = Path(path)
     items: list[Item] = []
     labels: list[int | None] = []
@@ -137,23 +193,17 @@ def read_dataset(path: Path | str, *, require_labels: bool = False) -> Dataset:
     for where, row in _rows(path):
         if "inputs" not in row:
             raise InputError(f"{where}: missing field 'inputs'")
-        raw_label = row.get("labels")
-        if raw_label is None and require_labels:
+        if row.get("labels") is None and require_labels:
             raise InputError(f"{where}: missing field 'labels'")
-        label: int | None = None
-        if raw_label is not None:
-            text = str(raw_label).strip().lower()
-            if text in _DROPPED:
-                dropped += 1
-                continue
-            if text not in _LABELS:
-                raise InputError(f"{where}: label {raw_label!r} is not high-stakes, low-stakes or ambiguous")
-            label = _LABELS[text]
-        item_id = str(row.get("ids", row.get("id", ""))).strip() or f"{path.stem}-{len(items) + dropped}"
-        if item_id in seen:
-            raise InputError(f"{where}: id {item_id!r} repeats (first at {seen[item_id]})")
-        seen[item_id] = where
-        items.append(Item(item_id, _conversation(row["inputs"], where)))
+        if is_dropped(row):
+            dropped += 1
+            continue
+        label = row_label(row, where)
+        item = row_item(row, where, f"{path.stem}-{len(items) + dropped}")
+        if item.id in seen:
+            raise InputError(f"{where}: id {item.id!r} repeats (first at {seen[item.id]})")
+        seen[item.id] = where
+        items.append(item)
         labels.append(label)
         for name in _EXTRA:
             value = row.get(name)

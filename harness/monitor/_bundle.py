@@ -69,6 +69,14 @@ class Bundle:
     def alpha(self) -> float:
         return self.record.alpha
 
+    def delegates(self, dv: float) -> bool:
+        """The cascade's delegation rule: DV strictly above the threshold."""
+        return bool(dv > self.threshold)
+
+    def merged(self, probe: float, expert: float | None) -> float:
+        """The cascade's score: the merge rule's when there is an expert score, else the probe's."""
+        return probe if expert is None else float(calibrate.merge_scores(probe, expert, self.merge))
+
     def check_cap(self, max_delegation_rate: float | None) -> None:
         """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation
         rate) but voids an accuracy bundle's: the certified error is the uncapped cascade's."""

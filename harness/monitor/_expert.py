@@ -28,7 +28,7 @@ from experts import (
 
 from ._batcher import MicroBatcher
 
-__all__ = ["ONLINE_RETRY", "ONLINE_TIMEOUT", "ExpertAnswer", "ExpertGate"]
+__all__ = ["ONLINE_RETRY", "ONLINE_TIMEOUT", "ExpertAnswer", "ExpertGate", "expert_answer"]
 
 # Two attempts within 10 s; after 4 items in a row fail at the endpoint the breaker opens for
 # `cooldown` seconds (ExpertGate's), then lets one probe item through.
@@ -95,7 +95,7 @@ class ExpertGate:
             results, _stats = await self.client.score(items)
         except ExpertError as error:  # the cache's disk, a setting: still no request is lost
             return [(None, f"expert-failed: {error.reason}")] * len(items)
-        return [_answer(result) for result in results]
+        return [expert_answer(result) for result in results]
 
     async def aclose(self) -> None:
         try:
@@ -107,7 +107,8 @@ class ExpertGate:
                 await self.client.__aexit__(None, None, None)
 
 
-def _answer(result: ItemResult) -> ExpertAnswer:
+def expert_answer(result: ItemResult) -> ExpertAnswer:
+    """(score, None), or (None, why there is none) as a Decision's reason says it."""
     if result.score is not None:
         return result.score, None
     if result.failure is FailureKind.ENDPOINT_DOWN:  # refused by the open breaker: nothing sent

@@ -252,7 +252,7 @@ class Monitor:
         started = time.perf_counter()
         tokens, probe, dv = await self._probe(conversation)
         probed = time.perf_counter()
-        delegated = bool(dv > self.bundle.threshold)
+        delegated = self.bundle.delegates(dv)
         call = self.cap.allow(delegated) if self.cap is not None else delegated
         rid = request_id(conversation)
         expert: float | None = None
@@ -271,7 +271,7 @@ class Monitor:
             while len(self._paid) > PAID_MEMORY:
                 self._paid.popitem(last=False)
         answered = time.perf_counter()
-        score = probe if expert is None else float(calibrate.merge_scores(probe, expert, self.bundle.merge))
+        score = self.bundle.merged(probe, expert)
         decision = Decision(
             request_id=rid,
             probe=probe,

@@ -1,0 +1,116 @@
+"""`ctd score`: a bundle's cascade over files of conversations, as Parquet shards (harness.score)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..run import Roots, StageProgress
+from ..score import DEFAULT_MICRO_BATCH, DEFAULT_SHARD_ROWS  # the lazy face: only the defaults load
+from ._common import clean_errors, print_json, stdout
+from ._expert_options import JsonOption
+
+if TYPE_CHECKING:
+    from ..score import ScoreOptions, ScorePlan, ScoreSummary
+
+__all__ = ["register"]
+
+
+@clean_errors
+def score_command(
+    *,
+    bundle: Annotated[
+        Path, typer.Option("--bundle", help="A bundle folder written by `ctd monitor calibrate`.")
+    ],
+    data: Annotated[
+        Path,
+        typer.Option("--data", help="A JSONL, CSV or Parquet file of conversations, or a folder of them."),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Output folder: score.json and shard-NNNNN.parquet files.")
+    ],
+    shard_rows: Annotated[
+        int, typer.Option("--shard-rows", help="Rows per output shard.")
+    ] = DEFAULT_SHARD_ROWS,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Score only the first N rows (to try the job).")
+    ] = None,
+    expert: Annotated[
+        bool,
+        typer.Option(
+            "--expert/--no-expert",
+            help="Ask the bundle's expert for the delegated rows (without it they keep the probe score).",
+        ),
+    ] = False,
+    expert_url: Annotated[
+        str | None, typer.Option("--expert-url", help="Ask the bundle's expert at this base URL instead.")
+    ] = None,
+    expert_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--expert-cache",
+            help="The expert cache, a SQLite file (default: $CTD_CACHE or runs/cache/experts.sqlite).",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Another copy of the probes' model (same weights).")
+    ] = None,
+    micro_batch: Annotated[
+        int,
+        typer.Option(
+            "--micro-batch", help="Conversations per forward-pass group (as `ctd monitor serve --max-batch`)."
+        ),
+    ] = DEFAULT_MICRO_BATCH,
+    json_output: JsonOption = False,
+) -> None:
+    """Score conversations in bulk with a monitor bundle: probe, DV, delegation, (optionally) the
+    expert, merged score and label per row, written as Parquet shards under --out.
+
+    Rerunning the same command resumes: shards already written are skipped. Bad input (a missing
+    bundle, no rows, another job in --out) is one line and exit code 2, before anything is written.
+    """
+    from ..score import ScoreOptions, plan_score
+
+    options = ScoreOptions(
+        bundle=bundle,
+        out=out,
+        expert=expert,
+        expert_url=expert_url,
+        expert_cache=(expert_cache or Roots.resolve().cache) if expert else None,
+        model=model,
+        micro_batch=micro_batch,
+    )
+    options.check()
+    plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
+    if expert:  # a URL that cannot work is one line now, not after the model loaded
+        from ..monitor import read_bundle
+
+        read_bundle(bundle).expert_spec(expert_url)
+    try:
+        summary = _run(plan, options, json_output=json_output)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped
+        print(
+            "error: interrupted; the shards written are kept: rerun the same command to resume",
+            file=sys.stderr,
+        )
+        raise typer.Exit(code=130) from None
+    if json_output:
+        print_json(summary.to_dict())
+    else:
+        stdout.print(summary.line(), markup=False, highlight=False)
+
+
+def _run(plan: ScorePlan, options: ScoreOptions, *, json_output: bool) -> ScoreSummary:
+    """The plan's pending shards scored here. (The seam for other runners: `--ray` adds a branch.)"""
+    from ..score import score_local
+
+    with StageProgress(enabled=not json_output) as progress:
+        progress.step(f"scoring {plan.rows:,} rows in {len(plan.shards)} shards")
+        return score_local(plan, options, progress=progress)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("score")(score_command)

@@ -1,0 +1,104 @@
+"""A planned job scored in this one process: the pending shards in order, one `ShardScorer`, the
+progress in shards with rows/s, and the job's totals (the shards written before included, from
+their files' records)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ._plan import ScorePlan, shard_record
+from ._shard import ScoreOptions, ShardDone, ShardScorer
+
+__all__ = ["Progress", "ScoreSummary", "score_local", "summarize"]
+
+# (what, done, total, detail, unit): harness.run.StageProgress's call
+Progress = Callable[[str, int, int, str, str], None]
+PROGRESS_WHAT = "score"
+
+
+@dataclass(frozen=True)
+class ScoreSummary:
+    """The job's totals: every shard of the plan, written now or before."""
+
+    out: Path
+    rows: int
+    shards: int
+    written: int  # shards written by this run
+    skipped: int  # shards that were there already
+    delegated: int
+    expert_calls: int
+    tokens: int
+    seconds: float  # this run's wall time
+    rows_scored: int  # rows of the shards written by this run
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_scored / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out": str(self.out), "rows_per_second": self.rows_per_second}
+
+    def line(self) -> str:
+        return (
+            f"{self.rows:,} rows in {self.shards} shards ({self.written} written, {self.skipped} "
+            f"already there): {self.delegated:,} delegated, {self.expert_calls:,} expert calls, "
+            f"{self.tokens:,} tokens; {self.rows_per_second:.1f} rows/s overall; wrote {self.out}"
+        )
+
+
+def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> ScoreSummary:
+    """The totals of `plan`: the shards this run did (`done`) and the others from their files."""
+    by_index = {d.index: d for d in done}
+    every: list[ShardDone] = []
+    for task in plan.shards:
+        if task.index in by_index:
+            every.append(by_index[task.index])
+            continue
+        record = shard_record(plan.layout.shard(task.index))
+        if task.matches(record):
+            assert record is not None
+            every.append(ShardDone.from_record(record, written=False))
+    written = [d for d in every if d.written]
+    return ScoreSummary(
+        out=plan.out,
+        rows=sum(d.rows for d in every),
+        shards=len(plan.shards),
+        written=len(written),
+        skipped=len(every) - len(written),
+        delegated=sum(d.delegated for d in every),
+        expert_calls=sum(d.expert_calls for d in every),
+        tokens=sum(d.tokens for d in every),
+        seconds=seconds,
+        rows_scored=sum(d.rows for d in written),
+    )
+
+
+def score_local(plan: ScorePlan, options: ScoreOptions, *, progress: Progress | None = None) -> ScoreSummary:
+    """Score the plan's pending shards here, in order (the model is loaded only when one is
+    pending). `progress` gets shards done/total with rows/s."""
+    started = time.perf_counter()
+    pending = plan.pending()
+    total = len(plan.shards)
+    finished = total - len(pending)
+    report = progress or (lambda *_: None)
+    report(PROGRESS_WHAT, finished, total, "", "shards")
+    done: list[ShardDone] = []
+    if pending:
+        scorer = ShardScorer(options)
+        begun = time.perf_counter()  # rows/s of the scoring, the model's loading left out
+        rows = 0
+        try:
+            for task in pending:
+                result = scorer(task)
+                done.append(result)
+                rows += result.rows
+                finished += 1
+                rate = rows / max(time.perf_counter() - begun, 1e-9)
+                report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")
+        finally:
+            scorer.close()
+    return summarize(plan, done, time.perf_counter() - started)

@@ -1,0 +1,195 @@
+"""The plan of a `ctd score` job: its input cut into shards of `shard_rows` rows (a shard never
+spans two files), written down in the output folder's manifest (score.json) so that a rerun of the
+same job resumes and a different job is refused before anything is written.
+
+Planning reads the inputs once, streaming: it converts and checks every row (a bad row is one
+line naming its file and line before any work is paid for) and keeps only where each shard
+starts, so ten million rows plan in bounded memory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._errors import InputError
+from ..data import read_json, write_json
+from ..monitor import read_bundle
+from ..run import file_sha256
+from ._inputs import input_files, walk_rows
+from ._layout import ScoreLayout
+
+if TYPE_CHECKING:
+    from ._shard import ScoreOptions
+
+__all__ = ["MANIFEST_VERSION", "ScorePlan", "ShardTask", "plan_score", "shard_record"]
+
+MANIFEST_VERSION = 1
+# What a rerun must share with the job that wrote the folder (the limit may change: a job tried
+# on a few rows is then run in full, and only the shards it lacks are scored).
+SAME_JOB = ("version", "bundle", "inputs", "shard_rows", "expert")
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard: rows [first_row, stop_row) of the input file `path` (counted from 0 among the
+    file's rows), written as shard-{index:05d}.parquet. Plain fields: it travels as a dict row."""
+
+    index: int
+    path: str
+    first_row: int
+    stop_row: int
+    byte_offset: int | None  # JSONL/CSV: where first_row starts; None for Parquet
+    first_line: int = 1  # JSONL/CSV: the file line of first_row, for messages
+
+    @property
+    def rows(self) -> int:
+        return self.stop_row - self.first_row
+
+    def row_range(self) -> dict[str, Any]:
+        """What a shard file's record says of its rows, so that a file is known to be this task's."""
+        return {"path": self.path, "first_row": self.first_row, "stop_row": self.stop_row}
+
+    def matches(self, record: Mapping[str, Any] | None) -> bool:
+        """Whether a shard file's record (`shard_record`) is this task's rows."""
+        if not record:
+            return False
+        return all(record.get(key) == value for key, value in self.row_range().items())
+
+    def to_row(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, object]) -> ShardTask:
+        values: dict[str, Any] = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        offset = values.get("byte_offset")
+        # A dict row that went through Arrow may carry a missing offset as NaN or numpy ints.
+        values["byte_offset"] = None if offset is None or offset != offset else int(offset)
+        for name in ("index", "first_row", "stop_row", "first_line"):
+            if name in values:
+                values[name] = int(values[name])
+        values["path"] = str(values["path"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ScorePlan:
+    out: Path
+    shards: tuple[ShardTask, ...]
+    rows: int
+
+    @property
+    def layout(self) -> ScoreLayout:
+        return ScoreLayout(self.out)
+
+    def pending(self) -> list[ShardTask]:
+        """Shards whose output file is not there yet (or holds another row range: the last shard
+        of a job tried with a smaller --limit)."""
+        return [task for task in self.shards if not task.matches(shard_record(self.layout.shard(task.index)))]
+
+
+def shard_record(path: Path) -> dict[str, Any] | None:
+    """The `ctd` metadata of a written shard file (its rows' range and its totals), None when
+    there is no such file."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        return None
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception:  # a file that is not Parquet: scored again, not trusted
+        return {}
+    return json.loads(metadata.get(b"ctd", b"{}"))
+
+
+def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int | None) -> ScorePlan:
+    """Check the job, cut it into shards, and write (or check) out/score.json; see the module
+    docstring. Every problem is one InputError line, and then nothing is written."""
+    if shard_rows < 1:
+        raise InputError(f"--shard-rows {shard_rows}: must be at least 1")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: must be at least 1")
+    out = Path(options.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: is a file, where a folder is expected")
+    bundle = read_bundle(Path(options.bundle))
+    files = input_files(Path(data))
+    shards: list[ShardTask] = []
+    rows = 0
+    for path in files:
+        text = path.suffix.lower() != ".parquet"
+        opened: ShardTask | None = None  # the shard being counted, its stop_row not yet known
+        count = 0
+        for row in walk_rows(path):
+            if limit is not None and rows >= limit:
+                break
+            if count % shard_rows == 0:
+                if opened is not None:
+                    shards.append(replace(opened, stop_row=count))
+                line = int(row.where.rsplit(":", 1)[1]) if text else 1  # text files say "FILE:LINE"
+                opened = ShardTask(
+                    len(shards), str(path.resolve()), count, count, row.start if text else None, line
+                )
+            count += 1
+            rows += 1
+        if opened is not None:
+            shards.append(replace(opened, stop_row=count))
+    if rows == 0:
+        raise InputError(f"--data {data}: no rows to score")
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "bundle": file_sha256(bundle.layout.record),
+        "inputs": [
+            {"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+            for p in files
+        ],
+        "shard_rows": shard_rows,
+        "expert": bool(options.expert),
+        "limit": limit,
+        "rows": rows,
+        "shards": len(shards),
+    }
+    layout = ScoreLayout(out)
+    _check_same_job(layout, manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    for temp in layout.temps():  # a killed job's half-written shards
+        temp.unlink(missing_ok=True)
+    write_json(layout.manifest, manifest)
+    return ScorePlan(out, tuple(shards), rows)
+
+
+def _check_same_job(layout: ScoreLayout, manifest: dict[str, Any]) -> None:
+    if not layout.manifest.is_file():
+        if any(layout.shards()):
+            raise InputError(
+                f"--out {layout.root}: holds shard files but no {layout.manifest.name}; use another --out"
+            )
+        return
+    before = read_json(layout.manifest)
+    for key in SAME_JOB:
+        if before.get(key) != manifest[key]:
+            raise InputError(
+                f"--out {layout.root}: holds another job ({_differs(key, before.get(key), manifest[key])}); "
+                "rerun it with the options it was started with, or use another --out"
+            )
+
+
+def _differs(key: str, before: Any, now: Any) -> str:
+    """The difference as a person reads it."""
+    if key == "bundle":
+        return "another bundle (its bundle.json differs)"
+    if key == "inputs":
+        old = {i["path"]: i for i in before or []}
+        for entry in now:
+            if entry["path"] not in old:
+                return f"--data: {entry['path']} was not among its inputs"
+            if old[entry["path"]] != entry:
+                return f"--data: {entry['path']} changed since (size or modification time)"
+        return "--data: other input files"
+    if key == "shard_rows":
+        return f"--shard-rows was {before}, now {now}"
+    if key == "expert":
+        return f"--{'' if before else 'no-'}expert was given, now --{'' if now else 'no-'}expert"
+    return f"{key} was {before}, now {now}"
