@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import InputError, RunFailed
+from ._defaults import DEFAULT_ACTOR_THREADS, DEFAULT_RAY_RETRIES
 from ._local import PROGRESS_WHAT, Progress, ScoreSummary, summarize
 from ._plan import ScorePlan, ShardTask
 from ._shard import ScoreOptions, ShardDone, ShardScorer
@@ -43,9 +44,8 @@ __all__ = [
     "score_ray",
 ]
 
-LOCAL_RAY = "local"  # --ray with no address: start Ray on this machine
+LOCAL_RAY = "local"  # --ray local: start Ray on this machine
 RAY_EXTRA = "pip install 'ctd-harness[ray]'"
-DEFAULT_ACTOR_THREADS = 4  # torch threads of a CPU actor when neither --actors nor threads are given
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,15 +54,13 @@ class RayOptions:
 
     address: str = LOCAL_RAY  # "local": Ray on this machine; "auto" or HOST:PORT: join that cluster
     actors: int | None = None  # None: one per GPU, else CPUs // DEFAULT_ACTOR_THREADS (at least 1)
-    # An actor that dies (out of memory, killed) is restarted, and its shard retried, this many
-    # times; a shard that kills every actor it meets fails the job instead of looping for ever.
-    retries: int = 3
+    retries: int = DEFAULT_RAY_RETRIES  # restarts of a dead actor, and retries of its shard
 
     def __post_init__(self) -> None:
         if self.actors is not None and self.actors < 1:
             raise InputError(f"--actors {self.actors}: must be at least 1")
-        if not self.address:
-            raise InputError("--ray: an empty address; give 'local', 'auto' or HOST:PORT")
+        if not self.address or self.address.startswith("-"):
+            raise InputError(f"--ray {self.address!r}: expected an address: 'local', 'auto' or HOST:PORT")
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,9 @@ def actor_shape(*, cpus: float, gpus: float, actors: int | None, threads: int | 
     if whole_gpus >= 1:
         count = actors or whole_gpus
         if count > whole_gpus:
-            raise InputError(f"--actors {count}: the Ray cluster has {whole_gpus} GPUs; at most one actor per GPU")
+            raise InputError(
+                f"--actors {count}: the Ray cluster has {whole_gpus} GPUs; at most one actor per GPU"
+            )
         return ActorShape(count, num_cpus=1.0, num_gpus=1.0, threads=threads or 1)
     if cpus < 1:
         raise InputError("--ray: the Ray cluster has no CPUs and no GPUs to score on")
@@ -190,7 +190,9 @@ def run_shards_on_ray(
             found = _input_error(error)
             if found is not None:  # a shard's own one line (its file changed since the plan)
                 raise found from None
-            raise RunFailed(f"the Ray job failed: {_first_line(error)}; Ray's logs: {_logs_dir(ray)}") from None
+            raise RunFailed(
+                f"the Ray job failed: {_first_line(error)}; Ray's logs: {_logs_dir(ray)}"
+            ) from None
     finally:
         ray.shutdown()
 
@@ -216,7 +218,9 @@ def _connect(ray: Any, address: str) -> None:
     workers' output not forwarded, Ray Data's own progress bars off."""
     try:
         if address == LOCAL_RAY:
-            ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            ray.init(
+                address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+            )
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except ConnectionError as error:
@@ -245,7 +249,7 @@ def _logs_dir(ray: Any) -> str:
 def _describe(shape: ActorShape, address: str, logs: str) -> str:
     where = "Ray on this machine" if address == LOCAL_RAY else f"the Ray cluster at {address}"
     each = f"1 GPU, {shape.num_cpus:g} CPU" if shape.num_gpus else f"{shape.num_cpus:g} CPU"
-    return f"{where}: {shape.actors} actors ({each} each, {shape.threads} torch threads); Ray's logs: {logs}"
+    return f"{where}: {shape.actors} actors ({each} each, {shape.threads} torch thread{"s" if shape.threads > 1 else ""}); Ray's logs: {logs}"
 
 
 def _input_error(error: BaseException) -> InputError | None:

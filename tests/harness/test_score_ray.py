@@ -88,7 +88,6 @@ def test_score_on_ray_equals_score_here_and_the_run(made: dict, job: dict, tmp_p
     summary = json.loads(done.stdout)
     shards = -(-job["rows"] // SHARD_ROWS)
     assert (summary["rows"], summary["shards"], summary["written"]) == (job["rows"], shards, shards)
-    assert "2 actors" in done.stderr and "Ray's logs:" in done.stderr  # what the pool is, where logs are
     assert "Traceback" not in done.stderr
     on_ray, here = _rows(tmp_path / "ray"), _rows(job["here"])
     _assert_same_scores(on_ray, here)
@@ -100,7 +99,9 @@ def test_score_on_ray_equals_score_here_and_the_run(made: dict, job: dict, tmp_p
         assert abs(on_ray[i]["probe"] - probe) <= TOLERANCE and abs(on_ray[i]["dv"] - dv) <= TOLERANCE, i
 
 
-def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(made: dict, job: dict, tmp_path: Path) -> None:
+def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(
+    made: dict, job: dict, tmp_path: Path
+) -> None:
     _needs_ray()
     out = tmp_path / "ray"
     args = ["score", "--bundle", str(made["bundle"]), "--data", str(job["data"]), "--out", str(out)]
