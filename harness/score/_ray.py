@@ -249,7 +249,8 @@ def _logs_dir(ray: Any) -> str:
 def _describe(shape: ActorShape, address: str, logs: str) -> str:
     where = "Ray on this machine" if address == LOCAL_RAY else f"the Ray cluster at {address}"
     each = f"1 GPU, {shape.num_cpus:g} CPU" if shape.num_gpus else f"{shape.num_cpus:g} CPU"
-    return f"{where}: {shape.actors} actors ({each} each, {shape.threads} torch thread{"s" if shape.threads > 1 else ""}); Ray's logs: {logs}"
+    threads = f"{shape.threads} torch thread{'s' if shape.threads > 1 else ''}"
+    return f"{where}: {shape.actors} actors ({each} each, {threads}); Ray's logs: {logs}"
 
 
 def _input_error(error: BaseException) -> InputError | None:
