@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "ShardDone": "._shard",
     "ShardScorer": "._shard",
     "ShardTask": "._plan",
+    "actor_shape": "._ray",
     "check_ray_installed": "._ray",
     "output_schema": "._shard",
     "plan_score": "._plan",

@@ -2,15 +2,18 @@
 by the command, about 10 s here), killed mid-job and resumed without a shard written twice; and
 without Ray, one line naming the extra to install.
 
-The data is the `made` run's test split three times over (the first copy keeps its ids, so it is
-the run's test split; the others get new ids): enough shards that a job is still working when
-it is killed."""
+The parity test scores the `made` run's test split on Ray and compares it with the run's own
+probe and DV scores and the bundle's rule (as `ctd score` without Ray does in test_score.py).
+The kill test uses an untrained bundle over the embedded model's layer 2 (tests/monitor_bundle.py:
+ten times cheaper per row), on enough rows that the job is still working when it is killed."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,41 +21,50 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from ctd_cli import CTD, assert_one_line_error, run_ctd, start_ctd
+from monitor_bundle import write_untrained_bundle
 
-from harness import read_scores
+from harness import InputError, read_scores
+from harness.score import actor_shape
 
-COPIES = 3
 SHARD_ROWS = 8
 TOLERANCE = 1e-5
-RAY_TIMEOUT = 300  # seconds: Ray's start, two actors loading the model, 24 shards
+RAY_TIMEOUT = 300  # seconds: Ray's start, two actors loading the model, the shards
+REPO = Path(__file__).resolve().parents[2]
+KILL_ROWS = 120  # the kill test's rows: 20 shards of 6
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gpus", "actors", "threads", "want"),
+    [
+        (2, 0, 2, None, (2, 1.0, 0.0, 1)),  # this machine, --actors 2: a CPU and a thread each
+        (2, 0, None, None, (1, 2.0, 0.0, 2)),  # the default: CPUs // 4, at least one
+        (16, 0, None, None, (4, 4.0, 0.0, 4)),
+        (2, 0, 3, None, (3, 2 / 3, 0.0, 1)),  # more actors than CPUs: shares below one, all placed
+        (64, 4, None, None, (4, 1.0, 1.0, 1)),  # GPUs: one actor per GPU
+        (64, 4, 2, None, (2, 1.0, 1.0, 1)),
+    ],
+)
+def test_the_pool_never_asks_for_more_than_the_cluster_has(
+    cpus: float, gpus: float, actors: int | None, threads: int | None, want: tuple
+) -> None:
+    shape = actor_shape(cpus=cpus, gpus=gpus, actors=actors, threads=threads)
+    assert (shape.actors, shape.num_cpus, shape.num_gpus, shape.threads) == pytest.approx(want)
+    assert shape.actors * shape.num_cpus <= cpus and shape.actors * shape.num_gpus <= gpus
+
+
+def test_more_gpu_actors_than_gpus_is_one_line() -> None:
+    with pytest.raises(InputError, match="--actors 5: the Ray cluster has 4 GPUs"):
+        actor_shape(cpus=64, gpus=4, actors=5, threads=None)
 
 
 def _needs_ray() -> None:
     pytest.importorskip("ray.data", reason="Ray is not installed (pip install 'ctd-harness[ray]')")
 
 
-@pytest.fixture(scope="module")
-def job(made: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The repeated test split, and `ctd score` of it without Ray (the one-go run to compare)."""
-    tmp = tmp_path_factory.mktemp("score-ray")
-    rows = [json.loads(line) for line in (made["tmp"] / "data" / "test.jsonl").read_text().splitlines()]
-    data = tmp / "conversations.jsonl"
-    with data.open("w") as handle:
-        for copy in range(COPIES):
-            for row in rows:
-                ids = row["ids"] if copy == 0 else f"{row['ids']}-copy{copy}"
-                handle.write(json.dumps({**row, "ids": ids}) + "\n")
-    here = tmp / "here"
-    done = _score(made, data, here)
-    assert done.returncode == 0, done.stderr
-    return {"data": data, "here": here, "rows": len(rows) * COPIES, "test_ids": [r["ids"] for r in rows]}
-
-
-def _score(made: dict, data: Path, out: Path, *extra: str):
+def _score(bundle: Path, data: Path, out: Path, *extra: str, env: dict[str, str]):
     return run_ctd(
-        "score", "--bundle", str(made["bundle"]), "--data", str(data), "--out", str(out),
-        "--shard-rows", str(SHARD_ROWS), "--json", *extra,
-        cwd=made["tmp"], env=made["env"], timeout=RAY_TIMEOUT,
+        "score", "--bundle", str(bundle), "--data", str(data), "--out", str(out), "--json", *extra,
+        cwd=out.parent, env=env, timeout=RAY_TIMEOUT,
     )  # fmt: skip
 
 
@@ -81,57 +93,85 @@ def _stamps(out: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard-*.parquet")}
 
 
-def test_score_on_ray_equals_score_here_and_the_run(made: dict, job: dict, tmp_path: Path) -> None:
+def test_score_on_ray_equals_the_run_and_the_monitors_rule(made: dict, tmp_path: Path) -> None:
     _needs_ray()
-    done = _score(made, job["data"], tmp_path / "ray", "--ray", "local", "--actors", "2")
+    data = made["tmp"] / "data" / "test.jsonl"
+    out = tmp_path / "ray"
+    on_ray = ["--shard-rows", str(SHARD_ROWS), "--ray", "local", "--actors", "2"]
+    done = _score(made["bundle"], data, out, *on_ray, env=made["env"])
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    shards = -(-job["rows"] // SHARD_ROWS)
-    assert (summary["rows"], summary["shards"], summary["written"]) == (job["rows"], shards, shards)
+    rows = len(data.read_text().splitlines())
+    shards = -(-rows // SHARD_ROWS)
+    assert (summary["rows"], summary["shards"], summary["written"]) == (rows, shards, shards)
     assert "Traceback" not in done.stderr
-    on_ray, here = _rows(tmp_path / "ray"), _rows(job["here"])
-    _assert_same_scores(on_ray, here)
-    # The first copy is the run's test split: its probe and DV scores are the run's.
+    on_ray = _rows(out)
     run = read_scores(made["tmp"] / "runs" / "t" / "scores.parquet")
     test = {i: (p, d) for i, s, p, d in zip(run.id, run.split, run.probe, run.dv, strict=True) if s == "test"}
-    assert sorted(test) == sorted(job["test_ids"])
+    assert sorted(on_ray) == sorted(test)
+    threshold = float(made["record"]["threshold"])
     for i, (probe, dv) in test.items():
-        assert abs(on_ray[i]["probe"] - probe) <= TOLERANCE and abs(on_ray[i]["dv"] - dv) <= TOLERANCE, i
+        row = on_ray[i]
+        assert abs(row["probe"] - probe) <= TOLERANCE and abs(row["dv"] - dv) <= TOLERANCE, i
+        # The monitor's decision with the expert off: delegate when DV > threshold, keep the probe.
+        assert row["delegated"] == (row["dv"] > threshold), i
+        assert row["reason"] == ("expert-disabled" if row["delegated"] else "not-delegated"), i
+        assert row["score"] == row["probe"] and row["label"] == int(row["score"] >= 0.5), i
+    assert any(r["delegated"] for r in on_ray.values()) and not all(r["delegated"] for r in on_ray.values())
 
 
-def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(
-    made: dict, job: dict, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """An untrained bundle and KILL_ROWS conversations of the built-in test split."""
+    tmp = tmp_path_factory.mktemp("score-ray")
+    bundle = write_untrained_bundle(tmp / "bundle")
+    data = tmp / "conversations.jsonl"
+    lines = (REPO / "harness" / "data" / "builtin" / "test.jsonl").read_text().splitlines()
+    assert len(lines) >= KILL_ROWS
+    data.write_text("\n".join(lines[:KILL_ROWS]) + "\n")
+    env = {"CTD_RUNS_DIR": str(tmp / "runs"), "HF_HUB_OFFLINE": "1"}
+    return {"bundle": bundle, "data": data, "env": env}
+
+
+def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(untrained: dict, tmp_path: Path) -> None:
+    """SIGINT, then SIGKILL if the driver is still there after 5 s; the rerun resumes."""
     _needs_ray()
     out = tmp_path / "ray"
-    args = ["score", "--bundle", str(made["bundle"]), "--data", str(job["data"]), "--out", str(out)]
-    args += ["--shard-rows", str(SHARD_ROWS), "--ray", "local", "--actors", "2"]
-    process = start_ctd(*args, cwd=made["tmp"], env=made["env"])
-    total = -(-job["rows"] // SHARD_ROWS)
+    shard_rows = str(KILL_ROWS // 20)
+    job = ["--bundle", str(untrained["bundle"]), "--data", str(untrained["data"]), "--out", str(out)]
+    on_ray = ["--shard-rows", shard_rows, "--ray", "local", "--actors", "2"]
+    process = start_ctd("score", *job, *on_ray, cwd=tmp_path, env=untrained["env"])
     deadline = time.monotonic() + RAY_TIMEOUT
     while len(_stamps(out)) < 3 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.poll() is None, f"the job ended before it could be killed: {process.communicate()}"
     ray = _descendants(process.pid)
-    assert len(ray) >= 3, ray  # the GCS, the raylet, two actors (and Ray's helpers)
+    assert len(ray) >= 4, ray  # the GCS, the raylet, two actors (and Ray's helpers)
     process.send_signal(signal.SIGINT)
     try:
-        process.communicate(timeout=5)
-    except Exception:
+        _, stderr = process.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
         process.kill()  # SIGKILL: Ray's local processes share the driver's fate
-        process.communicate()
+        _, stderr = process.communicate()
+    assert "2 actors (1 CPU each, 1 torch thread)" in stderr and "Ray's logs: " in stderr, stderr
     before = _stamps(out)
-    assert 3 <= len(before) < total, len(before)
+    assert 3 <= len(before) < 20, len(before)
     _assert_gone(ray)
 
-    done = _score(made, job["data"], out, "--ray", "local", "--actors", "2")
+    done = _score(untrained["bundle"], untrained["data"], out, *on_ray, env=untrained["env"])
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["skipped"] >= len(before) and summary["written"] == total - summary["skipped"]
+    assert summary["skipped"] >= len(before) and summary["written"] == 20 - summary["skipped"]
     after = _stamps(out)
     assert {name: after[name] for name in before} == before  # not one shard written again
-    assert len(after) == total and not list(out.glob(".shard-*"))
-    _assert_same_scores(_rows(out), _rows(job["here"]))
+    assert len(after) == 20 and not list(out.glob(".shard-*"))
+    # The union equals one go of `ctd score` without Ray.
+    here = tmp_path / "here"
+    done = _score(
+        untrained["bundle"], untrained["data"], here, "--shard-rows", shard_rows, env=untrained["env"]
+    )
+    assert done.returncode == 0, done.stderr
+    _assert_same_scores(_rows(out), _rows(here))
 
 
 def _descendants(root: int) -> set[int]:
@@ -159,23 +199,20 @@ def _assert_gone(pids: set[int], wait: float = 30) -> None:
     assert not left, left
 
 
-def test_without_ray_it_is_one_line_naming_the_extra(made: dict, tmp_path: Path) -> None:
+def test_without_ray_it_is_one_line_naming_the_extra(untrained: dict, tmp_path: Path) -> None:
     """Ray made unimportable (a None in sys.modules is how Python marks a module that must not
     load): one line, exit 2, nothing written."""
-    import subprocess
-    import sys
-
     out = tmp_path / "out"
     code = "import sys; sys.modules['ray'] = None; " + CTD
-    args = ["score", "--bundle", str(made["bundle"]), "--data", str(made["tmp"] / "data" / "test.jsonl")]
+    args = ["score", "--bundle", str(untrained["bundle"]), "--data", str(untrained["data"])]
     args += ["--out", str(out), "--ray", "local"]
     result = subprocess.run(
         [sys.executable, "-c", code, *args],
-        cwd=made["tmp"],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **made["env"]},
+        env={**os.environ, **untrained["env"]},
     )
     assert_one_line_error(result, "--ray", "pip install 'ctd-harness[ray]'")
     assert not out.exists()
