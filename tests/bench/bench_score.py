@@ -49,6 +49,8 @@ def conversations(target: Path, rows: int, mup: Path) -> int:
             source.append(
                 {"inputs": row["inputs"], "ids": f"{path.stem}-{row['ids']}", "labels": row.get("labels")}
             )
+    if not source:
+        sys.exit(f"no .jsonl files under {mup}: pass --mup FOLDER (the shared MUP data)")
     with target.open("w") as handle:
         for n in range(rows):
             row = source[n % len(source)]

@@ -30,7 +30,8 @@ SHARD_ROWS = 8
 TOLERANCE = 1e-5
 RAY_TIMEOUT = 300  # seconds: Ray's start, two actors loading the model, the shards
 REPO = Path(__file__).resolve().parents[2]
-KILL_ROWS = 120  # the kill test's rows: 20 shards of 6
+KILL_SHARDS = 12  # the kill test: 12 shards of 6 rows
+KILL_ROWS = 6 * KILL_SHARDS
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,7 @@ def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(untrained: dict,
     """SIGINT, then SIGKILL if the driver is still there after 5 s; the rerun resumes."""
     _needs_ray()
     out = tmp_path / "ray"
-    shard_rows = str(KILL_ROWS // 20)
+    shard_rows = str(KILL_ROWS // KILL_SHARDS)
     job = ["--bundle", str(untrained["bundle"]), "--data", str(untrained["data"]), "--out", str(out)]
     on_ray = ["--shard-rows", shard_rows, "--ray", "local", "--actors", "2"]
     process = start_ctd("score", *job, *on_ray, cwd=tmp_path, env=untrained["env"])
@@ -155,16 +156,16 @@ def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(untrained: dict,
         _, stderr = process.communicate()
     assert "2 actors (1 CPU each, 1 torch thread)" in stderr and "Ray's logs: " in stderr, stderr
     before = _stamps(out)
-    assert 3 <= len(before) < 20, len(before)
+    assert 3 <= len(before) < KILL_SHARDS, len(before)
     _assert_gone(ray)
 
     done = _score(untrained["bundle"], untrained["data"], out, *on_ray, env=untrained["env"])
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    assert summary["skipped"] >= len(before) and summary["written"] == 20 - summary["skipped"]
     after = _stamps(out)
     assert {name: after[name] for name in before} == before  # not one shard written again
-    assert len(after) == 20 and not list(out.glob(".shard-*"))
+    assert len(after) == KILL_SHARDS and not list(out.glob(".shard-*"))
+    summary = json.loads(done.stdout)
+    assert summary["skipped"] >= len(before) and summary["written"] == KILL_SHARDS - summary["skipped"]
     # The union equals one go of `ctd score` without Ray.
     here = tmp_path / "here"
     done = _score(
