@@ -111,11 +111,11 @@ def score_command(
         micro_batch=micro_batch,
     )
     options.check()
-    plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
-    if expert:  # a URL that cannot work is one line now, not after the model loaded
+    if expert:  # a URL that cannot work is one line now, before anything is written
         from ..monitor import read_bundle
 
         read_bundle(bundle).expert_spec(expert_url)
+    plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
     try:
         summary = _run(plan, options, on_ray, json_output=json_output)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped

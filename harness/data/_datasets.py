@@ -78,7 +78,8 @@ def row_item(row: Mapping[str, object], where: str, fallback_id: str) -> Item:
 
     if "inputs" not in row:
         raise InputError(f"{where}: missing field 'inputs'")
-    item_id = str(row.get("ids", row.get("id", ""))).strip() or fallback_id
+    raw_id = row.get("ids", row.get("id"))
+    item_id = ("" if raw_id is None else str(raw_id)).strip() or fallback_id  # a null id is no id
     return Item(item_id, _conversation(row["inputs"], where))
 
 
@@ -146,7 +147,7 @@ def _csv_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, di
         header = next(csv.reader(lines), None)
     if header is None:
         return
-    ends = [0]
+    ends = [byte_offset]  # set again once the first line is read; a row's start is known before
     reader = csv.reader(_lines(path, byte_offset, ends))
     if byte_offset == 0:
         next(reader)  # the header, read above

@@ -1,0 +1,239 @@
+"""`ctd score`, the bulk scoring path, on the `made` run and bundle (tests/harness/conftest.py):
+
+- Equivalence: the run's test split scored in several shards gives, row by row, the run's probe
+  and DV scores and the monitor's decisions (`Monitor.check`), with the expert off and on
+  (tolerance 1e-5); a second job on the same expert cache pays the expert nothing.
+- Resume: a job tried with --limit, then run in full, writes only the shards it lacks (the old
+  files keep their inode and mtime) and equals a job run in one go; a job killed mid-way resumes
+  the same; another job in the same --out is one line, exit 2, nothing changed.
+- Reading: JSONL, CSV and Parquet inputs give the same rows, and a shard read from its planned
+  offset gives the rows a full read gives there.
+- Bad input: one line, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from ctd_cli import assert_one_line_error, run_ctd, start_ctd
+from fault_server import RunningServer
+from monitor_run import conversations_of
+
+from harness.data import read_scores
+from harness.monitor import Monitor
+from harness.score import ScoreOptions, ShardTask, plan_score
+
+# Private: the row reader a shard uses, compared here with a full read of each format.
+from harness.score._inputs import read_rows, walk_rows
+
+TOLERANCE = 1e-5
+
+
+def score(made: dict, out: Path, *extra: str, data: Path | None = None) -> dict:
+    """`ctd score --json` of the test split (or `data`) into `out`; its summary."""
+    done = run_ctd(
+        "score", "--bundle", str(made["bundle"]), "--data", str(data or made["tmp"] / "data" / "test.jsonl"),
+        "--out", str(out), "--json", *extra, cwd=made["tmp"], env=made["env"], timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def rows_of(out: Path) -> dict[str, dict]:
+    """Every row of the job's shards, by id."""
+    table = pa.concat_tables(pq.read_table(p) for p in sorted(out.glob("shard-*.parquet")))
+    return {row["id"]: row for row in table.to_pylist()}
+
+
+def assert_same_rows(got: dict[str, dict], expected: dict[str, dict]) -> None:
+    """The same rows, floats within the tolerance (another shard cut batches rows differently)."""
+    assert set(got) == set(expected)
+    for key, row in got.items():
+        assert row == pytest.approx(expected[key], abs=TOLERANCE), key
+
+
+def stamps(out: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime_ns) of each shard file."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard-*.parquet")}
+
+
+async def monitor_decisions(made: dict, conversations: list[object], **load: object) -> list[dict]:
+    monitor = await Monitor.load(made["bundle"], **load)
+    try:
+        return [(await monitor.check(c)).to_json() for c in conversations]
+    finally:
+        await monitor.aclose()
+
+
+@pytest.fixture(scope="module")
+def one_go(made: dict) -> dict[str, dict]:
+    """The rows of the test split scored in one go, shards of 12 rows."""
+    score(made, made["tmp"] / "score-one-go", "--shard-rows", "12")
+    return rows_of(made["tmp"] / "score-one-go")
+
+
+def test_score_equals_the_run_and_the_monitor_with_the_expert_off_and_on(made: dict) -> None:
+    tmp, record = made["tmp"], made["record"]
+    ids, conversations = conversations_of(tmp / "data")
+    scores = read_scores(tmp / "runs" / "t" / "scores.parquet")
+    rows = (scores.split == "test") & (scores.seed == record["seed"]) & (scores.arch == record["arch"])
+    run = {
+        str(i): (p, d) for i, p, d in zip(scores.id[rows], scores.probe[rows], scores.dv[rows], strict=True)
+    }
+    threshold = float(record["threshold"])
+
+    off = score(made, tmp / "score-off", "--shard-rows", "16")
+    assert (off["shards"], off["written"], off["rows"]) == (4, 4, len(ids))
+    scored = rows_of(tmp / "score-off")
+    assert set(scored) == set(ids)
+    with RunningServer() as expert:
+        on = score(made, tmp / "score-on", "--shard-rows", "16", "--expert", "--expert-url", expert.url,
+                   "--expert-cache", str(tmp / "score-cache.sqlite"))  # fmt: skip
+        expert_scored = rows_of(tmp / "score-on")
+        decisions = asyncio.run(monitor_decisions(made, conversations, expert=False))
+        expert_decisions = asyncio.run(monitor_decisions(made, conversations, expert_url=expert.url))
+        sent = sum(expert.server.counts.requests.values())
+        again = score(made, tmp / "score-again", "--shard-rows", "32", "--expert", "--expert-url", expert.url,
+                      "--expert-cache", str(tmp / "score-cache.sqlite"))  # fmt: skip
+        assert sum(expert.server.counts.requests.values()) == sent  # every answer came from the cache
+    delegated = 0
+    for i, decision, with_expert in zip(ids, decisions, expert_decisions, strict=True):
+        row, row_on = scored[i], expert_scored[i]
+        assert row["probe"] == pytest.approx(run[i][0], abs=TOLERANCE), i
+        assert row["dv"] == pytest.approx(run[i][1], abs=TOLERANCE), i
+        assert row["delegated"] is bool(run[i][1] > threshold), (i, row["dv"], threshold)
+        for mine, theirs in ((row, decision), (row_on, with_expert)):
+            for key in ("probe", "dv", "score"):
+                assert mine[key] == pytest.approx(theirs[key], abs=TOLERANCE), (i, key)
+            assert (mine["delegated"], mine["label"], mine["reason"], mine["truncated"]) == (
+                theirs["delegated"], theirs["label"], theirs["reason"], theirs["truncated"],
+            ), i  # fmt: skip
+            assert (mine["expert"] is None) == (theirs["expert"] is None), i
+        assert row["expert"] is None and row["reason"] == (
+            "expert-disabled" if row["delegated"] else "not-delegated"
+        )
+        assert row["score"] == row["probe"] and row["true_label"] in (0, 1)
+        delegated += row["delegated"]
+    assert delegated > 0, "the bundle delegates nothing here: the expert side went untested"
+    assert off["delegated"] == on["delegated"] == delegated and off["expert_calls"] == 0
+    assert on["expert_calls"] == delegated and again["expert_calls"] == 0 and again["delegated"] == delegated
+    assert off["tokens"] == on["tokens"] > 0
+
+
+def test_a_limited_job_then_the_full_one_writes_only_the_missing_shards(made: dict, one_go: dict) -> None:
+    tmp = made["tmp"]
+    out = tmp / "score-resume"
+    tried = score(made, out, "--shard-rows", "12", "--limit", "30")
+    assert (tried["rows"], tried["shards"], tried["written"]) == (30, 3, 3)
+    before = stamps(out)
+    partial = before.pop("shard-00002.parquet")  # rows 24-29 of 24-35: replaced by the full job
+    full = score(made, out, "--shard-rows", "12")
+    after = stamps(out)
+    assert {name: after[name] for name in before} == before  # shards 0 and 1 not rewritten
+    assert after["shard-00002.parquet"] != partial
+    assert (full["shards"], full["written"], full["skipped"], full["rows"]) == (6, 4, 2, 64)
+    assert_same_rows(rows_of(out), one_go)
+    rerun = score(made, out, "--shard-rows", "12")
+    assert (rerun["written"], rerun["skipped"], rerun["tokens"]) == (0, 6, full["tokens"]) and stamps(
+        out
+    ) == after
+
+    for other, fragment in (
+        (["--shard-rows", "13"], "--shard-rows was 12, now 13"),
+        (["--shard-rows", "12", "--expert"], "--no-expert was given, now --expert"),
+    ):
+        changed = run_ctd(
+            "score", "--bundle", str(made["bundle"]), "--data", str(tmp / "data" / "test.jsonl"),
+            "--out", str(out), *other, cwd=tmp, env=made["env"],
+        )  # fmt: skip
+        assert_one_line_error(changed, f"--out {out}: holds another job", fragment)
+        assert stamps(out) == after
+
+
+def test_a_killed_job_resumes_without_writing_a_shard_twice(made: dict, one_go: dict) -> None:
+    tmp = made["tmp"]
+    out = tmp / "score-killed"
+    args = ("score", "--bundle", str(made["bundle"]), "--data", str(tmp / "data" / "test.jsonl"),
+            "--out", str(out), "--shard-rows", "8")  # fmt: skip
+    process = start_ctd(*args, cwd=tmp, env=made["env"])
+    deadline = time.monotonic() + 300
+    while not (out / "shard-00001.parquet").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = stamps(out)
+    assert 2 <= len(before) < 8
+    resumed = score(made, out, "--shard-rows", "8")
+    assert (resumed["written"], resumed["skipped"]) == (8 - len(before), len(before))
+    after = stamps(out)
+    assert {name: after[name] for name in before} == before
+    assert not list(out.glob(".shard-*")) and len(after) == 8
+    assert_same_rows(rows_of(out), one_go)
+
+
+def test_jsonl_csv_and_parquet_read_the_same_rows_from_any_shard_start(tmp_path: Path, made: dict) -> None:
+    source = made["tmp"] / "data" / "test.jsonl"
+    records = [json.loads(line) for line in source.read_text().splitlines()]
+    records[3].pop("ids")  # a row without an id is named by its file and index
+    records[5]["labels"] = "ambiguous"  # scored, with no true label
+    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in records[:10]) + "\n\n" +
+                                         "\n".join(json.dumps(r) for r in records[10:]) + "\n")  # fmt: skip
+    columns = {k: [r.get(k) for r in records] for k in ("inputs", "ids", "labels")}
+    pq.write_table(pa.table(columns), tmp_path / "rows.parquet", row_group_size=7)
+    import csv
+
+    with (tmp_path / "rows.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["inputs", "ids", "labels"])
+        writer.writerows([[r["inputs"] + "\n(second line)" * (i % 2), r.get("ids", ""), r["labels"]]
+                          for i, r in enumerate(records)])  # fmt: skip
+    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
+    for name in ("rows.jsonl", "rows.csv", "rows.parquet"):
+        path = tmp_path / name
+        whole = list(walk_rows(path))
+        assert len(whole) == len(records)
+        assert whole[3].item.id == "rows-3" and whole[5].label is None and whole[0].label in (0, 1)
+        plan = plan_score(options, path, shard_rows=9, limit=None)
+        assert [t.rows for t in plan.shards] == [9] * 7 + [1]
+        for task in plan.shards:
+            task = ShardTask.from_row(task.to_row())  # as it travels to a Ray actor
+            start = task.byte_offset if task.byte_offset is not None else task.first_row
+            got = read_rows(Path(task.path), start=start, line=task.first_line, first_index=task.first_row,
+                            count=task.rows)  # fmt: skip
+            assert got == whole[task.first_row : task.stop_row], (name, task)
+        (tmp_path / "out" / "score.json").unlink()  # the next file is another job
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) -> None:
+    data = made["tmp"] / "data" / "test.jsonl"
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "broken.jsonl").write_text(data.read_text().splitlines()[0] + "\n{not json\n")
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    out = tmp_path / "out"
+    for changed, extra, fragment in (
+        ({"--bundle": tmp_path / "nope"}, [], "not a monitor bundle"),
+        ({"--data": tmp_path / "empty.jsonl"}, [], "no rows to score"),
+        ({"--data": tmp_path / "broken.jsonl"}, [], "broken.jsonl:2: malformed JSON"),
+        ({"--data": tmp_path / "missing.jsonl"}, [], "no such file or folder"),
+        ({"--data": tmp_path / "notes.txt"}, [], "expected a .jsonl, .csv, .parquet file"),
+        ({"--out": tmp_path / "a-file"}, [], "is a file, where a folder is expected"),
+        ({}, ["--shard-rows", "0"], "--shard-rows 0: must be at least 1"),
+        ({}, ["--limit", "0"], "--limit 0: must be at least 1"),
+        ({}, ["--micro-batch", "0"], "--micro-batch 0: must be at least 1"),
+        ({}, ["--expert", "--expert-url", "ftp://example"], "expert entry"),
+    ):
+        given = {"--bundle": made["bundle"], "--data": data, "--out": out, **changed}
+        command = [str(token) for pair in given.items() for token in pair]
+        done = run_ctd("score", *command, *extra, cwd=tmp_path, env=made["env"])
+        assert_one_line_error(done, fragment)
+        assert not out.exists(), (changed, extra)
