@@ -18,6 +18,7 @@ Ray is optional and imported only here, inside `score_ray`: `ctd score` without 
 from __future__ import annotations
 
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -187,12 +188,12 @@ def run_shards_on_ray(
             for row in scored.iter_rows():
                 yield ShardDone(**{f.name: row[f.name] for f in fields(ShardDone)})
         except Exception as error:  # Ray's, wrapping the actor's (its traceback is in Ray's logs)
-            found = _input_error(error)
-            if found is not None:  # a shard's own one line (its file changed since the plan)
-                raise found from None
-            raise RunFailed(
-                f"the Ray job failed: {_first_line(error)}; Ray's logs: {_logs_dir(ray)}"
-            ) from None
+            what = _actor_error(error)
+            name, _, message = what.partition(": ")
+            # A shard's own one line (its file changed since the plan): exit 2, as without Ray.
+            if name.rsplit(".", 1)[-1] == InputError.__name__:
+                raise InputError(message) from None
+            raise RunFailed(f"the Ray job failed: {what}; Ray's logs: {_logs_dir(ray)}") from None
     finally:
         ray.shutdown()
 
@@ -214,7 +215,7 @@ def check_ray_installed() -> None:
 
 def _connect(ray: Any, address: str) -> None:
     """Start Ray on this machine or join a cluster, with the terminal kept for our progress:
-    Ray's and Ray Data's console messages at ERROR only (they stay in Ray's log files), the
+    Ray's console messages at ERROR only and Ray Data's off (they stay in Ray's log files), the
     workers' output not forwarded, Ray Data's own progress bars off."""
     try:
         if address == LOCAL_RAY:
@@ -233,9 +234,9 @@ def _connect(ray: Any, address: str) -> None:
     context = DataContext.get_current()
     context.enable_progress_bars = False
     context.print_on_execution_start = False
-    for handler in logging.getLogger("ray.data").handlers:  # its console handler; the file keeps all
+    for handler in logging.getLogger("ray.data").handlers:  # its console handler; its file keeps all
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setLevel(logging.ERROR)
+            handler.setLevel(logging.CRITICAL)  # a failed job is our one line, naming the log folder
 
 
 def _logs_dir(ray: Any) -> str:
@@ -250,20 +251,24 @@ def _describe(shape: ActorShape, address: str, logs: str) -> str:
     where = "Ray on this machine" if address == LOCAL_RAY else f"the Ray cluster at {address}"
     each = f"1 GPU, {shape.num_cpus:g} CPU" if shape.num_gpus else f"{shape.num_cpus:g} CPU"
     threads = f"{shape.threads} torch thread{'s' if shape.threads > 1 else ''}"
-    return f"{where}: {shape.actors} actors ({each} each, {threads}); Ray's logs: {logs}"
+    actors = f"{shape.actors} actor{'s' if shape.actors > 1 else ''}"
+    return f"{where}: {actors} ({each} each, {threads}); Ray's logs: {logs}"
 
 
-def _input_error(error: BaseException) -> InputError | None:
-    """The InputError a shard raised inside an actor, found in the chain Ray wraps it in."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, InputError):
-            return current
-        seen.add(id(current))
-        cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError keeps the actor's
-        current = cause if isinstance(cause, BaseException) else current.__cause__
-    return None
+_RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+_RAY_WRAPPERS = {"RayTaskError", "UserCodeException", "RayDataUserCodeException"}
+
+
+def _actor_error(error: BaseException) -> str:
+    """The actor's exception as "Name: message", read from the worker's traceback that Ray puts
+    in the error's text (Ray Data wraps it in a UserCodeException whose cause does not cross the
+    process boundary, and adds hints after it); the error's own first line when there is none."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Ray colours its task names
+    for line in reversed(text.splitlines()):
+        found = _RAISED.match(line)
+        if found and found.group(1).rsplit(".", 1)[-1] not in _RAY_WRAPPERS:
+            return f"{found.group(1)}: {found.group(2).strip()}"
+    return f"{type(error).__name__}: {_first_line(error)}"
 
 
 def _first_line(error: BaseException) -> str:
