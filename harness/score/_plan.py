@@ -179,7 +179,7 @@ def _check_same_job(layout: ScoreLayout, manifest: dict[str, Any]) -> None:
 def _differs(key: str, before: Any, now: Any) -> str:
     """The difference as a person reads it."""
     if key == "bundle":
-        return "another bundle (its bundle.json differs)"
+        return "another bundle (its record differs)"
     if key == "inputs":
         old = {i["path"]: i for i in before or []}
         for entry in now:
