@@ -7,14 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
+from .._errors import InputError
 from ..run import Roots, StageProgress
-from ..score import DEFAULT_MICRO_BATCH, DEFAULT_SHARD_ROWS  # the lazy face: only the defaults load
+
+# the lazy face: only the defaults load
+from ..score import DEFAULT_ACTOR_THREADS, DEFAULT_MICRO_BATCH, DEFAULT_SHARD_ROWS
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import JsonOption
 
 if TYPE_CHECKING:
-    from ..score import ScoreOptions, ScorePlan, ScoreSummary
+    from ..score import RayOptions, ScoreOptions, ScorePlan, ScoreSummary
 
 __all__ = ["register"]
 
@@ -64,6 +68,28 @@ def score_command(
             "--micro-batch", help="Conversations per forward-pass group (as `ctd monitor serve --max-batch`)."
         ),
     ] = DEFAULT_MICRO_BATCH,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help=(
+                "Score on Ray actors (needs pip install 'ctd-harness[ray]'): 'local' starts Ray on this "
+                "machine; 'auto' or HOST:PORT joins a running Ray cluster (`ray start`)."
+            ),
+        ),
+    ] = None,
+    actors: Annotated[
+        int | None,
+        typer.Option(
+            "--actors",
+            help=(
+                "With --ray: how many scoring actors (each loads the model once). Default: one per GPU "
+                f"when the cluster has GPUs, else its CPUs // {DEFAULT_ACTOR_THREADS} (at least 1), "
+                "each with its share of the CPUs as torch threads."
+            ),
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Score conversations in bulk with a monitor bundle: probe, DV, delegation, (optionally) the
@@ -74,6 +100,7 @@ def score_command(
     """
     from ..score import ScoreOptions, plan_score
 
+    on_ray = _ray_options(ray, actors)
     options = ScoreOptions(
         bundle=bundle,
         out=out,
@@ -90,7 +117,7 @@ def score_command(
         read_bundle(bundle).expert_spec(expert_url)
     plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
     try:
-        summary = _run(plan, options, json_output=json_output)
+        summary = _run(plan, options, on_ray, json_output=json_output)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped
         print(
             "error: interrupted; the shards written are kept: rerun the same command to resume",
@@ -103,13 +130,33 @@ def score_command(
         stdout.print(summary.line(), markup=False, highlight=False)
 
 
-def _run(plan: ScorePlan, options: ScoreOptions, *, json_output: bool) -> ScoreSummary:
-    """The plan's pending shards scored here. (The seam for other runners: `--ray` adds a branch.)"""
-    from ..score import score_local
+def _ray_options(address: str | None, actors: int | None) -> RayOptions | None:
+    """--ray/--actors checked before anything is planned or written (Ray installed included)."""
+    if address is None:
+        if actors is not None:
+            raise InputError(f"--actors {actors}: only with --ray (without it one process scores)")
+        return None
+    from ..score import RayOptions, check_ray_installed
+
+    options = RayOptions(address=address, actors=actors)
+    check_ray_installed()
+    return options
+
+
+def _run(
+    plan: ScorePlan, options: ScoreOptions, on_ray: RayOptions | None, *, json_output: bool
+) -> ScoreSummary:
+    """The plan's pending shards scored here, or on Ray actors with --ray."""
+    from ..score import score_local, score_ray
 
     with StageProgress(enabled=not json_output) as progress:
         progress.step(f"scoring {plan.rows:,} rows in {len(plan.shards)} shards")
-        return score_local(plan, options, progress=progress)
+        if on_ray is None:
+            return score_local(plan, options, progress=progress)
+        # What the pool is and where Ray's logs are, as a line of its own (a failure names them too).
+        return score_ray(
+            plan, options, on_ray, progress=progress, on_start=lambda line: progress.print(escape(line))
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -23,8 +23,9 @@ from fault_server import RunningServer
 
 # Loaded only by the probe and DV stages (torch, transformers, accelerate) and the report.
 MODEL_STACK = ("torch", "transformers", "accelerate", "matplotlib")
-# Also kept out of a command line that only prints its help: the statistics and the expert engine.
-HELP_EXTRAS = ("scipy.stats", "scipy.special", "sqlmodel", "aiohttp")
+# Also kept out of a command line that only prints its help: the statistics, the expert engine
+# and Ray (an optional extra, imported by `ctd score --ray` alone).
+HELP_EXTRAS = ("scipy.stats", "scipy.special", "sqlmodel", "aiohttp", "ray")
 WATCHED = (*MODEL_STACK, *HELP_EXTRAS)
 
 # Prints, at exit (after a command's sys.exit too), the watched modules that were imported.
@@ -89,6 +90,7 @@ def test_the_stage_functions_import_without_the_model_stack(tmp_path: Path) -> N
         ("query", "--help"),
         ("eval", "--help"),
         ("probe", "--help"),
+        ("score", "--help"),
         ("experts", "list"),
     ],
     ids=lambda args: " ".join(args),
