@@ -27,13 +27,13 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._cache import SCHEMA_VERSION, ScoreCache, ScoreRow
-from ._claims import _immediate, is_stale
+from ._claims import _chunks, _immediate, is_stale
 from ._errors import ConfigError, StorageError
 from ._repair import _read_only, check_cache
 
@@ -57,7 +57,6 @@ CONFLICTS_LISTED = 10_000
 """Conflicts a report lists key by key; past that they are counted only (a non-deterministic
 server can make every shared key one, and the report must not grow with the cache)."""
 
-_SQL_CHUNK = 500  # keys per `IN (...)`, below SQLite's oldest limit on bound parameters
 _KEY, _SCORE, _RESPONSE = (ANSWER_COLUMNS.index(c) for c in ("key", "score", "response"))
 
 
@@ -267,8 +266,3 @@ def _live_claims(writer: sqlite3.Cursor, keys: list[str]) -> int:
         ).fetchall()
         live += sum(not is_stale(host, pid, expires, now=now, gone=gone) for host, pid, expires in held)
     return live
-
-
-def _chunks(keys: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(keys), _SQL_CHUNK):
-        yield keys[start : start + _SQL_CHUNK]

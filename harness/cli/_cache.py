@@ -252,6 +252,7 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
             f"here, {report.conflicts} in conflict (this cache's answer kept); "
             f"{report.failures} recorded failures not merged",
             highlight=False,
+            markup=False,  # a path may hold [brackets]
         )
         if report.claimed:
             stdout.print(
@@ -268,7 +269,7 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
             )
         if report.conflicts > CONFLICTS_SHOWN:
             stdout.print(f"  ... {report.conflicts - CONFLICTS_SHOWN} more conflicts (--json lists them)")
-    stdout.print(f"merged into {path}", highlight=False)
+    stdout.print(f"merged into {path}", highlight=False, markup=False)
 
 
 @cache_app.command("check")

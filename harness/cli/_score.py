@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from .._errors import InputError
+from .._errors import MAX_FAILED, InputError, check_failed_fraction, check_max_failed
 from ..run import Roots, StageProgress
 
 # the lazy face: only the defaults load
@@ -90,6 +90,16 @@ def score_command(
             ),
         ),
     ] = None,
+    max_failed: Annotated[
+        float,
+        typer.Option(
+            "--max-failed",
+            help=(
+                "With --expert: exit with code 1 when more than this fraction of the delegated rows "
+                f"got no expert score [{MAX_FAILED:g}] (their shards are scored again by a rerun)."
+            ),
+        ),
+    ] = MAX_FAILED,
     json_output: JsonOption = False,
 ) -> None:
     """Score conversations in bulk with a monitor bundle: probe, DV, delegation, (optionally) the
@@ -101,12 +111,20 @@ def score_command(
     from ..score import ScoreOptions, plan_score
 
     on_ray = _ray_options(ray, actors)
+    check_max_failed(max_failed)
+    if expert_url is not None and not expert:
+        from experts import redact_url
+
+        raise InputError(
+            f"--expert-url {redact_url(expert_url)}: only with --expert (without it no expert is asked)"
+        )
+    # Absolute: Ray actors on other machines start in other working directories.
     options = ScoreOptions(
-        bundle=bundle,
-        out=out,
+        bundle=bundle.absolute(),
+        out=out.absolute(),
         expert=expert,
         expert_url=expert_url,
-        expert_cache=(expert_cache or Roots.resolve().cache) if expert else None,
+        expert_cache=(expert_cache or Roots.resolve().cache).absolute() if expert else None,
         model=model,
         micro_batch=micro_batch,
     )
@@ -128,6 +146,14 @@ def score_command(
         print_json(summary.to_dict())
     else:
         stdout.print(summary.line(), markup=False, highlight=False)
+    if expert:
+        check_failed_fraction(
+            summary.expert_failed,
+            summary.delegated,
+            max_failed,
+            what="delegated rows without an expert score",
+            remedy="their rows say why (reason); rerun the same command to ask them again",
+        )
 
 
 def _ray_options(address: str | None, actors: int | None) -> RayOptions | None:

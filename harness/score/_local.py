@@ -31,6 +31,8 @@ class ScoreSummary:
     skipped: int  # shards that were there already
     delegated: int
     expert_calls: int
+    expert_failed: int  # delegated rows without an expert score: asked again by a rerun
+    refused: int  # rows the chat template refused (their reason says why)
     tokens: int
     seconds: float  # this run's wall time
     rows_scored: int  # rows of the shards written by this run
@@ -43,10 +45,12 @@ class ScoreSummary:
         return {**asdict(self), "out": str(self.out), "rows_per_second": self.rows_per_second}
 
     def line(self) -> str:
+        failed = f" ({self.expert_failed:,} rows failed: rerun to ask again)" if self.expert_failed else ""
+        refused = f"; {self.refused:,} rows refused by the chat template (see reason)" if self.refused else ""
         return (
             f"{self.rows:,} rows in {self.shards} shards ({self.written} written, {self.skipped} "
-            f"already there): {self.delegated:,} delegated, {self.expert_calls:,} expert calls, "
-            f"{self.tokens:,} tokens; {self.rows_per_second:.1f} rows/s overall; wrote {self.out}"
+            f"already there): {self.delegated:,} delegated, {self.expert_calls:,} expert calls{failed}, "
+            f"{self.tokens:,} tokens{refused}; {self.rows_per_second:.1f} rows/s overall; wrote {self.out}"
         )
 
 
@@ -59,9 +63,8 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
             every.append(by_index[task.index])
             continue
         record = shard_record(plan.layout.shard(task.index))
-        if task.matches(record):
-            assert record is not None
-            every.append(ShardDone.from_record(record, written=False))
+        if record and record.get("path") == task.path and record.get("first_row") == task.first_row:
+            every.append(ShardDone.from_record(record, written=False))  # expert failures counted too
     written = [d for d in every if d.written]
     return ScoreSummary(
         out=plan.out,
@@ -71,6 +74,8 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
         skipped=len(every) - len(written),
         delegated=sum(d.delegated for d in every),
         expert_calls=sum(d.expert_calls for d in every),
+        expert_failed=sum(d.expert_failed for d in every),
+        refused=sum(d.refused for d in every),
         tokens=sum(d.tokens for d in every),
         seconds=seconds,
         rows_scored=sum(d.rows for d in written),

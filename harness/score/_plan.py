@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experts import redact_url
+
 from .._errors import InputError
 from ..data import read_json, write_json
 from ..monitor import read_bundle
@@ -29,7 +31,7 @@ __all__ = ["MANIFEST_VERSION", "ScorePlan", "ShardTask", "plan_score", "shard_re
 MANIFEST_VERSION = 1
 # What a rerun must share with the job that wrote the folder (the limit may change: a job tried
 # on a few rows is then run in full, and only the shards it lacks are scored).
-SAME_JOB = ("version", "bundle", "inputs", "shard_rows", "expert")
+SAME_JOB = ("version", "bundle", "inputs", "shard_rows", "expert", "expert_url")
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,15 @@ class ShardTask:
         """What a shard file's record says of its rows, so that a file is known to be this task's."""
         return {"path": self.path, "first_row": self.first_row, "stop_row": self.stop_row}
 
-    def matches(self, record: Mapping[str, Any] | None) -> bool:
-        """Whether a shard file's record (`shard_record`) is this task's rows."""
-        if not record:
+    def done_by(self, record: Mapping[str, Any] | None) -> bool:
+        """Whether a shard file's record (`shard_record`) makes this task done: the file holds at
+        least this task's rows (a job rerun with a smaller --limit keeps the whole shard an earlier
+        run wrote) and the expert answered every row it was asked about (a shard with expert
+        failures is scored again: the answers that came back are in the cache, only the failed
+        rows are asked again)."""
+        if not record or record.get("path") != self.path or record.get("first_row") != self.first_row:
             return False
-        return all(record.get(key) == value for key, value in self.row_range().items())
+        return int(record.get("stop_row", -1)) >= self.stop_row and not record.get("expert_failed", 0)
 
     def to_row(self) -> dict[str, object]:
         return asdict(self)
@@ -85,9 +91,9 @@ class ScorePlan:
         return ScoreLayout(self.out)
 
     def pending(self) -> list[ShardTask]:
-        """Shards whose output file is not there yet (or holds another row range: the last shard
-        of a job tried with a smaller --limit)."""
-        return [task for task in self.shards if not task.matches(shard_record(self.layout.shard(task.index)))]
+        """Shards not done yet (`ShardTask.done_by`): no file, fewer rows than the task's (the last
+        shard of a job tried with a smaller --limit), or rows the expert failed on."""
+        return [task for task in self.shards if not task.done_by(shard_record(self.layout.shard(task.index)))]
 
 
 def shard_record(path: Path) -> dict[str, Any] | None:
@@ -147,6 +153,8 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
         ],
         "shard_rows": shard_rows,
         "expert": bool(options.expert),
+        # Which server answered matters as much as whether one did; never its credentials.
+        "expert_url": redact_url(options.expert_url) if options.expert and options.expert_url else None,
         "limit": limit,
         "rows": rows,
         "shards": len(shards),
@@ -190,6 +198,9 @@ def _differs(key: str, before: Any, now: Any) -> str:
         return "--data: other input files"
     if key == "shard_rows":
         return f"--shard-rows was {before}, now {now}"
+    if key == "expert_url":
+        own = "the bundle's own"
+        return f"the expert's URL was {before or own}, now {now or own}"
     if key == "expert":
         return f"--{'' if before else 'no-'}expert was given, now --{'' if now else 'no-'}expert"
     return f"{key} was {before}, now {now}"

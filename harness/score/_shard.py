@@ -7,7 +7,7 @@ then scores any number of shards: it is what a Ray actor holds."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import json
 import os
 import time
@@ -27,7 +27,7 @@ from ._plan import ShardTask, shard_record
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from experts import ExpertSpec, Item
+    from experts import ExpertClient, ExpertSpec, ScoreCache
 
     from ..monitor import ProbeScorer, Tokens
 
@@ -46,6 +46,7 @@ OUTPUT_COLUMNS = (
     "true_label",
 )
 SHARD_RECORD_VERSION = 1
+REFUSED = "refused"  # a row's reason when the chat template refuses its conversation
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class ShardDone:
     expert_calls: int  # delegated rows sent to the expert (not answered from the cache)
     seconds: float
     written: bool  # False when the shard file was already there (nothing redone)
+    expert_failed: int = 0  # delegated rows left without an expert score (asked again on rerun)
+    refused: int = 0  # rows the chat template refused: no scores, the reason says why
 
     @classmethod
     def from_record(cls, record: dict[str, Any], *, written: bool) -> ShardDone:
@@ -88,6 +91,8 @@ class ShardDone:
             expert_calls=int(record["expert_calls"]),
             seconds=float(record["seconds"]),
             written=written,
+            expert_failed=int(record.get("expert_failed", 0)),
+            refused=int(record.get("refused", 0)),
         )
 
 
@@ -107,6 +112,13 @@ class ShardScorer:
         self.layout = ScoreLayout(Path(options.out))
         self.bundle = read_bundle(Path(options.bundle))
         self.spec: ExpertSpec | None = self.bundle.expert_spec(options.expert_url) if options.expert else None
+        # One event loop, expert client and cache for the scorer's life, opened at the first
+        # expert call: the client's breaker then sees every shard's failures (a revoked key or a
+        # dead endpoint stops the job instead of failing each shard's rows anew), and an actor
+        # scoring thousands of shards holds one SQLite engine, not one per shard.
+        self._loop: asyncio.Runner | None = None
+        self._client: ExpertClient | None = None
+        self._cache: ScoreCache | None = None
         self.scorer: ProbeScorer = ProbeScorer.load(
             self.bundle.layout.safety_probe, self.bundle.layout.dv_probe, model=options.model
         )
@@ -114,7 +126,8 @@ class ShardScorer:
     def __call__(self, task: ShardTask) -> ShardDone:
         target = self.layout.shard(task.index)
         record = shard_record(target)
-        if task.matches(record):
+        if task.done_by(record):
+            assert record is not None
             return ShardDone.from_record(record, written=False)
         started = time.perf_counter()
         rows = read_rows(
@@ -125,10 +138,13 @@ class ShardScorer:
             count=task.rows,
         )
         tokens = [self._tokens(row) for row in rows]
-        scores: list[tuple[float, float]] = []
-        for at in range(0, len(tokens), self.options.micro_batch):
-            scores += self.scorer.score(tokens[at : at + self.options.micro_batch])
-        delegated = [i for i, (_, dv) in enumerate(scores) if self.bundle.delegates(dv)]
+        scorable = [(i, t) for i, t in enumerate(tokens) if not isinstance(t, str)]
+        scores: list[tuple[float, float] | None] = [None] * len(rows)  # None: refused
+        for at in range(0, len(scorable), self.options.micro_batch):
+            group = scorable[at : at + self.options.micro_batch]
+            for (i, _), pair in zip(group, self.scorer.score([t for _, t in group]), strict=True):
+                scores[i] = pair
+        delegated = [i for i, pair in enumerate(scores) if pair and self.bundle.delegates(pair[1])]
         answers, calls = self._ask(task, rows, delegated)
         table = self._table(rows, tokens, scores, answers)
         record = {
@@ -136,21 +152,26 @@ class ShardScorer:
             "index": task.index,
             **task.row_range(),
             "rows": len(rows),
-            "tokens": sum(len(t.ids) for t in tokens),
+            "tokens": sum(len(t.ids) for t in tokens if not isinstance(t, str)),
+            "refused": len(rows) - len(scorable),
             "delegated": len(delegated),
             "expert_calls": calls,
+            "expert_failed": sum(answers[i][0] is None for i in delegated) if self.spec is not None else 0,
             "seconds": time.perf_counter() - started,
         }
         _write_once(table, record, self.layout, task.index, replace=target.exists())
         return ShardDone.from_record(record, written=True)
 
-    def _tokens(self, row: InputRow) -> Tokens:
+    def _tokens(self, row: InputRow) -> Tokens | str:
+        """The row's tokens, or why the model's chat template refuses the conversation (the
+        monitor answers such a request with a 4xx; here the row says why and the job goes on: one
+        odd conversation among millions must not stop it)."""
         from probes import ProbeError
 
         try:
             return self.scorer.tokens(row.item.conversation)
-        except ProbeError as error:  # the chat template refuses the conversation
-            raise InputError(f"{row.where}: {str(error).removeprefix('example 0: ')}") from None
+        except ProbeError as error:
+            return str(error).removeprefix("example 0: ")
 
     def _ask(
         self, task: ShardTask, rows: list[InputRow], delegated: list[int]
@@ -163,29 +184,45 @@ class ShardScorer:
 
         # Ids unique within the call (an input's id may repeat); the cache is keyed by content.
         items = [Item(f"{task.index}-{i}", rows[i].item.conversation) for i in delegated]
-        results, stats = asyncio.run(self._score(items))
+        results, stats = self._expert_loop().run(self._expert_client().score(items))
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
         return answers, stats.scored + stats.failed
 
-    async def _score(self, items: list[Item]) -> Any:
-        from experts import ExpertClient, ScoreCache
+    def _expert_loop(self) -> asyncio.Runner:
+        if self._loop is None:
+            self._loop = asyncio.Runner()
+        return self._loop
 
-        cache = self.options.expert_cache
-        assert self.spec is not None
-        client = ExpertClient(self.spec, cache=ScoreCache(cache) if cache is not None else None)
-        return await client.score(items)
+    def _expert_client(self) -> ExpertClient:
+        """The scorer's one client, open (see `__init__`)."""
+        if self._client is None:
+            from experts import ExpertClient, ScoreCache
+
+            assert self.spec is not None
+            if self.options.expert_cache is not None:
+                self._cache = ScoreCache(self.options.expert_cache)
+            client = ExpertClient(self.spec, cache=self._cache)
+            self._expert_loop().run(client.__aenter__())
+            self._client = client
+        return self._client
 
     def _table(
         self,
         rows: list[InputRow],
-        tokens: list[Tokens],
-        scores: list[tuple[float, float]],
+        tokens: list[Tokens | str],
+        scores: list[tuple[float, float] | None],
         answers: dict[int, tuple[float | None, str | None]],
     ) -> pa.Table:
         import pyarrow as pa
 
         columns: dict[str, list[Any]] = {name: [] for name in OUTPUT_COLUMNS}
-        for i, (row, tok, (probe, dv)) in enumerate(zip(rows, tokens, scores, strict=True)):
+        for i, (row, tok, pair) in enumerate(zip(rows, tokens, scores, strict=True)):
+            if isinstance(tok, str) or pair is None:  # refused by the chat template: no scores
+                refused = {"id": row.item.id, "delegated": False, "truncated": False, "true_label": row.label}
+                for name in OUTPUT_COLUMNS:
+                    columns[name].append(refused.get(name, f"{REFUSED}: {tok}" if name == "reason" else None))
+                continue
+            probe, dv = pair
             expert, reason = answers.get(i, (None, "not-delegated"))
             score = self.bundle.merged(probe, expert)
             for name, value in (
@@ -204,8 +241,19 @@ class ShardScorer:
         return pa.table(columns, schema=output_schema())
 
     def close(self) -> None:
-        """Let the model go (a Ray actor's end; a process's exit does the same)."""
+        """Let the model and the expert cache go (a Ray actor's end; a process's exit does the same)."""
         self.__dict__.pop("scorer", None)
+        client, self._client = self._client, None
+        loop, self._loop = self._loop, None
+        try:
+            if client is not None and loop is not None:
+                loop.run(client.__aexit__(None, None, None))  # commits the answers handed over
+        finally:
+            if loop is not None:
+                loop.close()
+            if self._cache is not None:
+                self._cache.close()
+                self._cache = None
 
 
 def output_schema() -> pa.Schema:
@@ -228,13 +276,18 @@ def output_schema() -> pa.Schema:
     )
 
 
+# What link(2) answers on a file system that has no hard links.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
 def _write_once(
     table: pa.Table, record: dict[str, Any], layout: ScoreLayout, index: int, *, replace: bool
 ) -> None:
     """Write the shard under a temporary name, then give it its name with a hard link, which fails
     when a shard file is there already (another worker wrote it meanwhile: its rows are the same,
-    and the first one stays). `replace`: the file there holds another row range (the last shard of
-    a job tried with a smaller --limit) and is replaced."""
+    and the first one stays). `replace`: the file there is not done (fewer rows, the last shard of
+    a job tried with a smaller --limit, or rows the expert failed on) and is replaced. A file
+    system without hard links (some FUSE mounts of buckets) gets a rename where no file is yet."""
     import pyarrow.parquet as pq
 
     temp = layout.shard_temp(index)
@@ -245,7 +298,14 @@ def _write_once(
         if replace:
             os.replace(temp, target)
             return
-        with contextlib.suppress(FileExistsError):  # another worker's file: the same rows, kept
+        try:
             os.link(temp, target)
+        except FileExistsError:  # another worker's file: the same rows, kept
+            pass
+        except OSError as error:
+            if error.errno not in _NO_HARD_LINKS:
+                raise
+            if not target.exists():
+                os.replace(temp, target)
     finally:
         temp.unlink(missing_ok=True)

@@ -25,12 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from ctd_cli import assert_one_line_error, run_ctd, start_ctd
-from fault_server import RunningServer
+from fault_server import FaultPlan, RunningServer
 from monitor_run import conversations_of
 
 from harness.data import read_scores
 from harness.monitor import Monitor, read_bundle
-from harness.score import ScoreOptions, ShardTask, plan_score
+from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score
 
 # Private: the row reader a shard uses, compared here with a full read of each format.
 from harness.score._inputs import read_rows, walk_rows
@@ -161,6 +161,48 @@ def test_a_limited_job_then_the_full_one_writes_only_the_missing_shards(made: di
         assert stamps(out) == after
 
 
+def test_a_smaller_limit_after_the_full_job_keeps_every_shard(made: dict, one_go: tuple) -> None:
+    """A job run in full, then tried again with --limit: its whole shards stay (the shard the
+    limit cuts is not replaced by its first rows), and nothing is scored."""
+    out = made["tmp"] / "score-one-go"
+    before = stamps(out)
+    again = score(made, out, "--shard-rows", "12", "--limit", "30")
+    assert (again["written"], again["skipped"]) == (0, 3)
+    assert stamps(out) == before
+    assert_same_rows(rows_of(out), one_go[1])
+
+
+def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(made: dict, one_go: tuple) -> None:
+    """Every answer of a broken expert lacks the label tokens: the delegated rows are written
+    with their reason, the job exits 1 (more than --max-failed of them failed), and the same
+    command against a working expert asks exactly those rows again and rewrites only their
+    shards; the shards with nothing delegated stay as they are."""
+    tmp = made["tmp"]
+    out, cache = tmp / "score-expert-failed", tmp / "score-expert-failed.sqlite"
+    delegated = [row for row in one_go[1].values() if row["delegated"]]
+    args = ("score", "--bundle", str(made["bundle"]), "--data", str(tmp / "data" / "test.jsonl"),
+            "--out", str(out), "--shard-rows", "12", "--expert", "--expert-cache", str(cache))  # fmt: skip
+    with RunningServer(FaultPlan(broken=frozenset(range(-1, 10_000)))) as broken:
+        failed = run_ctd(*args, "--expert-url", broken.url, cwd=tmp, env=made["env"], timeout=600)
+    error = failed.stderr.strip().splitlines()[-1]  # after the progress lines
+    assert failed.returncode == 1 and error.startswith("error: ") and "Traceback" not in failed.stderr
+    assert "delegated rows without an expert score" in error and "rerun the same command" in error
+    written = rows_of(out)
+    assert all(row["expert"] is None and row["reason"].startswith("expert-failed") for row in written.values()
+               if row["delegated"])  # fmt: skip
+    before = stamps(out)
+    with RunningServer(port=broken.port) as working:  # the same URL: the same job
+        rerun = score(made, out, "--shard-rows", "12", "--expert", "--expert-cache", str(cache),
+                      "--expert-url", working.url)  # fmt: skip
+        asked = sum(working.server.counts.requests.values())
+    assert asked == len(delegated) == rerun["delegated"] and rerun["expert_failed"] == 0
+    redone = {f"shard-{i // 12:05d}.parquet" for i, row in enumerate(one_go[1].values()) if row["delegated"]}
+    after = stamps(out)
+    assert rerun["written"] == len(redone) and all(after[name] != before[name] for name in redone)
+    assert all(after[name] == before[name] for name in set(before) - redone)
+    assert all(row["expert"] is not None for row in rows_of(out).values() if row["delegated"])
+
+
 def test_a_killed_job_resumes_without_writing_a_shard_twice(made: dict, one_go: tuple) -> None:
     tmp = made["tmp"]
     out = tmp / "score-killed"
@@ -242,9 +284,43 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--limit", "0"], "--limit 0: must be at least 1"),
         ({}, ["--micro-batch", "0"], "--micro-batch 0: must be at least 1"),
         ({}, ["--expert", "--expert-url", "ftp://example"], "expert entry"),
+        ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
+        ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
     ):
         given = {"--bundle": made["bundle"], "--data": data, "--out": out, **changed}
         command = [str(token) for pair in given.items() for token in pair]
         done = run_ctd("score", *command, *extra, cwd=tmp_path, env=made["env"])
         assert_one_line_error(done, fragment)
         assert not out.exists(), (changed, extra)
+
+
+def test_a_conversation_the_chat_template_refuses_is_a_row_that_says_so(tmp_path: Path, made: dict) -> None:
+    """One odd conversation among millions does not stop the job (the monitor answers it with a
+    4xx): its row has no scores and its reason names the template's refusal; the others score."""
+    records = [
+        json.loads(line) for line in (made["tmp"] / "data" / "test.jsonl").read_text().splitlines()[:5]
+    ]
+    records[2]["inputs"] = "REFUSE-ME please"
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
+    plan = plan_score(options, data, shard_rows=10, limit=None)
+    scorer = ShardScorer(options)
+    # A template that refuses one conversation, as a model's own template refuses e.g. a system
+    # role it does not know.
+    scorer.scorer.model.tokenizer.chat_template = (
+        "{% for m in messages %}{% if 'REFUSE-ME' in m['content'] %}"
+        "{{ raise_exception('no refusals here') }}{% endif %}{{ m['content'] }}\n{% endfor %}"
+    )
+    try:
+        done = scorer(plan.shards[0])
+    finally:
+        scorer.close()
+    assert (done.rows, done.refused) == (5, 1)
+    rows = pq.read_table(tmp_path / "out" / "shard-00000.parquet").to_pylist()
+    refused = rows[2]
+    assert refused["reason"].startswith("refused: ") and "no refusals here" in refused["reason"]
+    assert (refused["probe"], refused["dv"], refused["score"], refused["label"], refused["delegated"]) == (
+        None, None, None, None, False,
+    )  # fmt: skip
+    assert all(row["probe"] is not None and row["score"] is not None for i, row in enumerate(rows) if i != 2)
