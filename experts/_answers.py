@@ -30,7 +30,7 @@ __all__ = ["import_answers", "write_answers"]
 
 _TEXT = ("key", "expert", "item_id", "endpoint", "model", "method", "template_sha256", "response", "created")
 _NULLABLE = frozenset({"label_mass", "prompt_tokens", "completion_tokens"})
-_BATCH = 5_000  # lines per insert into the staging cache
+_BATCH = 5_000  # answers per read of a cache being exported, and lines per insert into the staging cache
 _INSERT = (
     "INSERT INTO scores (" + ", ".join(f'"{c}"' for c in ANSWER_COLUMNS) + ") "
     f"VALUES ({', '.join('?' * len(ANSWER_COLUMNS))})"
@@ -55,7 +55,7 @@ def write_answers(cache: ScoreCache, handle: TextIO, *, expert: str | None = Non
         try:
             cursor = connection.cursor()
             cursor.execute(f"SELECT {columns} FROM scores {where} ORDER BY rowid", values)
-            while rows := cursor.fetchmany(5_000):
+            while rows := cursor.fetchmany(_BATCH):
                 for row in rows:
                     handle.write(json.dumps(dict(zip(ANSWER_COLUMNS, row, strict=True)), ensure_ascii=False))
                     handle.write("\n")
