@@ -105,7 +105,7 @@ def dry_run_install(project: Path, extras: str, venv: Path, tmp_path: Path) -> d
 
 
 def test_cpu_torch_kept_and_no_cuda_build(tmp_path: Path):
-    # With the test and ray extras (what .ci/run installs): their tree holds the plain install's
+    # With the test, ray and inspect extras (what .ci/run installs): their tree holds the plain install's
     # (`pip install -e .`), and nothing is installed either way, so one resolve answers for both.
     torch = md.distribution("torch")
     if not torch.version.endswith("+cpu"):
@@ -116,6 +116,7 @@ def test_cpu_torch_kept_and_no_cuda_build(tmp_path: Path):
         *pyproject["build-system"]["requires"],  # the build without isolation runs in the venv
         *extra_requirements(pyproject, "test"),
         *extra_requirements(pyproject, "ray"),  # .ci/run installs it for the Ray tests
+        *extra_requirements(pyproject, "inspect"),  # and this one for the inspect export
     ]
     tree = requirement_closure(roots)
     assert "torch" in tree, "the project does not require torch"
@@ -134,7 +135,7 @@ def test_cpu_torch_kept_and_no_cuda_build(tmp_path: Path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, project / name)
 
-    report = dry_run_install(project, "[test,ray]", venv, tmp_path)
+    report = dry_run_install(project, "[test,ray,inspect]", venv, tmp_path)
     installs = {
         canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]
     }
