@@ -6,16 +6,20 @@ import functools
 import hashlib
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, get_args
 
-from ._errors import ConfigError
+from ._errors import ConfigError, InvalidSetting
 
 __all__ = [
     "BUILTIN_TEMPLATES",
     "DEFAULT_TEMPLATE",
+    "TEMPLATE_KINDS",
     "Conversation",
     "PromptTemplate",
+    "TemplateKind",
+    "check_scoring_method",
     "describe_template",
     "load_template",
     "render_conversation",
@@ -25,6 +29,12 @@ Conversation = str | Sequence[Mapping[str, str]]
 """An input: a plain string (one user turn) or a list of {"role": ..., "content": ...} messages."""
 
 _BUILTIN = Path(__file__).parent / "prompts"
+
+TemplateKind = Literal["wrapped", "pass-through"]
+"""wrapped: this project's system + user prompt around the rendered conversation (the files
+without a `kind`); pass-through: the conversation's own messages, for a model trained on its own
+chat template (a guard model), with optional `chat_template_kwargs` sent in the request."""
+TEMPLATE_KINDS: tuple[str, ...] = get_args(TemplateKind)
 
 DEFAULT_TEMPLATE = "stakes-v1"
 """The template of an expert whose entry names none: it asks the task itself, for a capable model."""
@@ -42,6 +52,21 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "small models that answer high to nearly every stakes-v1 prompt, such as SmolLM2-135M (the "
         "built-in smollm2 and smollm2-vllm use it)"
     ),
+    "llama-guard-3": (
+        "pass-through: the conversation as it is, in Llama Guard 3's own chat template (its "
+        'hazard categories); P(first token "unsafe") against "safe" (the built-in '
+        "llama-guard-3-1b and llama-guard-3-8b use it)"
+    ),
+    "shieldgemma-dangerous": (
+        "pass-through: the conversation in ShieldGemma's own chat template with a "
+        'dangerous-content policy as its `guideline`; P("Yes", it violates the policy) against '
+        '"No" (the built-in shieldgemma-2b uses it)'
+    ),
+    "granite-guardian-harm": (
+        "pass-through: the conversation in Granite Guardian's own chat template with "
+        'guardian_config risk_name "harm"; P("Yes") against "No" (the built-in '
+        "granite-guardian-2b uses it)"
+    ),
 }
 
 
@@ -49,7 +74,9 @@ BUILTIN_TEMPLATES: dict[str, str] = {
 class PromptTemplate:
     """A prompt file: system and user text with a {conversation} slot, the label words for
     next-token scoring and the two answers for likelihood scoring. `sha256` hashes the file's
-    bytes, so any edit is a new template as far as the cache is concerned."""
+    bytes, so any edit is a new template as far as the cache is concerned. A pass-through
+    template has no system, user or answers: the conversation goes as it is, with
+    `chat_template_kwargs` (None: none sent) for the model's chat template."""
 
     name: str
     system: str
@@ -58,9 +85,14 @@ class PromptTemplate:
     answers: dict[str, str]
     sha256: str
     path: Path
+    kind: TemplateKind = "wrapped"
+    chat_template_kwargs: dict[str, Any] | None = field(default=None)
 
     def messages(self, conversation: Conversation) -> list[dict[str, str]]:
-        """Chat messages for next-token scoring."""
+        """Chat messages for next-token scoring: a pass-through template's are the
+        conversation's own (a plain string is one user turn)."""
+        if self.kind == "pass-through":
+            return _own_messages(conversation)
         return [
             {"role": "system", "content": self.system},
             {
@@ -72,23 +104,47 @@ class PromptTemplate:
     def completion_prompt(self, conversation: Conversation) -> str:
         """Plain-text prompt for likelihood scoring; the answer starts on a fresh line so that
         it begins on a token boundary."""
+        if self.kind == "pass-through":
+            raise ConfigError(f"{self.path}: a pass-through template {_NEXT_TOKEN_ONLY}", setting="method")
         user = self.user.replace("{conversation}", render_conversation(conversation))
         return f"{self.system}\n\n{user}\n\nAnswer:\n"
 
 
-def render_conversation(conversation: Conversation) -> str:
-    """A plain string as it is; messages as "[role]" headers over their exact content."""
-    if isinstance(conversation, str):
-        return conversation
-    blocks = []
+# Why likelihood is refused: it appends each answer to a plain-text prompt sent to
+# /completions, which applies no chat template; a guard model is asked through its own chat
+# template, which only the server renders, so there is no plain-text prompt to append to.
+_NEXT_TOKEN_ONLY = (
+    "scores by next-token only (the model answers in its own chat template, whose rendering "
+    'only the server knows); use method = "next-token"'
+)
+
+
+def _checked_messages(conversation: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
+    """(role, content) of each message; ValueError naming the first that is not one."""
+    checked = []
     for i, message in enumerate(conversation):
         if not isinstance(message, Mapping):
             raise ValueError(f"message {i} must be a mapping with 'role' and 'content', got {message!r}")
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"message {i} needs string 'role' and 'content', got {dict(message)!r}")
-        blocks.append(f"[{role}]\n{content}")
-    return "\n\n".join(blocks)
+        checked.append((role, content))
+    return checked
+
+
+def _own_messages(conversation: Conversation) -> list[dict[str, str]]:
+    """The conversation as chat messages, role and content as given; a plain string is one
+    user turn."""
+    if isinstance(conversation, str):
+        return [{"role": "user", "content": conversation}]
+    return [{"role": role, "content": content} for role, content in _checked_messages(conversation)]
+
+
+def render_conversation(conversation: Conversation) -> str:
+    """A plain string as it is; messages as "[role]" headers over their exact content."""
+    if isinstance(conversation, str):
+        return conversation
+    return "\n\n".join(f"[{role}]\n{content}" for role, content in _checked_messages(conversation))
 
 
 @functools.cache
@@ -105,6 +161,13 @@ def load_template(name_or_path: str) -> PromptTemplate:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    kind = data.get("kind", "wrapped")
+    if kind not in TEMPLATE_KINDS:
+        raise ConfigError(f"{path}: kind = {kind!r}: must be one of {', '.join(TEMPLATE_KINDS)}")
+    if kind == "pass-through":
+        return _pass_through(path, raw, data)
+    if "chat_template_kwargs" in data:
+        raise ConfigError(f'{path}: chat_template_kwargs needs kind = "pass-through"')
     try:
         template = PromptTemplate(
             name=str(data.get("name", path.stem)),
@@ -122,6 +185,52 @@ def load_template(name_or_path: str) -> PromptTemplate:
     if "{conversation}" not in template.user:
         raise ConfigError(f"{path}: 'user' has no {{conversation}} slot")
     return template
+
+
+def _pass_through(path: Path, raw: bytes, data: dict[str, Any]) -> PromptTemplate:
+    """A pass-through template file: name, kind, labels, and chat_template_kwargs (a table)."""
+    unknown = sorted(set(data) - {"name", "kind", "labels", "chat_template_kwargs"})
+    if unknown:
+        raise ConfigError(
+            f"{path}: {unknown[0]!r} has no place in a pass-through template (it has name, kind, "
+            "labels and chat_template_kwargs: the conversation is sent as it is)"
+        )
+    labels = data.get("labels")
+    if not isinstance(labels, dict) or not all(isinstance(labels.get(k), str) for k in ("high", "low")):
+        raise ConfigError(f"{path}: [labels] needs high and low, the model's own answer tokens")
+    if not labels["high"].strip() or labels["high"].strip().lower() == labels["low"].strip().lower():
+        raise ConfigError(f"{path}: labels.high and labels.low must be two different non-empty tokens")
+    kwargs = data.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ConfigError(
+            f"{path}: chat_template_kwargs must be a table (keys for the model's chat template)"
+        )
+    return PromptTemplate(
+        name=str(data.get("name", path.stem)),
+        system="",
+        user="",
+        labels={"high": labels["high"], "low": labels["low"]},
+        answers={},
+        sha256=hashlib.sha256(raw).hexdigest(),
+        path=path,
+        kind="pass-through",
+        chat_template_kwargs=kwargs,
+    )
+
+
+def check_scoring_method(name_or_path: str, method: str) -> None:
+    """InvalidSetting on `method` when the template cannot be scored by it (a pass-through
+    template by likelihood). A template that does not load is left to where it is loaded."""
+    if method != "likelihood":
+        return
+    try:
+        template = load_template(name_or_path)
+    except ConfigError:
+        return
+    if template.kind == "pass-through":
+        raise InvalidSetting(
+            "method", repr(method), f"template {name_or_path!r} is pass-through and {_NEXT_TOKEN_ONLY}"
+        )
 
 
 def describe_template(name_or_path: str) -> str:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._errors import ConfigError, InvalidSetting
-from ._prompts import DEFAULT_TEMPLATE, load_template
+from ._prompts import DEFAULT_TEMPLATE, check_scoring_method, load_template
 from ._scoring import SCORING_METHODS, ScoringMethod
 
 __all__ = [
@@ -112,6 +112,7 @@ class ExpertSpec:
         for name, kind in (("rate", RateLimit), ("timeout", Timeout), ("retry", RetryPolicy)):
             if not isinstance(getattr(self, name), kind):
                 raise InvalidSetting(name, repr(getattr(self, name)), f"must be a {kind.__name__}")
+        check_scoring_method(self.template, self.method)
 
     def resolved_urls(self) -> tuple[str, ...]:
         """The base URLs in force: the override variable's, if set (checked like any URL)."""
@@ -157,6 +158,29 @@ BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
     for spec in (
         _vllm_entry("gemma-27b", "google/gemma-3-27b-it", 8000),
         _vllm_entry("llama-1b", "meta-llama/Llama-3.2-1B-Instruct", 8001),
+        # Guard models, asked in the format they were trained on (pass-through templates). Their
+        # label tokens carry nearly all of the first token's mass: 10 top logprobs also catch
+        # case and space variants.
+        replace(
+            _vllm_entry("llama-guard-3-1b", "meta-llama/Llama-Guard-3-1B", 8002),
+            template="llama-guard-3",
+            top_logprobs=10,
+        ),
+        replace(
+            _vllm_entry("llama-guard-3-8b", "meta-llama/Llama-Guard-3-8B", 8003),
+            template="llama-guard-3",
+            top_logprobs=10,
+        ),
+        replace(
+            _vllm_entry("shieldgemma-2b", "google/shieldgemma-2b", 8004),
+            template="shieldgemma-dangerous",
+            top_logprobs=10,
+        ),
+        replace(
+            _vllm_entry("granite-guardian-2b", "ibm-granite/granite-guardian-3.1-2b", 8005),
+            template="granite-guardian-harm",
+            top_logprobs=10,
+        ),
         ExpertSpec(
             name="smollm2",
             base_urls=("http://127.0.0.1:8089/v1",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -71,7 +72,13 @@ def build_request(
             "top_logprobs": top_logprobs,
         }
         chars = sum(len(m["content"]) for m in messages)
-        return Request("/chat/completions", (body,), chars // 4 + 1, chars)
+        tokens = chars // 4 + 1
+        if template.chat_template_kwargs is not None:
+            # vLLM's extension: keys the model's own chat template reads (a pass-through
+            # template's), a copy: a body is the template's for no longer than one request.
+            body["chat_template_kwargs"] = copy.deepcopy(template.chat_template_kwargs)
+            tokens += len(json.dumps(template.chat_template_kwargs)) // 4
+        return Request("/chat/completions", (body,), tokens, chars)
     if method == "likelihood":
         prompt = template.completion_prompt(conversation)
         bodies = tuple(

@@ -87,9 +87,11 @@ def test_the_embedded_expert_asks_whether_everything_is_fine() -> None:
     assert template.name == "fine-v1"
     assert template.labels == {"high": "no", "low": "yes"}
     assert template.user.endswith("Is everything fine here? Answer yes or no.")
-    # The same model on vLLM asks the same question; every other entry, a capable model, stakes-v1.
+    # The same model on vLLM asks the same question; every other entry, a capable model, stakes-v1,
+    # or a guard model its own pass-through template.
     assert BUILTIN_EXPERTS["smollm2-vllm"].template == "fine-v1"
-    assert {spec.template for spec in BUILTIN_EXPERTS.values() if spec.model != "smollm2"} == {"stakes-v1"}
+    others = {spec.template for spec in BUILTIN_EXPERTS.values() if spec.model != "smollm2"}
+    assert {t for t in others if load_template(t).kind == "wrapped"} == {"stakes-v1"}
 
 
 def test_template_hash_follows_the_file_bytes(tmp_path: Path) -> None:

@@ -44,7 +44,8 @@ def experts_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_builtin_experts(experts_toml: Path) -> None:
     assert experts_file() == experts_toml
     experts = load_experts()  # the file does not exist: built-ins only
-    assert set(experts) == {"gemma-27b", "llama-1b", "smollm2", "smollm2-vllm"}
+    guards = {"llama-guard-3-1b", "llama-guard-3-8b", "shieldgemma-2b", "granite-guardian-2b"}
+    assert set(experts) == {"gemma-27b", "llama-1b", "smollm2", "smollm2-vllm", *guards}
     assert experts["gemma-27b"].model == "google/gemma-3-27b-it"
     assert experts["llama-1b"].model == "meta-llama/Llama-3.2-1B-Instruct"
     assert experts["smollm2"].model == "smollm2"
@@ -191,7 +192,7 @@ def test_add_expert_round_trip(experts_toml: Path) -> None:
     assert experts["alpha"].base_urls == ("http://127.0.0.1:9009/v1",)
     assert experts["alpha"].rate == RateLimit(concurrency=3)
     assert experts["beta"] == before_beta
-    assert set(experts) == {"gemma-27b", "llama-1b", "smollm2", "smollm2-vllm", "alpha", "beta"}
+    assert set(experts) == {*BUILTIN_EXPERTS, "alpha", "beta"}
 
 
 def test_add_expert_rejects_bad_entries_and_leaves_the_file(experts_toml: Path) -> None:
