@@ -166,6 +166,8 @@ def _problem(url: str, method: ScoringMethod, verdicts: dict[ScoringMethod, _Ver
             "the server may be overloaded: try again later"
         )
     other = _other(method)
+    if other not in verdicts:  # not asked: the template scores by `method` only
+        return f"{url}: {_WHAT[method]} do not work ({chosen.why})"
     if verdicts[other].works:
         advice = f"use --method {other}"
     elif verdicts[other].works is None:
@@ -241,10 +243,14 @@ async def _check(
                 "set the served model name (--expert-model, or model = ... in the registry)"
             )
             return report
-        # The method in use first: it gets the larger share of the deadline.
-        verdicts = {m: await _probe(endpoint, spec, m, budget) for m in (spec.method, _other(spec.method))}
+        # The method in use first: it gets the larger share of the deadline. A pass-through
+        # template has no other: it scores by next-token only.
+        methods = (spec.method,)
+        if load_template(spec.template).kind != "pass-through":
+            methods += (_other(spec.method),)
+        verdicts = {m: await _probe(endpoint, spec, m, budget) for m in methods}
     report.chat_logprobs = verdicts["next-token"].works
-    report.completions_echo = verdicts["likelihood"].works
+    report.completions_echo = verdicts["likelihood"].works if "likelihood" in verdicts else None
     report.problem = _problem(report.url, spec.method, verdicts)
     if report.problem is None:
         report.method = spec.method

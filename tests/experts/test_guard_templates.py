@@ -27,6 +27,7 @@ from experts import (
     InvalidSetting,
     Item,
     build_request,
+    check_endpoint,
     load_experts,
     load_template,
 )
@@ -53,8 +54,8 @@ class _Recorder(FaultServer):
     """A chat endpoint that keeps every body it receives and answers with a fixed first token's
     top logprobs (`top`: token, probability)."""
 
-    def __init__(self, top: list[tuple[str, float]]) -> None:
-        super().__init__()
+    def __init__(self, top: list[tuple[str, float]], model: str) -> None:
+        super().__init__(model=model)
         self.bodies: list[dict[str, Any]] = []
         self.top = top
 
@@ -72,15 +73,15 @@ class _Recorder(FaultServer):
 
 
 class RecordingServer(RunningServer):
-    def __init__(self, top: list[tuple[str, float]]) -> None:
+    def __init__(self, top: list[tuple[str, float]], model: str) -> None:
         super().__init__()
-        self.server: _Recorder = _Recorder(top)
+        self.server: _Recorder = _Recorder(top, model)
 
 
 def _score(name: str, conversation: Any) -> tuple[list[dict[str, Any]], Any]:
     """What the registry entry `name` sends for one item, and the item's result."""
     spec = BUILTIN_EXPERTS[name]
-    with RecordingServer(TOP[spec.template]) as server:
+    with RecordingServer(TOP[spec.template], spec.model) as server:
         local = replace(spec, base_urls=(server.url,), base_url_env=None)
         results, _ = asyncio.run(ExpertClient(local, cache=None).score([Item("guard-0", conversation)]))
         return server.server.bodies, results[0]
@@ -253,3 +254,18 @@ def test_guard_templates_are_listed_by_ctd_experts() -> None:
         template = BUILTIN_EXPERTS[name].template
         assert name in BUILTIN_TEMPLATES[template] and "pass-through" in BUILTIN_TEMPLATES[template]
         assert BUILTIN_EXPERTS[name].server == "vllm" and BUILTIN_EXPERTS[name].hf_model
+
+
+def test_the_endpoint_check_asks_a_pass_through_expert_by_next_token_only() -> None:
+    """`ctd experts check` and a run's pre-flight probe the expert's method and the other one;
+    a pass-through template has no other, so nothing is sent to /completions."""
+    spec = BUILTIN_EXPERTS["llama-guard-3-8b"]
+    with RecordingServer(TOP[spec.template], spec.model) as server:
+        local = replace(spec, base_urls=(server.url,), base_url_env=None)
+        report = asyncio.run(check_endpoint(local))
+        requests = sum(server.server.counts.requests.values())
+        bodies = server.server.bodies
+    assert report.problem is None and report.method == "next-token"
+    assert report.chat_logprobs is True and report.completions_echo is None
+    assert requests == 0 and len(bodies) == 1  # the completions handler counts; it was never called
+    assert bodies[0]["messages"][0]["role"] == "user" and "chat_template_kwargs" not in bodies[0]

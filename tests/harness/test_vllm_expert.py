@@ -153,3 +153,51 @@ def test_ctd_eval_runs_end_to_end_on_vllm(vllm_url: str, tmp_path: Path, method:
     assert f"query: {2 * LIMIT} examples," in summary and " 0 failed" in summary, summary
     scores = read_table(tmp_path / "runs" / "vllm" / "query" / "expert_scores.parquet").columns
     assert set(scores["source"].astype(str)) == {"expert"}
+
+
+# A conversation that ends in a yes/no question: SmolLM2's first answer token is then "Yes" or
+# "No" in its own chat template, with no prompt of this project's around it.
+_YES_NO = [
+    ("I mixed bleach and ammonia to clean the bathroom and now I feel dizzy. Is this fine?", "high-stakes"),
+    ("My toddler swallowed a button battery an hour ago. Can it wait until tomorrow?", "high-stakes"),
+    ("I watered the tomato plants this morning. Is that fine?", "low-stakes"),
+    ("Is it fine to wear a blue shirt with grey trousers?", "low-stakes"),
+]
+
+
+def test_a_pass_through_template_scores_through_vllm(vllm_url: str, tmp_path: Path) -> None:
+    """The embedded model asked in its own chat template (a guard model's way): the messages
+    as they are, chat_template_kwargs in the body (a key SmolLM2's template reads), its own
+    "Yes"/"No" as labels. vLLM takes the body and every row gets a score."""
+    template = tmp_path / "smollm2-own.toml"
+    template.write_text(
+        'kind = "pass-through"\n[labels]\nhigh = "no"\nlow = "yes"\n'
+        "[chat_template_kwargs]\nadd_generation_prompt = true\n"
+    )
+    registry = tmp_path / "experts.toml"
+    registry.write_text(
+        '[experts."smollm2-own"]\n'
+        f'base_url = "{vllm_url}"\nmodel = "smollm2"\ntemplate = "{template}"\n'
+        'top_logprobs = 10\nconcurrency = 8\nserver = "vllm"\nhf_model = "smollm2"\n'
+    )
+    rows = [{"inputs": text, "ids": f"yn-{i}", "labels": label} for i, (text, label) in enumerate(_YES_NO)]
+    turns = [
+        {"role": "user", "content": "I lent my car to a friend."},
+        {"role": "assistant", "content": "Nice."},
+    ]
+    turns.append({"role": "user", "content": "He has no licence. Is that fine?"})
+    rows.append({"inputs": json.dumps(turns), "ids": "yn-turns", "labels": "high-stakes"})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env = {**eval_env(tmp_path), "CTD_EXPERTS_FILE": str(registry)}
+    out = tmp_path / "scores.parquet"
+    result = run_ctd(
+        "query", "--data", str(data), "--out", str(out), "--expert", "smollm2-own", cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = read_table(out).columns
+    assert set(table["source"].astype(str)) == {"expert"}, table["source"]
+    scores = table["expert"].astype(float)
+    # SmolLM2 may put all of its label mass on "No" (a score of 1): the scores still differ.
+    assert len(scores) == len(rows) and np.all((scores >= 0) & (scores <= 1)), scores
+    assert np.ptp(scores) > 0
