@@ -53,19 +53,19 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "built-in smollm2 and smollm2-vllm use it)"
     ),
     "llama-guard-3": (
-        "pass-through: the conversation as it is, in Llama Guard 3's own chat template (its "
-        'hazard categories); P(first token "unsafe") against "safe" (the built-in '
+        "asks Llama Guard 3 in its own chat template (its hazard categories), the conversation "
+        'sent as it is (pass-through): P(first token "unsafe") against "safe" (the built-in '
         "llama-guard-3-1b and llama-guard-3-8b use it)"
     ),
     "shieldgemma-dangerous": (
-        "pass-through: the conversation in ShieldGemma's own chat template with a "
-        'dangerous-content policy as its `guideline`; P("Yes", it violates the policy) against '
-        '"No" (the built-in shieldgemma-2b uses it)'
+        "asks ShieldGemma in its own chat template whether the conversation (sent as it is: "
+        "pass-through) violates a dangerous-content policy, given as its `guideline`: "
+        'P("Yes") against "No" (the built-in shieldgemma-2b uses it)'
     ),
     "granite-guardian-harm": (
-        "pass-through: the conversation in Granite Guardian's own chat template with "
-        'guardian_config risk_name "harm"; P("Yes") against "No" (the built-in '
-        "granite-guardian-2b uses it)"
+        "asks Granite Guardian in its own chat template whether the conversation (sent as it "
+        'is: pass-through) carries the risk "harm", given as guardian_config\'s risk_name: '
+        'P("Yes") against "No" (the built-in granite-guardian-2b uses it)'
     ),
 }
 

@@ -166,7 +166,12 @@ def experts_add(
     why = "given with --template" if template else "the default, as no --template was given"
     about = experts.describe_template(spec.template)
     stdout.print(f"template: {escape(spec.template)} ({why}): {escape(about)}")
-    others = " or ".join(f"--template {n}" for n in experts.BUILTIN_TEMPLATES if n != spec.template)
+    # A guard model's pass-through template fits only its own model: not offered for any other.
+    others = " or ".join(
+        f"--template {n}"
+        for n in experts.BUILTIN_TEMPLATES
+        if n != spec.template and experts.load_template(n).kind == "wrapped"
+    )
     stdout.print(
         f"to ask otherwise: {others}, or --template FILE.toml (`ctd experts add --help` says what each asks)"
     )

@@ -173,6 +173,7 @@ PASS = 'kind = "pass-through"\n[labels]\nhigh = "unsafe"\nlow = "safe"\n'
             'chat_template_kwargs needs kind = "pass-through"',
         ),
     ],
+    ids=["kind", "system", "labels", "same-labels", "kwargs-not-a-table", "kwargs-when-wrapped"],
 )
 def test_a_bad_template_file_is_one_line_naming_it(tmp_path: Path, text: str, problem: str) -> None:
     path = _template(tmp_path, text)
