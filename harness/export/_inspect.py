@@ -281,7 +281,7 @@ def export_inspect(
         raise InputError(INSPECT_MISSING) from None
     say = progress or (lambda _message: None)
     run_dir = Path(run_dir)
-    table = check_finished(run_dir)
+    table = check_finished(run_dir, budgets)
     paths = log_paths(run_dir, out, table.archs)
     for path in paths.values():
         if path.exists() and not force:

@@ -73,10 +73,11 @@ class ArchRecords:
     sweep: Sweep
 
 
-def check_finished(run_dir: Path) -> ScoresTable:
+def check_finished(run_dir: Path, budgets: tuple[float, ...] | None = None) -> ScoresTable:
     """The run's scores table, once the run is known to be finished: a run folder whose run.json
     records no stage running, failed or interrupted, with a scores table and a sweep per probe
-    configuration. One InputError line otherwise, naming the file or the stage."""
+    configuration (with its decisions, and each of `budgets` on its grid). One InputError line
+    otherwise, naming the file, the stage or the option."""
     layout = RunLayout(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
@@ -96,7 +97,7 @@ def check_finished(run_dir: Path) -> ScoresTable:
     if not np.any(table.split == "test"):
         raise InputError(f"{layout.scores}: no test rows to export")
     for arch in table.archs:
-        read_sweep(layout.sweep(arch).root)  # an InputError naming the missing file
+        _on_grid(read_sweep(layout.sweep(arch).root), budgets)  # an InputError naming the file
         if not layout.sweep(arch).decisions.is_file():
             raise InputError(f"{layout.sweep(arch).decisions}: no such file (run `ctd eval` again)")
     return table
