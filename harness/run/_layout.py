@@ -205,7 +205,7 @@ class RunLayout:
 
     def inspect_log(self, arch: str, folder: Path | None = None) -> Path:
         """One probe configuration's inspect_ai log, in inspect/ or in `folder` (an --out folder)."""
-        return (self.inspect if folder is None else folder) / f"{slug(arch)}.eval"
+        return (self.inspect if folder is None else Path(folder)) / f"{slug(arch)}.eval"
 
 
 @dataclass(frozen=True)
