@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from experts import Conversation
 from probes import ActivationStore, StoreKey
@@ -20,9 +21,9 @@ from .._errors import InputError
 from ..data import load_data, read_json, read_table
 from ..run import RunLayout, load_run_config
 
-__all__ = ["ExampleInput", "InputSource", "read_inputs"]
+__all__ = ["ExampleInput", "InputSource", "Inputs", "read_inputs"]
 
-InputSource = str  # "data": the full conversation from the data files; "preview": the kept start
+InputSource = Literal["data", "preview"]  # the conversation from the data files, or the kept start
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ExampleInput:
 
 @dataclass(frozen=True)
 class Inputs:
+    """Every test example's input, and a note for the log when some are not what the run saw."""
+
     by_id: dict[str, ExampleInput]
     note: str | None  # why some inputs are only the kept start, or truncation is unknown
 
@@ -108,7 +111,12 @@ def read_inputs(run_dir: Path, labels: dict[str, int]) -> Inputs:
                 continue  # not in the scores table, or the file changed since the run
             tokens = lengths[n] if lengths is not None else None
             by_id[example.id] = ExampleInput(example.conversation, "data", tokens, max_tokens)
-    for example_id, text in previews.items():
-        if example_id not in by_id:
-            by_id[example_id] = ExampleInput(text, "preview", None, max_tokens)
+    stand_ins = [i for i in labels if i not in by_id]
+    for example_id in stand_ins:
+        by_id[example_id] = ExampleInput(previews.get(example_id, ""), "preview", None, max_tokens)
+    if stand_ins and note is None:
+        note = (
+            f"{len(stand_ins)} of {len(labels)} test examples are no longer in the run's data as it "
+            "scored them; their inputs are the start the run kept"
+        )
     return Inputs(by_id, note)

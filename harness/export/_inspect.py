@@ -25,7 +25,7 @@ import calibrate
 
 from .._errors import InputError
 from ..run import RunLayout
-from ._inputs import ExampleInput, read_inputs
+from ._inputs import ExampleInput, Inputs, read_inputs
 from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def _results(found: ArchRecords, samples: int) -> Any:
     return EvalResults(total_samples=samples, completed_samples=samples, scores=scores)
 
 
-def build_log(run_dir: Path, found: ArchRecords, inputs: Any, progress: Callable[[str], None]) -> EvalLog:
+def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Callable[[str], None]) -> EvalLog:
     """One probe configuration's log."""
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalPlan, EvalSpec, EvalStats
 

@@ -240,6 +240,9 @@ def test_one_log_per_probe_configuration_with_plain_ids(two_archs: Path, tmp_pat
         assert len(set(pairs)) == len(pairs)
         assert all(SAFE_ID.fullmatch(str(i)) and len(str(i)) <= 80 for i, _ in pairs)
         assert set(ODD_IDS.values()) <= {s.metadata["id"] for s in log.samples}
+        # no config.toml to find the data by: the inputs are what the run kept, and the log says so
+        assert {s.metadata["input"] for s in log.samples} == {"preview"}
+        assert "config.toml" in log.eval.metadata["inputs"]
     # the default place: inspect/ in the run folder
     assert export_inspect(two_archs) == [
         RunLayout(two_archs).inspect_log(a) for a in ("attention:2", "linear")
