@@ -32,6 +32,7 @@ ROOMS = (
     "harness.stages",
     "harness.monitor",
     "harness.score",
+    "harness.export",
     "harness._eval",
     "harness.cli",
 )

@@ -2,7 +2,8 @@
 the sweeps, the validation records). It reads; it never reruns a stage.
 
 `build_report` is imported on first use: the report pulls in matplotlib, which no other stage needs.
-`summary_tables` (the summary as the terminal prints it) is imported on first use too (PEP 562).
+`summary_tables` (the summary as the terminal prints it) is imported on first use too (PEP 562),
+and so are the sweep reader (`read_sweep`, `Sweep`) that `ctd export` shares with the report.
 """
 
 from __future__ import annotations
@@ -14,12 +15,22 @@ from pathlib import Path
 from .._lazy import lazy_exports
 from ..run import RunLayout
 
-__all__ = ["SUMMARY_COLUMNS", "SummaryRow", "build_report", "read_warnings", "summary_tables"]
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "SummaryRow",
+    "Sweep",
+    "build_report",
+    "read_sweep",
+    "read_warnings",
+    "summary_tables",
+]
 
 # The names imported on first use and the module that defines each.
 _EXPORTS: dict[str, str] = {
     "SUMMARY_COLUMNS": "._summary_table",
     "SummaryRow": "._summary_table",
+    "Sweep": "._data",
+    "read_sweep": "._data",
     "summary_tables": "._summary_table",
 }
 

@@ -23,6 +23,7 @@ A run folder `runs/NAME/` holds:
     validate/ARCH/         one record per validation job, with its per-trial table
     report/                report.md, numbers.json, examples.parquet, tables/, figures/
     monitor/NAME/          a monitor bundle written by `ctd monitor calibrate` (see `BundleLayout`)
+    inspect/ARCH.eval      an inspect_ai log per probe configuration (`ctd export inspect`)
 """
 
 from __future__ import annotations
@@ -196,6 +197,15 @@ class RunLayout:
 
     def bundle(self, name: str) -> BundleLayout:
         return BundleLayout(self.monitor / name)
+
+    @property
+    def inspect(self) -> Path:
+        """The folder `ctd export inspect` writes the run's inspect_ai logs to by default."""
+        return self.root / "inspect"
+
+    def inspect_log(self, arch: str, folder: Path | None = None) -> Path:
+        """One probe configuration's inspect_ai log, in inspect/ or in `folder` (an --out folder)."""
+        return (self.inspect if folder is None else Path(folder)) / f"{slug(arch)}.eval"
 
 
 @dataclass(frozen=True)

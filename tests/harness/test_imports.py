@@ -23,9 +23,10 @@ from fault_server import RunningServer
 
 # Loaded only by the probe and DV stages (torch, transformers, accelerate) and the report.
 MODEL_STACK = ("torch", "transformers", "accelerate", "matplotlib")
-# Also kept out of a command line that only prints its help: the statistics, the expert engine
-# and Ray (an optional extra, imported by `ctd score --ray` alone).
-HELP_EXTRAS = ("scipy.stats", "scipy.special", "sqlmodel", "aiohttp", "ray")
+# Also kept out of a command line that only prints its help: the statistics, the expert engine,
+# Ray (an optional extra, imported by `ctd score --ray` alone) and inspect_ai (an optional extra,
+# imported by `ctd export inspect` alone, when it writes).
+HELP_EXTRAS = ("scipy.stats", "scipy.special", "sqlmodel", "aiohttp", "ray", "inspect_ai")
 WATCHED = (*MODEL_STACK, *HELP_EXTRAS)
 
 # Prints, at exit (after a command's sys.exit too), the watched modules that were imported.
@@ -91,6 +92,7 @@ def test_the_stage_functions_import_without_the_model_stack(tmp_path: Path) -> N
         ("eval", "--help"),
         ("probe", "--help"),
         ("score", "--help"),
+        ("export", "inspect", "--help"),
         ("experts", "list"),
     ],
     ids=lambda args: " ".join(args),

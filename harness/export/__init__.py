@@ -1,0 +1,23 @@
+"""Exports of a finished run for other tools: `export_inspect` writes it as inspect_ai `.eval`
+logs (one per probe configuration) for inspect's log viewer and dataframe API.
+
+inspect_ai is an optional extra (`pip install -e '.[inspect]'`): it is imported only when a log is
+written, and the names here load on first use (PEP 562), so `ctd --help` pays for none of it.
+"""
+
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+# Every public name and the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "INSPECT_MISSING": "._inspect",
+    "TARGETS": "._inspect",
+    "export_inspect": "._inspect",
+    "log_paths": "._inspect",
+    "sample_id": "._inspect",
+}
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,308 @@
+"""A finished run as inspect_ai `.eval` logs, one per probe configuration, written through
+inspect_ai's own Python API (`write_eval_log`): its maintainers keep the file format free to
+change and the API stable, so nothing here writes the zip itself.
+
+In a log, a sample is a test example and an epoch a probe seed (epoch k is the k-th seed of the
+run, ascending; the seed itself is in the sample's metadata), so the viewer shows the seeds of
+one example side by side. Each sample carries a score for the probe, the expert and every
+policy's cascade at every exported budget (named POLICY@BUDGET, as in the report's
+examples.parquet); the log's results hold the run's headline numbers under the same names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import calibrate
+
+from .._errors import InputError
+from ..run import RunLayout
+from ._inputs import ExampleInput, Inputs, read_inputs
+from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
+
+if TYPE_CHECKING:
+    from inspect_ai.log import EvalLog
+    from inspect_ai.model import ChatMessage
+    from inspect_ai.scorer import Score
+
+__all__ = ["INSPECT_MISSING", "TARGETS", "export_inspect", "log_paths", "sample_id"]
+
+INSPECT_MISSING = "inspect_ai is not installed; install the extra: pip install -e '.[inspect]'"
+TARGETS = {1: "high-stakes", 0: "low-stakes"}  # a label as the data files spell it
+TASK = "ctd"  # the log's task name; the probe configuration follows it
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+
+def sample_id(example_id: str) -> str:
+    """An example id as a sample id: inspect names each sample's file in the zip after it, so an
+    id that is not a plain name (a slash, a space, a leading dot, 80 characters or more) becomes
+    one, with a hash of the original to keep ids apart (the original is in the metadata)."""
+    if _SAFE_ID.fullmatch(example_id):
+        return example_id
+    digest = hashlib.sha256(example_id.encode()).hexdigest()[:10]
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", example_id).lstrip("._-")[:60]
+    return f"{plain}-{digest}" if plain else f"id-{digest}"
+
+
+def log_paths(run_dir: Path, out: Path | None, archs: list[str]) -> dict[str, Path]:
+    """Where each probe configuration's log goes: by default RUN/inspect/ARCH.eval; with --out,
+    `out` itself for a run of one configuration (a name ending in .eval), else `out`/ARCH.eval
+    (a folder) for each. One InputError line when --out does not fit the run."""
+    layout = RunLayout(run_dir)
+    if out is None:
+        return {arch: layout.inspect_log(arch) for arch in archs}
+    suffix = layout.inspect_log(archs[0]).suffix
+    if len(archs) == 1:
+        if out.suffix != suffix:
+            raise InputError(
+                f"--out {out}: a log's name ends in {suffix} (the run has one probe configuration)"
+            )
+        return {archs[0]: out}
+    if out.suffix == suffix:
+        raise InputError(
+            f"--out {out}: the run has {len(archs)} probe configurations ({', '.join(archs)}): "
+            f"name a folder, which gets ARCH{suffix} for each"
+        )
+    return {arch: layout.inspect_log(arch, out) for arch in archs}
+
+
+def _messages(conversation: object) -> str | list[ChatMessage]:
+    """The conversation as inspect messages when it has turns, else its text."""
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser
+
+    if isinstance(conversation, str):
+        return conversation
+    kinds = {"system": ChatMessageSystem, "assistant": ChatMessageAssistant, "tool": ChatMessageTool}
+    out: list[ChatMessage] = []
+    for message in conversation:  # type: ignore[attr-defined]
+        role, content = str(message.get("role", "user")), str(message.get("content", ""))
+        kind = kinds.get(role)
+        if kind is None:  # a role inspect does not know: a user turn that says whose it was
+            out.append(ChatMessageUser(content=content if role == "user" else f"[{role}] {content}"))
+        else:
+            out.append(kind(content=content))
+    return out
+
+
+def _right(score: float, label: int) -> bool:
+    return (score >= calibrate.DECISION_THRESHOLD) == (label == 1)
+
+
+def _fmt(value: float, sign: bool = False) -> str:
+    if math.isnan(value):
+        return "none"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"  # a threshold of inf: never delegate
+    return f"{value:+.3f}" if sign else f"{value:.3f}"
+
+
+def _outcome_score(record: ExampleRecord, outcome: Outcome) -> Score:
+    from inspect_ai.scorer import Score
+
+    policy = calibrate.POLICIES[outcome.policy]
+    if outcome.rank is not None:
+        how = f"rank {outcome.rank} in its batch of {outcome.batch} by {policy.signal} {_fmt(outcome.signal)}"
+        threshold = "no threshold (top-k)"
+    else:
+        how = f"{policy.signal} signal {_fmt(outcome.signal)} against threshold {_fmt(outcome.threshold)}"
+        threshold = f"threshold {_fmt(outcome.threshold)}"
+    verb = "delegated" if outcome.delegated else "retained"
+    return Score(
+        value={"score": outcome.score, "delegated": outcome.delegated, "correct": outcome.correct},
+        answer=TARGETS[int(outcome.score >= calibrate.DECISION_THRESHOLD)],
+        explanation=(
+            f"{verb}: {how}; DV score {_fmt(record.dv, sign=True)}, {threshold}, "
+            f"v {_fmt(record.v, sign=True)}; cascade score {_fmt(outcome.score)}"
+        ),
+        metadata={
+            "threshold": _json_number(outcome.threshold),
+            "signal": outcome.signal,
+            "rank": outcome.rank,
+        },
+    )
+
+
+def _json_number(value: float) -> float | str | None:
+    """A threshold as JSON holds it: inf (never delegate) as the string "inf", NaN (none) as null."""
+    if math.isnan(value):
+        return None
+    return value if math.isfinite(value) else _fmt(value)
+
+
+def _scores(record: ExampleRecord) -> dict[str, Score]:
+    from inspect_ai.scorer import Score
+
+    out = {
+        name: Score(
+            value={"score": value, "correct": _right(value, record.label)},
+            answer=TARGETS[int(value >= calibrate.DECISION_THRESHOLD)],
+            explanation=(
+                f"{name} score {_fmt(value)}; DV score {_fmt(record.dv, sign=True)}, "
+                f"v {_fmt(record.v, sign=True)}"
+            ),
+        )
+        for name, value in (("probe", record.probe), ("expert", record.expert))
+    }
+    for outcome in record.outcomes:
+        out[score_name(outcome.policy, outcome.budget)] = _outcome_score(record, outcome)
+    return out
+
+
+def _sample(record: ExampleRecord, epoch: int, seen: ExampleInput, arch: str) -> Any:
+    from inspect_ai.log import EvalSample
+
+    return EvalSample(
+        id=sample_id(record.id),
+        epoch=epoch,
+        input=_messages(seen.conversation),
+        target=TARGETS[record.label],
+        scores=_scores(record),
+        metadata={
+            "id": record.id,
+            "arch": arch,
+            "seed": record.seed,
+            "group": record.group,
+            "label": record.label,
+            "probe": record.probe,
+            "dv": record.dv,
+            "expert": record.expert,
+            "v": record.v,
+            "half": "evaluation" if record.evaluation else "calibration",
+            "input": seen.source,
+            "tokens": seen.tokens,
+            "max_tokens": seen.max_tokens,
+            "truncated": seen.truncated,
+        },
+    )
+
+
+def _results(found: ArchRecords, samples: int) -> Any:
+    from inspect_ai.log import EvalMetric, EvalResults, EvalScore
+
+    scores = [
+        EvalScore(
+            name=name,
+            scorer=name,
+            metrics={m: EvalMetric(name=m, value=v) for m, v in metrics.items() if math.isfinite(v)},
+        )
+        for name, metrics in found.headline.items()
+    ]
+    return EvalResults(total_samples=samples, completed_samples=samples, scores=scores)
+
+
+def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Callable[[str], None]) -> EvalLog:
+    """One probe configuration's log."""
+    from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalPlan, EvalSpec, EvalStats
+
+    layout = RunLayout(run_dir)
+    seeds = sorted({r.seed for r in found.records})
+    epoch = {seed: k + 1 for k, seed in enumerate(seeds)}
+    samples = []
+    for n, record in enumerate(found.records, 1):
+        samples.append(_sample(record, epoch[record.seed], inputs.get(record.id), found.arch))
+        if n % 500 == 0:
+            progress(f"{found.arch}: {n}/{len(found.records)} samples")
+    ids = sorted({s.id for s in samples})
+    created = datetime.fromtimestamp(layout.run_log.stat().st_mtime if layout.run_log.is_file() else 0, UTC)
+    model = str(_config_value(layout, "model") or "unknown")
+    return EvalLog(
+        status="success",
+        eval=EvalSpec(
+            created=created.isoformat(timespec="seconds"),
+            task=f"{TASK}/{found.arch}",
+            task_display_name=f"{run_dir.name}: {found.arch}",
+            task_args={
+                "budgets": list(found.budgets),
+                "objective": found.objective,
+                "batch_size": found.batch_size,
+            },
+            dataset=EvalDataset(
+                name=run_dir.name, location=str(layout.scores), samples=len(ids), sample_ids=ids
+            ),
+            model=model,
+            config=EvalConfig(epochs=len(seeds)),
+            metadata={
+                "run": str(run_dir),
+                "arch": found.arch,
+                "seeds": seeds,
+                "policies": list(found.policies),
+                "expert": _config_value(layout, "expert"),
+                "inputs": inputs.note,
+                "exported_by": f"ctd-harness {_version()} (ctd export inspect)",
+            },
+        ),
+        plan=EvalPlan(name="ctd cascade"),
+        results=_results(found, len(samples)),
+        stats=EvalStats(started_at=created.isoformat(timespec="seconds")),
+        samples=samples,
+    )
+
+
+def _config_value(layout: RunLayout, key: str) -> object:
+    """One value of the run's config.toml (the monitored model, the expert), None without one."""
+    import tomllib
+
+    try:
+        document = tomllib.loads(layout.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return document.get("run", document).get(key)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ctd-harness")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def export_inspect(
+    run_dir: Path,
+    out: Path | None = None,
+    *,
+    force: bool = False,
+    budgets: tuple[float, ...] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """Write the run's logs (see `log_paths`) and return their paths. Every input is checked and
+    every log built before the first is written; each is written under a temporary name and
+    renamed into place, so an interrupted export leaves no file that looks complete."""
+    try:
+        from inspect_ai.log import write_eval_log
+    except ImportError:
+        raise InputError(INSPECT_MISSING) from None
+    say = progress or (lambda _message: None)
+    run_dir = Path(run_dir)
+    table = check_finished(run_dir, budgets)
+    paths = log_paths(run_dir, out, table.archs)
+    for path in paths.values():
+        if path.exists() and not force:
+            raise InputError(f"--out {path}: already exists (--force replaces it)")
+        if path.exists() and not path.is_file():
+            raise InputError(f"--out {path}: is not a file")
+    test = table.split == "test"
+    labels = {str(i): int(y) for i, y in zip(table.id[test], table.label[test], strict=True)}
+    say("reading the run's inputs")
+    inputs = read_inputs(run_dir, labels)
+    logs = {}
+    for arch in paths:
+        say(f"{arch}: reading the sweep's decisions")
+        logs[arch] = build_log(run_dir, read_arch(run_dir, table, arch, budgets=budgets), inputs, say)
+    for arch, path in paths.items():
+        say(f"{arch}: writing {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+        try:
+            write_eval_log(logs[arch], str(temporary), format="eval")
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+    return list(paths.values())
