@@ -6,6 +6,7 @@ plain requests keep the keys they had before the ladder; an old cache opens and 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from fault_server import FaultPlan, RunningServer, item_score
 from test_experts_engine import db_rows, make_spec
 
-from experts import ExpertClient, ExpertSpec, Item, ScoreCache
+from experts import ExpertClient, ExpertSpec, Item, ScoreCache, import_answers, merge_caches, salvage_cache
 
 # Private: the ladder's rung names and sentence, which the tests check the bodies against.
 from experts._recovery import NAMED_LABELS_SENTENCE, WIDEST_TOP_LOGPROBS
@@ -130,6 +131,41 @@ def test_an_old_cache_opens_and_its_rows_read_as_plain(tmp_path: Path) -> None:
     cache.close()
     assert ScoreCache(path).get_many(["k1"])["k1"].how == "top-k"  # opened again: migrated once
 
+
+def test_an_old_cache_merged_salvaged_or_exported_keeps_its_rows_how(tmp_path: Path) -> None:
+    """The other ways answers enter a cache read an old cache's rows as its migration would."""
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as connection:
+        connection.execute(OLD_SCORES_TABLE)
+        connection.execute(OLD_FAILURES_TABLE)
+        for key, method in (("k1", "next-token"), ("k2", "likelihood")):
+            connection.execute(
+                "INSERT INTO scores VALUES (?, 'e', ?, 'u', 'm', ?, 'sha', 1, 0.25, NULL, '{}', 1, 1, 1.0, "
+                "'2026-11-25 10:00:00.000000')",
+                (key, key, method),
+            )
+    expected = {"k1": "top-k", "k2": "likelihood"}
+    merged = ScoreCache(tmp_path / "merged.db")
+    merge_caches(merged, [old])
+    assert {k: hit.how for k, hit in merged.get_many(["k1", "k2"]).items()} == expected
+    salvage_cache(old, tmp_path / "salvaged.db")
+    assert {
+        k: hit.how for k, hit in ScoreCache(tmp_path / "salvaged.db").get_many(["k1", "k2"]).items()
+    } == expected
+    lines = tmp_path / "old.jsonl"  # an export written before `how`: every field but it
+    with sqlite3.connect(old) as connection:
+        connection.row_factory = sqlite3.Row
+        rows = [dict(row) for row in connection.execute("SELECT * FROM scores")]
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    import_answers(tmp_path / "imported.db", [lines])
+    assert {
+        k: hit.how for k, hit in ScoreCache(tmp_path / "imported.db").get_many(["k1", "k2"]).items()
+    } == expected
+
+
+OLD_FAILURES_TABLE = """CREATE TABLE failures (id INTEGER NOT NULL, "key" VARCHAR NOT NULL,
+    expert VARCHAR NOT NULL, item_id VARCHAR NOT NULL, reason VARCHAR NOT NULL, message VARCHAR NOT NULL,
+    attempts INTEGER NOT NULL, created DATETIME NOT NULL, PRIMARY KEY (id))"""
 
 OLD_SCORES_TABLE = """CREATE TABLE scores (
     "key" VARCHAR NOT NULL, expert VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
