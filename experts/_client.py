@@ -22,7 +22,7 @@ from ._failure import FailureKind
 from ._flights import Flights
 from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
-from ._recovery import Recovered, plain_how, recover
+from ._recovery import Scored, plain_how, recover
 from ._registry import ExpertSpec
 from ._resources import ClientResources
 from ._scoring import Request, Score, build_request, parse_response, total_usage
@@ -354,9 +354,9 @@ class ExpertClient:
                     payload, took = await endpoint.request("POST", request.path, body)
                     payloads.append(payload)
                     seconds += took
-            recovered = await self._scored(payloads, request, held)
-            score, payloads, estimated = recovered.score, recovered.payloads, recovered.estimated_tokens
-            seconds += recovered.seconds
+            scored = await self._scored(payloads, request, held)
+            score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
+            seconds += scored.seconds
         except ExpertError as exc:
             stats.errors_seen[exc.reason] += 1
             if isinstance(exc, HTTPStatusError) and exc.status == 429:
@@ -375,17 +375,17 @@ class ExpertClient:
         stats.completion_tokens += completion_tokens or 0
         stats.scored += 1
         if writer is not None:
-            answer = recovered.answer
+            answer = scored.answer
             response = answer[0] if len(answer) == 1 else answer
             row = self.score_row(
-                pending.key, pending.item.id, response, score, seconds=seconds, usage=usage, how=recovered.how
+                pending.key, pending.item.id, response, score, seconds=seconds, usage=usage, how=scored.how
             )
             await writer.put_score(row)
         return ItemResult(
-            pending.item.id, score.p, score.label_mass, "expert", attempts=attempt, how=recovered.how
+            pending.item.id, score.p, score.label_mass, "expert", attempts=attempt, how=scored.how
         )
 
-    async def _scored(self, payloads: list[Any], request: Request, held: ClientResources) -> Recovered:
+    async def _scored(self, payloads: list[Any], request: Request, held: ClientResources) -> Scored:
         """The score of an attempt's answers; a next-token answer without label mass goes down
         the recovery ladder (`experts._recovery`) before it counts as a failure."""
         try:
@@ -395,7 +395,7 @@ class ExpertClient:
                 raise
             return await recover(exc, payloads, request, self.template, self.spec.server, held)
         how = plain_how(self.spec.method)
-        return Recovered(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
+        return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
 
     def score_row(
         self,

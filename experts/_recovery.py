@@ -36,7 +36,6 @@ rung gave it; plain answers say `top-k`, likelihood answers `likelihood`.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,8 +56,8 @@ __all__ = [
     "HOW_WIDER_TOP_K",
     "RECOVERABLE",
     "WIDEST_TOP_LOGPROBS",
-    "Recovered",
     "Rung",
+    "Scored",
     "choice_rung",
     "ladder",
     "named_labels_rung",
@@ -157,7 +156,7 @@ def ladder(base: Request, template: PromptTemplate, server: str) -> list[Rung]:
 
 
 @dataclass(frozen=True)
-class Recovered:
+class Scored:
     """An attempt's outcome: its score and `how`, every answer it received (`payloads`: the
     plain one and the rungs', for the token accounting), the answer the score comes from
     (`answer`, what the cache stores), the tokens estimated for all its requests (the limiter
@@ -178,7 +177,7 @@ async def recover(
     template: PromptTemplate,
     server: str,
     held: ClientResources,
-) -> Recovered:
+) -> Scored:
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
     the limiter, and return the first that has label mass. A rung the server refuses (an HTTP
     status that no retry changes: 400, 422) is passed over; a retryable error (429, 5xx, a
@@ -192,17 +191,15 @@ async def recover(
     for rung in ladder(base, template, server):
         await held.limiter.admit(rung.request.tokens)
         estimated += rung.request.tokens
-        started = time.perf_counter()
         try:
             async with held.limiter.slot():
-                payload, _ = await held.endpoint.request("POST", rung.request.path, rung.request.body)
+                payload, took = await held.endpoint.request("POST", rung.request.path, rung.request.body)
         except HTTPStatusError as exc:
             if exc.retryable:
                 raise
             said.append(f"{rung.how}: refused (HTTP {exc.status})")
             continue
-        finally:
-            seconds += time.perf_counter() - started
+        seconds += took
         received.append(payload)
         try:
             score = parse_response("next-token", [payload], template, rung.request)
@@ -211,7 +208,7 @@ async def recover(
             continue
         if rung.how == HOW_CHOICE:  # the mass within the choice, not over the vocabulary
             score = Score(score.p, None)
-        return Recovered(score, rung.how, tuple(received), (payload,), estimated, seconds)
+        return Scored(score, rung.how, tuple(received), (payload,), estimated, seconds)
     tried = "; ".join(said) if said else "no rung applies to this request"
     final = ResponseError(f"{failure} (recovery: {tried})", reason=failure.reason)
     final.retryable = False
