@@ -177,7 +177,8 @@ def test_the_choice_rung_keeps_the_models_ratio_and_recovers(vllm_url: str, tmp_
         answer = httpx.post(vllm_url + request.path, json=request.body, timeout=120).json()
         scores.append(parse_response("next-token", [answer], template, request))
     (unconstrained, constrained) = scores
-    assert constrained.p == pytest.approx(unconstrained.p, abs=0.02)
+    # Measured (vLLM 0.32 on CPU): p 0.6791787 both ways; label mass 0.22 plain, 0.88 under the choice.
+    assert constrained.p == pytest.approx(unconstrained.p, abs=1e-3)
     assert constrained.label_mass is not None and unconstrained.label_mass is not None
     assert constrained.label_mass > unconstrained.label_mass
 
