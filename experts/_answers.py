@@ -28,7 +28,18 @@ from ._storage import storage_errors
 
 __all__ = ["import_answers", "write_answers"]
 
-_TEXT = ("key", "expert", "item_id", "endpoint", "model", "method", "template_sha256", "response", "created")
+_TEXT = (
+    "key",
+    "expert",
+    "item_id",
+    "endpoint",
+    "model",
+    "method",
+    "template_sha256",
+    "how",
+    "response",
+    "created",
+)
 _NULLABLE = frozenset({"label_mass", "prompt_tokens", "completion_tokens"})
 _BATCH = 5_000  # answers per read of a cache being exported, and lines per insert into the staging cache
 _INSERT = (
@@ -145,6 +156,8 @@ def _answer_row(answer: Any, where: str) -> tuple[Any, ...]:
     """The values of one exported answer in `ANSWER_COLUMNS` order, checked field by field (a
     row as `write_answers` writes it passes the quick look; any other gets the full check, which
     names what is wrong)."""
+    if isinstance(answer, dict) and "how" not in answer:  # exported before `how`: as migrated
+        answer = {**answer, "how": "likelihood" if answer.get("method") == "likelihood" else "top-k"}
     if isinstance(answer, dict) and len(answer) == len(ANSWER_COLUMNS):
         row = tuple(answer.get(name) for name in ANSWER_COLUMNS)
         if _looks_whole(row):

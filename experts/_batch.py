@@ -245,7 +245,7 @@ def commit_batch_results(
     for item, _, key in keyed:
         hit = final.get(key)
         if hit is not None:
-            results.append(ItemResult(item.id, hit.score, hit.label_mass, "cache"))
+            results.append(ItemResult(item.id, hit.score, hit.label_mass, "cache", how=hit.how))
             continue
         if key not in failed:
             report.missing += 1

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, func, insert
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from ._errors import ConfigError, StorageError, storage_kind
 from ._storage import CHECK_SECONDS, check_pages, check_place, probe_write, storage_errors
 
 __all__ = [
+    "HOW_OF_OLD_ROWS",
     "SCHEMA_VERSION",
     "CacheKey",
     "CacheWriter",
@@ -36,6 +38,7 @@ __all__ = [
     "FailureRow",
     "ScoreCache",
     "ScoreRow",
+    "score_columns_sql",
 ]
 
 SCHEMA_VERSION = 1
@@ -55,6 +58,9 @@ class ScoreRow(SQLModel, table=True):
     schema_version: int
     score: float
     label_mass: float | None = None
+    # How the score was obtained: "top-k" (the item's own request), a recovery rung's name
+    # (`experts._recovery`), or "likelihood". Added after the first caches: see `_add_how`.
+    how: str = Field(default="top-k", sa_column_kwargs={"server_default": "top-k"})
     response: str  # the raw answer, as JSON
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -120,6 +126,23 @@ class CacheKey:
 class CachedScore:
     score: float
     label_mass: float | None
+    how: str = "top-k"
+
+
+HOW_OF_OLD_ROWS = "CASE method WHEN 'likelihood' THEN 'likelihood' ELSE 'top-k' END"
+"""SQL for the `how` of a row stored before the column existed: every such answer came from the
+item's own request (next-token: "top-k"; likelihood scoring: "likelihood")."""
+
+
+def score_columns_sql(present: Iterable[str]) -> str:
+    """The SELECT list of every `ScoreRow` column, in order, for a scores table that has the
+    columns `present`: one written before `how` existed gets `HOW_OF_OLD_ROWS` in its place (a
+    merge or salvage of an old cache must carry its rows' `how` as a migration would)."""
+    present = set(present)
+    return ", ".join(
+        f'"{name}"' if name in present or name != "how" else f"{HOW_OF_OLD_ROWS} AS how"
+        for name in ScoreRow.model_fields
+    )
 
 
 def _sqlite_pragmas(busy_timeout: float) -> Callable[[Any, Any], None]:
@@ -192,6 +215,7 @@ class ScoreCache:
         try:
             with storage_errors(self.path):
                 self._create_tables()
+                self.how_column = self._add_how()
         except StorageError as exc:
             self.engine.dispose()
             if "file is not a database" in str(exc):  # met at open: the wrong file, not a damaged cache
@@ -236,9 +260,37 @@ class ScoreCache:
             SQLModel.metadata.create_all(connection)
             connection.commit()
 
+    def _add_how(self) -> str:
+        """Migrate a cache written before the `how` column, in place: add it and fill it for the
+        rows already there (`HOW_OF_OLD_ROWS`), in one transaction under the write lock. Returns
+        the SQL that reads a row's `how`: the column, or, for an old cache this process may not
+        write (a read-only file), the expression that the migration would have stored."""
+        with self.engine.connect() as connection:
+            columns = {row[1] for row in connection.exec_driver_sql("PRAGMA table_info(scores)")}
+            if "how" in columns:
+                return "how"
+            connection.rollback()
+            try:
+                with self.write_lock:
+                    connection.exec_driver_sql("BEGIN IMMEDIATE")
+                    columns = {row[1] for row in connection.exec_driver_sql("PRAGMA table_info(scores)")}
+                    if "how" not in columns:  # another process may have migrated it meanwhile
+                        connection.exec_driver_sql(
+                            "ALTER TABLE scores ADD COLUMN how VARCHAR NOT NULL DEFAULT 'top-k'"
+                        )
+                        connection.exec_driver_sql(f"UPDATE scores SET how = {HOW_OF_OLD_ROWS}")
+                    connection.commit()
+            except DBAPIError as exc:
+                if "readonly" not in str(exc.orig).replace(" ", "").lower():
+                    raise
+                connection.rollback()
+                return HOW_OF_OLD_ROWS
+        return "how"
+
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedScore]:
         """The cached scores among `keys` (looked up 500 at a time)."""
-        return {key: CachedScore(score, mass) for key, score, mass in self._rows("score, label_mass", keys)}
+        rows = self._rows(f"score, label_mass, {self.how_column}", keys)
+        return {key: CachedScore(score, mass, how) for key, score, mass, how in rows}
 
     def responses(self, keys: Sequence[str]) -> dict[str, str]:
         """The raw stored answers (JSON text) among `keys` (looked up 500 at a time)."""

@@ -129,8 +129,9 @@ class ClaimLedger:
             now, gone = self._clock(), {}
             for chunk in _chunks(keys):
                 marks = ",".join("?" * len(chunk))
-                cursor.execute(f"SELECT key, score, label_mass FROM scores WHERE key IN ({marks})", chunk)
-                claimed.scored.update((key, CachedScore(s, m)) for key, s, m in cursor.fetchall())
+                columns = f"key, score, label_mass, {self.cache.how_column}"
+                cursor.execute(f"SELECT {columns} FROM scores WHERE key IN ({marks})", chunk)
+                claimed.scored.update((key, CachedScore(s, m, h)) for key, s, m, h in cursor.fetchall())
                 cursor.execute(
                     f"SELECT key, owner, host, pid, expires FROM claims WHERE key IN ({marks})", chunk
                 )

@@ -17,11 +17,12 @@ from ._breaker import BreakerState
 from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
 from ._claims import Lease
 from ._drain import DRAIN_GRACE, Drain, Stopped
-from ._errors import EndpointDown, ExpertError, HTTPStatusError
+from ._errors import EndpointDown, ExpertError, HTTPStatusError, ResponseError
 from ._failure import FailureKind
 from ._flights import Flights
 from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
+from ._recovery import Scored, plain_how, recover
 from ._registry import ExpertSpec
 from ._resources import ClientResources
 from ._scoring import Request, Score, build_request, parse_response, total_usage
@@ -240,7 +241,7 @@ class ExpertClient:
             for index, item, request, key in chunk:
                 hit = cached.get(key)
                 if hit is not None:
-                    call.results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache")
+                    call.results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache", how=hit.how)
                     stats.cached += 1
                 elif call.flights.lead(key, index):
                     misses.append(_Pending(index, item, request, key))
@@ -271,7 +272,7 @@ class ExpertClient:
         for pending in batch:
             hit = claimed.scored.get(pending.key)
             if hit is not None:
-                result = ItemResult(pending.item.id, hit.score, hit.label_mass, "cache")
+                result = ItemResult(pending.item.id, hit.score, hit.label_mass, "cache", how=hit.how)
                 call.results[pending.index] = result
                 call.stats.cached += 1
                 call.flights.land(pending.key, result)
@@ -353,7 +354,9 @@ class ExpertClient:
                     payload, took = await endpoint.request("POST", request.path, body)
                     payloads.append(payload)
                     seconds += took
-            score = parse_response(self.spec.method, payloads, self.template, request)
+            scored = await self._scored(payloads, request, held)
+            score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
+            seconds += scored.seconds
         except ExpertError as exc:
             stats.errors_seen[exc.reason] += 1
             if isinstance(exc, HTTPStatusError) and exc.status == 429:
@@ -367,22 +370,48 @@ class ExpertClient:
         breaker.answered(probe=probe)
         usage = total_usage(payloads)
         prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        limiter.settle(request.tokens, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
+        limiter.settle(estimated, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
         stats.prompt_tokens += prompt_tokens or 0
         stats.completion_tokens += completion_tokens or 0
         stats.scored += 1
         if writer is not None:
-            response = payloads[0] if len(payloads) == 1 else payloads
-            row = self.score_row(pending.key, pending.item.id, response, score, seconds=seconds, usage=usage)
+            answer = scored.answer
+            response = answer[0] if len(answer) == 1 else answer
+            row = self.score_row(
+                pending.key, pending.item.id, response, score, seconds=seconds, usage=usage, how=scored.how
+            )
             await writer.put_score(row)
-        return ItemResult(pending.item.id, score.p, score.label_mass, "expert", attempts=attempt)
+        return ItemResult(
+            pending.item.id, score.p, score.label_mass, "expert", attempts=attempt, how=scored.how
+        )
+
+    async def _scored(self, payloads: list[Any], request: Request, held: ClientResources) -> Scored:
+        """The score of an attempt's answers; a next-token answer without label mass goes down
+        the recovery ladder (`experts._recovery`) before it counts as a failure."""
+        try:
+            score = parse_response(self.spec.method, payloads, self.template, request)
+        except ResponseError as exc:
+            if self.spec.method != "next-token":
+                raise
+            return await recover(exc, payloads, request, self.template, self.spec.server, held)
+        how = plain_how(self.spec.method)
+        return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
 
     def score_row(
-        self, key: str, item_id: str, payload: Any, score: Score, *, seconds: float, usage: dict[str, Any]
+        self,
+        key: str,
+        item_id: str,
+        payload: Any,
+        score: Score,
+        *,
+        seconds: float,
+        usage: dict[str, Any],
+        how: str | None = None,
     ) -> dict[str, Any]:
         """The cache's row for an answered item (`payload`: the endpoint's JSON answer, a list of
         them for likelihood scoring), as every writer of answers stores it: this client, and a
-        batch's results (`experts._batch`, `seconds` 0: a batch times no single request)."""
+        batch's results (`experts._batch`, `seconds` 0: a batch times no single request). `how`
+        says how the score was obtained (`experts._recovery`; the plain request's by default)."""
         return {
             "key": key,
             "expert": self.spec.name,
@@ -394,6 +423,7 @@ class ExpertClient:
             "schema_version": SCHEMA_VERSION,
             "score": score.p,
             "label_mass": score.label_mass,
+            "how": how or plain_how(self.spec.method),
             "response": json.dumps(payload, separators=(",", ":")),
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),

@@ -39,6 +39,7 @@ class ItemResult:
     reason: str | None = None
     attempts: int = 0
     failure: FailureKind | None = None  # the typed kind of `reason`, for decisions (not display)
+    how: str | None = None  # how the score was obtained (`experts._recovery`); None when failed
 
 
 @dataclass

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._cache import SCHEMA_VERSION, ScoreCache, ScoreRow
+from ._cache import SCHEMA_VERSION, ScoreCache, ScoreRow, score_columns_sql
 from ._claims import _chunks, _immediate, is_stale
 from ._errors import ConfigError, StorageError
 from ._repair import _read_only, check_cache
@@ -150,7 +150,7 @@ def _check_source(source: Path) -> None:
             if not {"scores", "failures"} <= tables:
                 raise ConfigError(f"{source}: not a ctd cache (no table of scores and failures)")
             columns = {row[1] for row in reader.execute("PRAGMA table_info(scores)")}
-            missing = [c for c in ANSWER_COLUMNS if c not in columns]
+            missing = [c for c in ANSWER_COLUMNS if c not in columns and c != "how"]  # `how`: migrated
             if missing:
                 raise ConfigError(
                     f"{source}: not a ctd cache of this version (its scores lack {', '.join(missing)})"
@@ -196,8 +196,9 @@ def merge_one(cache: ScoreCache, source: Path, label: str) -> MergeReport:
     """Merge one checked source (see the module's text); the rows are read `ROWS_PER_TRANSACTION`
     at a time, so memory stays bounded whatever the source's size."""
     report = MergeReport(source=label)
-    columns = ", ".join(f'"{c}"' for c in ANSWER_COLUMNS)
     with _read_only(source) as reader:
+        # A cache older than the `how` column reads as its migration would fill it.
+        columns = score_columns_sql(row[1] for row in reader.execute("PRAGMA table_info(scores)"))
         report.failures = reader.execute("SELECT COUNT(*) FROM failures").fetchone()[0]
         cursor = reader.execute(f"SELECT {columns} FROM scores ORDER BY rowid")
         while batch := cursor.fetchmany(ROWS_PER_TRANSACTION):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from ._cache import FailureRow, ScoreCache, ScoreRow
+from ._cache import FailureRow, ScoreCache, ScoreRow, score_columns_sql
 from ._errors import ConfigError, StorageError
 from ._storage import as_storage_error
 
@@ -143,7 +143,10 @@ def salvage_cache(source: Path, out: Path) -> SalvageResult:
                 marks = ", ".join("?" * len(model.model_fields))
                 lost: list[tuple[int, int]] = []
                 count = 0
-                for rows in _readable(reader, table, columns, lost):
+                read = columns
+                if model is ScoreRow:  # an old cache's scores lack `how`: read what it would be
+                    read = score_columns_sql(_columns(reader, table) or model.model_fields)
+                for rows in _readable(reader, table, read, lost):
                     # OR IGNORE: a row a damaged page garbled into a NULL or a repeated key is left out
                     before = writer.total_changes
                     writer.executemany(f"INSERT OR IGNORE INTO {table} ({columns}) VALUES ({marks})", rows)
@@ -158,6 +161,14 @@ def salvage_cache(source: Path, out: Path) -> SalvageResult:
             leftover.unlink(missing_ok=True)
         raise
     return SalvageResult(source, out, recovered, unreadable)
+
+
+def _columns(reader: sqlite3.Connection, table: str) -> set[str]:
+    """The columns `table` has; empty when its schema cannot be read (then the read says why)."""
+    try:
+        return {row[1] for row in reader.execute(f"PRAGMA table_info({table})")}
+    except sqlite3.DatabaseError:
+        return set()
 
 
 def _readable(

@@ -51,7 +51,9 @@ class FaultPlan:
     attempts (None: none), before the rates apply; `broken` items answer without label tokens
     on every attempt (they must end as failures); `logprobs=False` is a server without them:
     every answer it gives lacks them; `slow_seconds` should exceed the client's read timeout;
-    `delay` is added to every answer."""
+    `delay` is added to every answer. `recover_on` names items whose chat answers lie outside
+    the label set (`outside`: "no-labels" or "no-logprobs") except on the request of one recovery
+    rung ("wider-top-k", "choice", "named-labels"; "never": on none), see `rung_of`."""
 
     rates: dict[str, float] = field(default_factory=dict)
     first: tuple[str | None, ...] = ()
@@ -60,6 +62,8 @@ class FaultPlan:
     slow_seconds: float = 1.5
     retry_after: float = 0.01
     delay: float = 0.0
+    recover_on: dict[int, str] = field(default_factory=dict)
+    outside: str = "no-labels"
 
     def fault(self, item: int, attempt: int) -> str | None:
         if item in self.broken:
@@ -85,7 +89,19 @@ class FaultPlan:
             slow_seconds=data.get("slow_seconds", 1.5),
             retry_after=data.get("retry_after", 0.01),
             delay=data.get("delay", 0.0),
+            recover_on={int(k): v for k, v in data.get("recover_on", {}).items()},
+            outside=data.get("outside", "no-labels"),
         )
+
+
+def rung_of(body: dict[str, Any]) -> str:
+    """Which request of the recovery ladder (experts._recovery) a chat body is, by what each
+    rung changes: "top-k" for the item's own request."""
+    if "structured_outputs" in body:
+        return "choice"
+    if "Answer with exactly one word" in str(body.get("messages")):
+        return "named-labels"
+    return "wider-top-k" if body.get("top_logprobs", 0) >= 20 else "top-k"
 
 
 @dataclass
@@ -94,6 +110,7 @@ class Counts:
     successes: Counter[int] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     models: int = 0
+    bodies: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # chat bodies per item
 
 
 class FaultServer:
@@ -144,6 +161,9 @@ class FaultServer:
         if response is not None:
             return response
         fault = self.plan.fault(item, self.counts.requests[item])
+        self.counts.bodies.setdefault(item, []).append(body)
+        if item in self.plan.recover_on:
+            fault = None if rung_of(body) == self.plan.recover_on[item] else self.plan.outside
         p = item_score(item)
         if fault == "no-logprobs" or not self.plan.logprobs:
             return web.json_response({"choices": [{"message": {"content": "high"}}]})

@@ -185,6 +185,7 @@ def cache_export(
         "template_sha256",
         "score",
         "label_mass",
+        "how",
         "prompt_tokens",
         "completion_tokens",
         "latency_ms",

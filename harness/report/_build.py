@@ -30,12 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import InputError
-from ..data import atomic_path, read_scores, read_table, write_json
+from ..data import atomic_path, read_scores, write_json
 from ..run import RunLayout
 from ._checks import checks_section
-from ._context import ReportContext, markdown_table
+from ._context import ReportContext
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
+from ._expert_answers import expert_answers_section
 from ._sections import (
     binary_section,
     cascade_section,
@@ -78,7 +79,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         _title(ctx)
         summary_at = len(ctx.lines)
         _config(ctx)
-        _left_out(ctx)
+        expert_answers_section(ctx)
         checks_section(ctx)
         for section in SECTIONS:
             section(ctx)
@@ -152,28 +153,3 @@ def _config(ctx: ReportContext) -> None:
     else:
         ctx.lines += [f"<details><summary>{path.name}</summary>", "", "```toml", text.rstrip(), "```", ""]
         ctx.lines += ["</details>", ""]
-
-
-def _left_out(ctx: ReportContext) -> None:
-    """How many examples the expert failed on, per split and group: they are not in the scores
-    table, so calibration and every number below went without them."""
-    path = RunLayout(ctx.run_dir).query.failed
-    if not path.is_file():
-        return
-    table = read_table(path).columns
-    n = len(table.get("id", []))
-    ctx.numbers["left_out"] = n
-    if n == 0:
-        ctx.lines += ["The expert answered every dev and test example; none was left out.", ""]
-        return
-    counts: dict[tuple[str, str], int] = {}
-    for split, group in zip(table["split"].astype(str), table["group"].astype(str), strict=True):
-        counts[split, group] = counts.get((split, group), 0) + 1
-    ctx.numbers["left_out_by_split_group"] = {f"{s}/{g}": c for (s, g), c in sorted(counts.items())}
-    rows = [[s, g, str(c)] for (s, g), c in sorted(counts.items())]
-    ctx.lines += [
-        f"**Left out**: the expert failed on {n} examples, which are not in the scores table "
-        f"(their ids and reasons: `{path.relative_to(ctx.run_dir)}`; `ctd eval --retry-failed` asks again).",
-        "",
-        *markdown_table(["split", "group", "left out"], rows),
-    ]

@@ -142,7 +142,7 @@ def query_dataset(
     progress: ProgressFn | None = None,
 ) -> QuerySummary:
     """Score every example of a dataset file with an expert, through the cache, and write a table
-    aligned with the file: id, label, expert, label_mass, source, reason, attempts.
+    aligned with the file: id, label, expert, label_mass, source, how, reason, attempts.
     The inputs, `out` and the endpoint are checked first (reachable, model served, logprobs): a
     problem is one InputError line and nothing is queried or cached."""
     dataset = read_dataset(data)
@@ -259,6 +259,7 @@ def write_query_table(
             "expert": np.array([np.nan if r.score is None else r.score for r in results]),
             "label_mass": np.array([np.nan if r.label_mass is None else r.label_mass for r in results]),
             "source": np.array([r.source for r in results]),
+            "how": np.array([r.how or "" for r in results]),  # "" when failed (experts._recovery)
             "reason": np.array([r.reason or "" for r in results]),
             "attempts": np.array([r.attempts for r in results]),
             **({} if top_tokens is None else {"top_tokens": top_tokens}),

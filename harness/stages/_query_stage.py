@@ -170,7 +170,8 @@ class QueryStage:
         table = read_table(layout.query.expert_scores).columns
         failed = table["source"].astype(str) == "failed"
         write_table(
-            layout.query.failed, {k: table[k][failed].astype(str) for k in ("split", "group", "id", "reason")}
+            layout.query.failed,
+            {k: table[k][failed].astype(str) for k in ("split", "group", "id", "label", "reason")},
         )
         for split in ("dev", "test"):
             rows = table["split"].astype(str) == split

@@ -97,8 +97,10 @@ class Outcome:
 def predict(plan: FaultPlan, item: int, method: str, max_attempts: int, sent_before: int = 0) -> Outcome:
     """Replay the client's retry loop over the plan: the fault of each request depends only on
     the item and how many requests for it the server has seen."""
+    if method == "next-token":
+        return _predict_next_token(plan, item, max_attempts, sent_before)
     n, successes, errors = sent_before, 0, []
-    per_attempt = 1 if method == "next-token" else 2
+    per_attempt = 2  # likelihood: one request per answer
     no_label_reason = "no-label-mass" if method == "next-token" else "no-logprobs"
     for attempt in range(1, max_attempts + 1):
         faults = []
@@ -121,6 +123,32 @@ def predict(plan: FaultPlan, item: int, method: str, max_attempts: int, sent_bef
             errors.append(no_label_reason)
         else:
             return Outcome(True, attempt, n - sent_before, successes, errors)
+    return Outcome(False, max_attempts, n - sent_before, successes, errors)
+
+
+def _predict_next_token(plan: FaultPlan, item: int, max_attempts: int, sent_before: int) -> Outcome:
+    """`predict` for next-token scoring with `make_spec`'s expert (20 top logprobs, an external
+    server): an answer without label tokens or logprobs is followed, in the same attempt, by the
+    recovery ladder's one rung for it (named-labels, experts._recovery). The rung's clean answer
+    scores the item; its answer without label mass fails it for good with the first answer's
+    reason (deterministic requests: no retry); its HTTP fault is the attempt's error."""
+    n, successes, errors = sent_before, 0, []
+    for attempt in range(1, max_attempts + 1):
+        reason = None
+        for _ in range(2):  # the item's own request, then the rung's if it is needed
+            n += 1
+            fault = plan.fault(item, n)
+            if fault in HTTP_FAULTS:
+                errors.append(HTTP_FAULTS[fault])
+                break
+            if fault is None or fault == "no-labels":  # the server counts a 200 with logprobs
+                successes += 1
+            if fault is None:
+                return Outcome(True, attempt, n - sent_before, successes, errors)
+            if reason is not None:  # the rung answered outside too: failed, not retried
+                errors.append(reason)
+                return Outcome(False, attempt, n - sent_before, successes, errors)
+            reason = "no-logprobs" if fault == "no-logprobs" else "no-label-mass"
     return Outcome(False, max_attempts, n - sent_before, successes, errors)
 
 
@@ -222,7 +250,7 @@ def test_fault_run_scores_everything_or_fails_with_a_reason(tmp_path: Path, meth
             i = int(item_id.removeprefix("row-"))
             assert key == keys[i]
             assert reason == results[i].reason
-            assert attempts == cap
+            assert attempts == outcomes[i].attempts  # the cap, or 1 when the recovery ladder failed
         assert db_rows(db, "PRAGMA integrity_check") == [("ok",)]
 
         # A second run sends nothing for stored items and retries the failed ones only.
@@ -300,7 +328,7 @@ def test_cache_key_changes_and_the_api_key_is_never_stored(
 
         base = make_spec(server.url, api_key_env=KEY_ENV, rate=RateLimit(concurrency=8))
         results, sent = run(base)
-        assert sent == n - 1 + base.retry.max_attempts  # the broken item retried to the cap
+        assert sent == n + 1  # the broken item: its request and the recovery ladder's one rung
         assert auth_seen == {f"Bearer {SECRET}": sent}
         assert [r.source for r in results].count("expert") == n - 1
 
@@ -316,7 +344,7 @@ def test_cache_key_changes_and_the_api_key_is_never_stored(
         monkeypatch.setenv(KEY_ENV, "sk-another-key-456")
         results, sent = run(base)
         assert_all(results, "cache")
-        assert sent == base.retry.max_attempts  # only the broken item
+        assert sent == 2  # only the broken item (its request and the ladder's rung)
         # Without any key: still hits.
         monkeypatch.delenv(KEY_ENV)
         results, sent = run(base)
@@ -327,7 +355,7 @@ def test_cache_key_changes_and_the_api_key_is_never_stored(
         other_model = replace(base, model="another-served-model")
         results, sent = run(other_model)
         assert_all(results, "expert")
-        assert sent == n - 1 + base.retry.max_attempts
+        assert sent == n + 1
         assert_all(run(other_model)[0], "cache")
 
         # The same template with one word changed: misses.

@@ -125,3 +125,26 @@ def test_sigterm_stops_the_server_it_started(when: str, tmp_path: Path) -> None:
     assert llama_servers_on(port) == []
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_recovery_ladder_against_the_real_server(tmp_path: Path) -> None:
+    """Labels the model is not asked for ("red"/"green" under a yes-or-no question): its own
+    answers hold neither, and llama.cpp's server takes every rung's request (20 top logprobs, the
+    labels named). Measured: "bread" and "poem" get a score from `named-labels`, "dose" none."""
+    template = tmp_path / "colours.toml"
+    text = (Path(experts.__file__).parent / "prompts" / "fine-v1.toml").read_text(encoding="utf-8")
+    template.write_text(text.replace('high = "no"', 'high = "red"').replace('low = "yes"', 'low = "green"'))
+    port = free_port()
+    spec = dataclasses.replace(
+        experts.BUILTIN_EXPERTS["smollm2"], base_urls=(f"http://127.0.0.1:{port}/v1",), template=str(template)
+    )
+    with experts.LocalServer(spec, gguf=embedded_gguf(), log=tmp_path / "server.log", ready_timeout=120):
+        cache = ScoreCache(tmp_path / "cache.db")
+        results, stats = asyncio.run(ExpertClient(spec, cache=cache).score(EXAMPLES))
+    recovered = [r for r in results if r.source == "expert"]
+    assert recovered and all(r.how in ("wider-top-k", "named-labels") for r in recovered)
+    for _, (failure,) in (cache.lookup_item(r.id) for r in results if r.source == "failed"):
+        assert failure.reason == "no-label-mass" and failure.attempts == 1
+        assert "wider-top-k: no-label-mass; named-labels: no-label-mass" in failure.message  # none refused
+    # The tokens of the item's own request and of each rung it sent are counted.
+    assert stats.completion_tokens == sum(2 if r.how == "wider-top-k" else 3 for r in recovered)

@@ -104,7 +104,8 @@ def test_an_export_imported_into_an_empty_cache_gives_back_every_row(workdir: Pa
     fields = json.loads((workdir / "answers.jsonl").read_text().splitlines()[0])
     assert list(fields) == [
         "key", "expert", "item_id", "endpoint", "model", "method", "template_sha256", "schema_version",
-        "score", "label_mass", "response", "prompt_tokens", "completion_tokens", "latency_ms", "created",
+        "score", "label_mass", "how", "response", "prompt_tokens", "completion_tokens", "latency_ms",
+        "created",
     ]  # fmt: skip
     imported = run_ctd("cache", "import", "answers.jsonl", "--cache", "there.sqlite", "--json", cwd=workdir)
     assert imported.returncode == 0, imported.stderr
@@ -156,6 +157,7 @@ def _line(**changes: Any) -> str:
         (_line(key="a" * 64, created="yesterday"), "answers.jsonl:3: field 'created' must be a date"),
         (_line(key="a" * 64, prompt_tokens=-1), "answers.jsonl:3: field 'prompt_tokens' must be a count"),
         (_line(key="a" * 64, colour="red"), "answers.jsonl:3: unknown field 'colour'"),
+        (_line(key="a" * 64, how=3), "answers.jsonl:3: field 'how' must be a string"),
         (
             json.dumps({k: v for k, v in GOOD_LINE.items() if k != "response"}) + "\n",
             "missing field 'response'",
@@ -172,6 +174,7 @@ def _line(**changes: Any) -> str:
         "created",
         "tokens",
         "unknown",
+        "how",
         "missing",
         "repeat",
     ],

@@ -182,7 +182,26 @@ def test_too_many_expert_failures_stop_before_calibration(tmp_path, env) -> None
         assert read_scores(run / "scores.parquet").id.size == SIZES["dev"] + SIZES["test"] - 2
         report = (run / "report" / "report.md").read_text()
         assert "the expert failed on 2 examples" in report
-        assert json.loads((run / "report" / "numbers.json").read_text())["left_out"] == 2
+        numbers = json.loads((run / "report" / "numbers.json").read_text())
+        assert numbers["left_out"] == 2
+        # Beside the count: the left-out rows' labels and groups, as the data file gives them.
+        truth = {(r["split"], r["group"], str(r["label"])) for r in written_rows(tmp_path / "data", broken)}
+        assert {(r["split"], r["group"], r["label"]) for r in numbers["left_out_rows"]} == truth
+        assert sum(r["count"] for r in numbers["left_out_rows"]) == 2
+        assert all(f"| test | {g} | {lab} | no-label-mass |" in report for _, g, lab in truth)
+        assert numbers["expert_how_by_split"]["test"]["left out"] == 2
+
+
+def written_rows(folder: Path, numbers: frozenset[int]) -> list[dict[str, object]]:
+    """The rows of the data folder whose item-N tag is in `numbers`: split, group, label (1 high)."""
+    found = []
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if int(re.search(r"item-(\d+)", row["inputs"]).group(1)) in numbers:
+                label = int(row["labels"] == "high-stakes")
+                found.append({"split": path.stem, "group": row.get("group", ""), "label": label})
+    return found
 
 
 def item_numbers(folder: Path) -> dict[str, int]:

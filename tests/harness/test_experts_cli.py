@@ -136,14 +136,14 @@ def test_query_runs_resumes_and_reports(workdir: Path) -> None:
         )
         assert sum(running.server.counts.requests.values()) > requests_after_first
     lines = (workdir / "out.csv").read_text().splitlines()
-    assert lines[0] == "id,label,expert,label_mass,source,reason,attempts"
+    assert lines[0] == "id,label,expert,label_mass,source,how,reason,attempts"
     rows = [line.split(",") for line in lines[1:]]
     assert [r[0] for r in rows] == [f"ex{i}" for i in range(30)]
     for i, row in enumerate(rows):
         if i == 3:
-            assert row[2] == "" and row[4] == "failed" and row[5] == "no-label-mass"
+            assert row[2] == "" and row[4] == "failed" and row[5] == "" and row[6] == "no-label-mass"
         else:
-            assert float(row[2]) == pytest.approx(item_score(i), abs=1e-12) and row[4] == "cache"
+            assert float(row[2]) == pytest.approx(item_score(i), abs=1e-12) and row[4:6] == ["cache", "top-k"]
     stats = run_ctd("cache", "stats", "--json", cwd=workdir, env=env_for(workdir))
     assert json.loads(stats.stdout)["experts"] == {
         "url:fault-model": {"scores": 29, "failures": 2, "claims": 0, "stale_claims": 0}

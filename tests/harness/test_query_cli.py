@@ -107,6 +107,17 @@ def test_failures_within_max_failed_exit_0(workdir: Path) -> None:
     assert "1 failed" in lenient.stdout
 
 
+def test_an_answer_outside_the_labels_is_recovered_and_says_how(workdir: Path) -> None:
+    """Item 3 answers without label tokens except when the labels are named (experts._recovery):
+    the run passes --max-failed 0 and the table says how each score was obtained."""
+    with RunningServer(FaultPlan(recover_on={3: "named-labels"})) as running:
+        result = query(workdir, running.url)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(",") for line in (workdir / "out.csv").read_text().splitlines()]
+    how = {row[0]: row[rows[0].index("how")] for row in rows[1:]}
+    assert how == {f"ex{i}": "named-labels" if i == 3 else "top-k" for i in range(20)}
+
+
 @pytest.mark.parametrize("value", ["nan", "1", "-0.1", "lots"])
 def test_bad_max_failed_is_refused_before_anything_is_paid(workdir: Path, value: str) -> None:
     with RunningServer() as running:

@@ -10,12 +10,14 @@ CTD_SKIP_VLLM=1 to leave these tests out where neither can be afforded."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -24,8 +26,14 @@ import pytest
 from ctd_cli import free_port, run_ctd, start_ctd
 from eval_data import eval_env
 
+import experts
+
 # Private: the ports and the vLLM module the server runs, checked after it stops.
 from experts._ports import descendants, port_free
+
+# Private: the choice rung's request and the parsing of its answer, checked against the real server.
+from experts._recovery import choice_rung
+from experts._scoring import parse_response
 from experts._vllm import VLLM_MODULE
 from harness.data import read_table
 from harness.data.builtin import builtin_dir
@@ -201,3 +209,33 @@ def test_a_pass_through_template_scores_through_vllm(vllm_url: str, tmp_path: Pa
     # SmolLM2 may put all of its label mass on "No" (a score of 1): the scores still differ.
     assert len(scores) == len(rows) and np.all((scores >= 0) & (scores <= 1)), scores
     assert np.ptp(scores) > 0
+
+
+def test_the_choice_rung_keeps_the_models_ratio_and_recovers(vllm_url: str, tmp_path: Path) -> None:
+    """vLLM's structured choice (the ladder's `choice` rung, experts._recovery): its logprobs are
+    renormalised over the tokens the choice allows, so the label tokens' ratio, the score, is the
+    unconstrained one while their mass grows; with labels the question does not ask for, the
+    rung gives every item a score that says so."""
+    spec = replace(experts.BUILTIN_EXPERTS["smollm2-vllm"], base_urls=(vllm_url,), top_logprobs=20)
+    template = experts.load_template(spec.template)
+    question = "How long should I let bread dough rise?"
+    plain = experts.build_request("next-token", template, question, spec.model, top_logprobs=20)
+    scores = []
+    for request in (plain, choice_rung(plain, template)):
+        answer = httpx.post(vllm_url + request.path, json=request.body, timeout=120).json()
+        scores.append(parse_response("next-token", [answer], template, request))
+    (unconstrained, constrained) = scores
+    # Measured (vLLM 0.32 on CPU): p 0.6791787 both ways; label mass 0.22 plain, 0.88 under the choice.
+    assert constrained.p == pytest.approx(unconstrained.p, abs=1e-3)
+    assert constrained.label_mass is not None and unconstrained.label_mass is not None
+    assert constrained.label_mass > unconstrained.label_mass
+
+    colours = tmp_path / "colours.toml"
+    text = template.path.read_text(encoding="utf-8")
+    colours.write_text(text.replace('high = "no"', 'high = "red"').replace('low = "yes"', 'low = "green"'))
+    items = [experts.Item(f"i{n}", text) for n, text in enumerate(("Hello there.", "Write a poem."))]
+    results, _ = asyncio.run(
+        experts.ExpertClient(replace(spec, top_logprobs=10, template=str(colours)), cache=None).score(items)
+    )
+    assert [(r.source, r.how) for r in results] == [("expert", "choice")] * len(items)
+    assert all(r.label_mass is None and 0.0 <= r.score <= 1.0 for r in results)
