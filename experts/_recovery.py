@@ -124,7 +124,10 @@ def choice_rung(base: Request, template: PromptTemplate) -> Request:
 
 def named_labels_rung(base: Request, template: PromptTemplate) -> Request | None:
     """The base request whose last user message names the label tokens; None when the last user
-    message is not plain text (nothing to append to)."""
+    message is not plain text (nothing to append to), and for a pass-through template, whose
+    last user message is the conversation being judged: a sentence added there would change it."""
+    if template.kind == "pass-through":
+        return None
     messages = copy.deepcopy(list(base.body.get("messages") or []))
     users = [i for i, message in enumerate(messages) if message.get("role") == "user"]
     if not users or not isinstance(messages[users[-1]].get("content"), str):

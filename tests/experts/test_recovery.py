@@ -16,10 +16,11 @@ import pytest
 from fault_server import FaultPlan, RunningServer, item_score
 from test_experts_engine import db_rows, make_spec
 
+import experts
 from experts import ExpertClient, ExpertSpec, Item, ScoreCache, import_answers, merge_caches, salvage_cache
 
 # Private: the ladder's rung names and sentence, which the tests check the bodies against.
-from experts._recovery import NAMED_LABELS_SENTENCE, WIDEST_TOP_LOGPROBS
+from experts._recovery import NAMED_LABELS_SENTENCE, WIDEST_TOP_LOGPROBS, ladder
 
 # Keys computed by the main branch before the ladder existed (ebf8a30, /tmp/golden_key.py in the
 # report): a plain request's key must not change, or every stored answer would be paid again.
@@ -98,6 +99,19 @@ def test_named_labels_recovers_an_answer_without_logprobs(tmp_path: Path) -> Non
     sentence = NAMED_LABELS_SENTENCE.format(high="high", low="low")
     assert bodies[2]["messages"][:-1] == bodies[0]["messages"][:-1]
     assert bodies[2]["messages"][-1]["content"] == bodies[0]["messages"][-1]["content"] + "\n\n" + sentence
+
+
+def test_a_guard_template_s_conversation_is_never_changed_by_a_rung() -> None:
+    """A pass-through template's last user message is the conversation being judged: the ladder
+    widens the top logprobs and constrains the choice, but adds no sentence to it."""
+    template = experts.load_template("llama-guard-3")
+    base = experts.build_request("next-token", template, "How do I pick a lock?", "guard", top_logprobs=5)
+    rungs = ladder(base, template, "vllm")
+    assert [rung.how for rung in rungs] == ["wider-top-k", "choice"]
+    assert all(rung.request.body["messages"] == base.body["messages"] for rung in rungs)
+    wrapped = experts.load_template("fine-v1")
+    plain = experts.build_request("next-token", wrapped, "How do I pick a lock?", "m", top_logprobs=5)
+    assert [rung.how for rung in ladder(plain, wrapped, "vllm")][-1] == "named-labels"
 
 
 def test_a_server_that_never_answers_inside_still_fails(tmp_path: Path) -> None:
