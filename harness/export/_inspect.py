@@ -16,7 +16,6 @@ import math
 import os
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import calibrate
 
 from .._errors import InputError
-from ..run import RunLayout
+from ..run import RunLayout, RunLog
 from ._inputs import ExampleInput, Inputs, read_inputs
 from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
 
@@ -211,12 +210,12 @@ def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Calla
         if n % 500 == 0:
             progress(f"{found.arch}: {n}/{len(found.records)} samples")
     ids = sorted({s.id for s in samples})
-    created = datetime.fromtimestamp(layout.run_log.stat().st_mtime if layout.run_log.is_file() else 0, UTC)
+    started, completed = _run_times(layout)
     model = str(_config_value(layout, "model") or "unknown")
     return EvalLog(
         status="success",
         eval=EvalSpec(
-            created=created.isoformat(timespec="seconds"),
+            created=started,
             task=f"{TASK}/{found.arch}",
             task_display_name=f"{run_dir.name}: {found.arch}",
             task_args={
@@ -241,9 +240,17 @@ def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Calla
         ),
         plan=EvalPlan(name="ctd cascade"),
         results=_results(found, len(samples)),
-        stats=EvalStats(started_at=created.isoformat(timespec="seconds")),
+        stats=EvalStats(started_at=started, completed_at=completed),
         samples=samples,
     )
+
+
+def _run_times(layout: RunLayout) -> tuple[str, str]:
+    """When the run began (run.json's `created`) and when its last stage record was written: the
+    viewer shows the difference as the log's duration."""
+    log = RunLog.read(layout.run_log)
+    finished = [record.at for record in log.stages.values()]
+    return log.created, max(finished, default=log.created)
 
 
 def _config_value(layout: RunLayout, key: str) -> object:

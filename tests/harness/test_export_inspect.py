@@ -172,6 +172,10 @@ def test_results_are_the_runs_headline_numbers(exported: dict) -> None:
             results[f"validation/{job.name}"]["violation_rate"], level["population"]["violation_rate"]
         )
     assert log.results.total_samples == len(log.samples)
+    # The viewer's duration: from run.json's start to its last stage record.
+    run_log = RunLog.read(RunLayout(run).run_log)
+    assert log.stats.started_at == run_log.created == log.eval.created
+    assert log.stats.completed_at == max(r.at for r in run_log.stages.values()) > run_log.created
 
 
 def test_the_viewer_lists_and_summarises_the_log(exported: dict) -> None:
