@@ -36,6 +36,7 @@ from ._checks import checks_section
 from ._context import ReportContext, markdown_table
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
+from ._expert_calibration import expert_calibration_section
 from ._sections import (
     binary_section,
     cascade_section,
@@ -80,6 +81,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         _config(ctx)
         _left_out(ctx)
         checks_section(ctx)
+        expert_calibration_section(ctx)
         for section in SECTIONS:
             section(ctx)
         # The summary reads what the sections found (validation rates, warnings), so it is built

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from calibrate import EXPERT_CALIBRATIONS, ExpertCalibrationKind
 from probes import ARCHS, EMBEDDED_MODEL, Arch, ProbeConfig
 
 from .._errors import InputError
@@ -55,6 +56,14 @@ class ExpertSettings:
     expert: str = "smollm2"
     expert_model: str | None = None
     serve: Serve = "auto"
+    # How the expert's P(high) is recalibrated before anything reads it (calibrate.ExpertCalibration):
+    # "contextual" divides out its prior on content-free inputs, "dev" fits a logit shift on dev.
+    expert_calibration: ExpertCalibrationKind = "none"
+
+    def __post_init__(self) -> None:
+        if self.expert_calibration not in EXPERT_CALIBRATIONS:
+            choices = ", ".join(EXPERT_CALIBRATIONS)
+            raise InputError(f"--expert-calibration {self.expert_calibration}: choose from {choices}")
 
     @property
     def named(self) -> str:
