@@ -30,7 +30,7 @@ DV_TARGET_CHOICES: tuple[str, ...] = (*calibrate.DV_TARGETS, "both")
 # least this share of its trials: enough policies (50 of 500 trials) for the histogram to show a
 # distribution, and low enough to sit where certifying is hard, which is where the tested and the
 # untested selector differ. A majority rule lands where the probe alone meets the target and
-# neither selector can violate (the default run: 0.45, against 0.35 by this rule).
+# neither selector can violate (the default run: 0.35, against 0.3 by this rule).
 MIN_SELECTION = 0.1
 # The sections' defaults, which RunConfig's fields take (each is written once, in its section).
 _PROBE = ProbeSettings()

@@ -77,7 +77,8 @@ def fit_expert_calibration(
             np.asarray(table["expert"], dtype=np.float64)[dev], np.asarray(table["label"])[dev]
         )
     except ValueError as error:
-        raise InputError(f"--expert-calibration {kind}: {error}") from None
+        others = " or ".join(k for k in calibrate.EXPERT_CALIBRATIONS if k != kind)
+        raise InputError(f"--expert-calibration {kind}: {error}; choose {others}") from None
 
 
 def write_expert_calibration(layout: QueryLayout, calibration: ExpertCalibration) -> None:

@@ -95,7 +95,11 @@ def test_the_bundle_deploys_the_expert_the_run_queried(tmp_path: Path) -> None:
     assert json.loads(written.read_text()) == asked
     assert "sk-s3cret" not in written.read_text()
     manifest = json.loads((run / "manifests" / "query.json").read_text())
-    assert list(manifest["outputs"]) == ["query/expert_scores.parquet", "query/expert.json"]
+    assert list(manifest["outputs"]) == [
+        "query/expert_scores.parquet",
+        "query/expert.json",
+        "query/expert_calibration.json",
+    ]
 
     written.unlink()
     assert _calibrate(tmp_path, env, "resolved") == {**asked, "base_urls": [moved], "model": "changed-model"}
