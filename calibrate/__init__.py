@@ -5,6 +5,14 @@ Pure numpy functions over arrays; no I/O. Every decision is made from integer co
 """
 
 from ._candidates import Candidates
+from ._expert_prior import (
+    CONTENT_FREE_INPUTS,
+    EXPERT_CALIBRATIONS,
+    ExpertCalibration,
+    ExpertCalibrationKind,
+    contextual_calibration,
+    fit_logit_shift,
+)
 from ._fwer import FWER_METHODS, FWERMethod, FWERResult, control_fwer
 from ._ltt import ControlResult, budget_control, empirical_control, performance_control
 from ._metrics import (
@@ -103,6 +111,7 @@ __all__ = [
     "ANY_OBJECTIVE",
     "CAL_FRACTION",
     "CERTIFIED_MODES",
+    "CONTENT_FREE_INPUTS",
     "DECISION_COLUMNS",
     "DECISION_THRESHOLD",
     "DEFAULT_BATCH_SIZES",
@@ -116,6 +125,7 @@ __all__ = [
     "DEFAULT_TRIALS",
     "DV_TARGETS",
     "EST_FRACTION",
+    "EXPERT_CALIBRATIONS",
     "FWER_METHODS",
     "GROUP_COLUMNS",
     "MEASUREMENTS",
@@ -135,6 +145,8 @@ __all__ = [
     "ControlResult",
     "DVQuality",
     "DVTarget",
+    "ExpertCalibration",
+    "ExpertCalibrationKind",
     "FWERMethod",
     "FWERResult",
     "GroupRow",
@@ -164,10 +176,12 @@ __all__ = [
     "calibration_size",
     "cascade_scores",
     "clopper_pearson",
+    "contextual_calibration",
     "control_fwer",
     "delegation_value",
     "dv_quality",
     "empirical_control",
+    "fit_logit_shift",
     "group_table",
     "hoeffding_bentkus_pvalue",
     "mean_value_at_k",

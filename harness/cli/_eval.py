@@ -141,6 +141,16 @@ def eval_command(
             + ".",
         ),
     ] = None,
+    expert_calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--expert-calibration",
+            help="Recalibrate the expert's P(high): none, contextual (divide out its answer to "
+            "content-free inputs) or dev (a logit shift fitted on the dev split)"
+            + _d("expert_calibration")
+            + ".",
+        ),
+    ] = None,
     dv_target: Annotated[
         str | None,
         typer.Option("--dv-target", help=f"{', '.join(DV_TARGET_CHOICES)}" + _d("dv_target") + "."),
@@ -244,6 +254,7 @@ def eval_command(
         "expert": expert,
         "expert_model": expert_model,
         "serve": serve,
+        "expert_calibration": expert_calibration,
         "dv_target": dv_target,
         "budgets": parse_floats(budgets, "--budgets") if budgets else None,
         "batch_sizes": parse_ints(batch_sizes, "--batch-sizes") if batch_sizes else None,

@@ -35,6 +35,9 @@ __all__ = [
     "read_bundle",
 ]
 
+# The key of the expert entry that carries the run's expert calibration (absent: none, as in a
+# bundle from before it): `calibrate.ExpertCalibration.to_json()`, applied to every live answer.
+EXPERT_CALIBRATION_KEY = "calibration"
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
 # One plain folder name: no separator, no '.'/'..', nothing hidden (staging folders start with '.').
 BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -73,9 +76,25 @@ class Bundle:
         """The cascade's delegation rule: DV strictly above the threshold."""
         return bool(dv > self.threshold)
 
+    @property
+    def expert_calibration(self) -> calibrate.ExpertCalibration:
+        """The run's expert calibration, carried in the expert entry (none when it holds none)."""
+        record = self.record.expert.get(EXPERT_CALIBRATION_KEY)
+        if record is None:
+            return calibrate.ExpertCalibration()
+        try:
+            return calibrate.ExpertCalibration.from_json(record)
+        except (KeyError, TypeError, ValueError) as error:
+            raise InputError(f"{self.layout.record}: expert calibration: {error}") from None
+
     def merged(self, probe: float, expert: float | None) -> float:
-        """The cascade's score: the merge rule's when there is an expert score, else the probe's."""
-        return probe if expert is None else float(calibrate.merge_scores(probe, expert, self.merge))
+        """The cascade's score: the merge rule's when there is an expert score, else the probe's.
+        `expert` is the expert's raw answer; the run's expert calibration is applied here, the one
+        place a monitor or `ctd score` turns a live answer into the score the run calibrated on."""
+        if expert is None:
+            return probe
+        calibrated = float(self.expert_calibration.apply(expert))
+        return float(calibrate.merge_scores(probe, calibrated, self.merge))
 
     def check_cap(self, max_delegation_rate: float | None) -> None:
         """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation
@@ -94,6 +113,7 @@ class Bundle:
     def expert_spec(self, url: str | None = None) -> ExpertSpec:
         """The expert entry as a spec, its base URL replaced by `url` when given."""
         entry = dict(self.record.expert)
+        entry.pop(EXPERT_CALIBRATION_KEY, None)  # how answers are read, not how the expert is asked
         entry["base_urls"] = (url,) if url else tuple(entry["base_urls"])
         try:
             return spec_from_record(entry, source=str(self.layout.record))

@@ -23,7 +23,9 @@ from .._errors import InputError
 from ..data import BINARY_SUFFIX, read_scores, write_json
 from ..expert import expert_record, read_expert
 from ..run import RunConfig, RunLayout, file_sha256, load_run_config
+from ..stages import read_expert_calibration
 from ._bundle import (
+    EXPERT_CALIBRATION_KEY,
     POLICY,
     PROCEDURE,
     check_bundle_name,
@@ -194,6 +196,9 @@ def calibrate_bundle(
         return BundleWritten(result, None)
 
     expert = expert_record(queried_expert(layout, config))
+    calibration = read_expert_calibration(layout.query)  # what the scores table's expert column is
+    if calibration.kind != "none":
+        expert[EXPERT_CALIBRATION_KEY] = calibration.to_json()
     selected = int(result.selected) if result.selected is not None else None
     scores_source = ScoresSource(str(layout.scores.relative_to(layout.root)), scores_sha256)
     probe_sources = {

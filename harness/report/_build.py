@@ -37,6 +37,7 @@ from ._context import ReportContext
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
 from ._expert_answers import expert_answers_section
+from ._expert_calibration import expert_calibration_section
 from ._sections import (
     binary_section,
     cascade_section,
@@ -81,6 +82,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         _config(ctx)
         expert_answers_section(ctx)
         checks_section(ctx)
+        expert_calibration_section(ctx)
         for section in SECTIONS:
             section(ctx)
         # The summary reads what the sections found (validation rates, warnings), so it is built

@@ -14,7 +14,8 @@ A run folder `runs/NAME/` holds:
     probe/                 probe_scores.parquet, stores.json, probe_metrics.json
     probe/probes/          every trained safety probe: ARCH-seedS.safetensors and .json
     query/                 expert_scores.parquet (with each input's start and the expert's top
-                           tokens), failed.csv, server.log, expert.json (the expert asked)
+                           tokens; the raw and the calibrated expert score), failed.csv,
+                           server.log, expert.json (the expert asked), expert_calibration.json
     dv/                    scores-TARGET.parquet, dv_metrics.json
     dv/probes/             every trained DV probe: TARGET-ARCH-seedS.safetensors and .json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
@@ -32,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from probes import MODEL_CACHE_ENV, model_cache_root
 
@@ -238,6 +239,8 @@ class QueryLayout:
     """query/: the expert's scores, the examples it failed on, and the local server's log."""
 
     root: Path
+    # expert_scores' column of the calibrated score, beside the raw `expert` (--expert-calibration)
+    calibrated_column: ClassVar[str] = "expert_calibrated"
 
     @property
     def expert_scores(self) -> Path:
@@ -256,6 +259,12 @@ class QueryLayout:
         """The expert the query stage asked (`harness.expert.ResolvedExpert.write`), as
         `ctd monitor calibrate` puts it in a bundle (JSON; a key only ever as its variable's name)."""
         return self.root / "expert.json"
+
+    @property
+    def expert_calibration(self) -> Path:
+        """How the expert's raw scores were recalibrated (`calibrate.ExpertCalibration`, JSON): the
+        DV stage and `ctd monitor calibrate` read the calibrated scores, a bundle carries this."""
+        return self.root / "expert_calibration.json"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from ..data import (
 )
 from ..run import DVLayout, ProbeLayout, ProgressFn, RunContext, StageResult, file_sha256, fingerprint
 from ._dv_metrics import DVMetrics, DVRun, dv_metrics_json
+from ._expert_calibration import cascade_expert_scores
 from ._probe import open_stores
 
 __all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
@@ -209,10 +210,9 @@ class DVStage:
         ), inputs
 
     def _expert(self) -> dict[tuple[str, str], float]:
-        """(split, id) -> expert P(y=1) (NaN where it failed): ids are unique within a split only."""
-        table = read_table(self.ctx.layout.query.expert_scores).columns
-        keys = zip(table["split"], table["id"], strict=True)
-        return {(str(s), str(i)): float(e) for (s, i), e in zip(keys, table["expert"], strict=True)}
+        """(split, id) -> expert P(y=1), calibrated as the run asked (NaN where it failed): ids are
+        unique within a split only."""
+        return cascade_expert_scores(self.ctx.layout.query)
 
     def reusable(self) -> bool:
         """A run from before DV probes were saved trains them again."""

@@ -19,6 +19,12 @@ from experts import ConfigError, ExpertSpec
 from .._errors import InputError, check_failed_fraction
 from ..data import Example, read_table, write_table
 from ..run import RunContext, StageResult, fingerprint
+from ._expert_calibration import (
+    content_free_items,
+    fit_expert_calibration,
+    score_content_free,
+    write_expert_calibration,
+)
 from ._query import QuerySummary, preflight_cache, query_items
 
 __all__ = ["QueryStage", "expert_identity"]
@@ -50,7 +56,11 @@ class QueryStage:
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         inputs = {f"data.{s}": self.ctx.data.content_hash(s) for s in ("dev", "test")}
-        return fingerprint({"inputs": inputs, "expert": expert_identity(self.ctx.expert.spec)}), inputs
+        settings = {"inputs": inputs, "expert": expert_identity(self.ctx.expert.spec)}
+        calibration = self.ctx.config.expert_calibration
+        if calibration != "none":  # a run from before the option (none) stays up to date
+            settings["expert_calibration"] = calibration
+        return fingerprint(settings), inputs
 
     def reusable(self) -> bool:
         return True
@@ -59,7 +69,11 @@ class QueryStage:
         # A manifest written before expert.json existed records the table alone, and a rerun
         # checks what its manifest records: such a run stays up to date (its bundle resolves
         # the expert as before, see `harness.monitor._certify.queried_expert`).
-        return [self.ctx.layout.query.expert_scores, self.ctx.layout.query.expert]
+        return [
+            self.ctx.layout.query.expert_scores,
+            self.ctx.layout.query.expert,
+            self.ctx.layout.query.expert_calibration,
+        ]
 
     def examples(self) -> list[Example]:
         """What the stage asks the expert about: every dev example, then every test example."""
@@ -69,7 +83,9 @@ class QueryStage:
         ctx = self.ctx
         examples = self.examples()
         if not self.checked:
-            missing = preflight_cache(ctx.roots.cache, ctx.expert.spec, [e.item() for e in examples])
+            missing = preflight_cache(
+                ctx.roots.cache, ctx.expert.spec, [e.item() for e in examples] + self._content_free()
+            )
             if missing:
                 ctx.manifests.log(f"query: {missing} answers left the cache since the run began")
                 start_server = ctx.expert.preflight(serve=self.may_serve)
@@ -102,7 +118,27 @@ class QueryStage:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
 
+    def _content_free(self) -> list[experts.Item]:
+        """The content-free inputs the run asks too (contextual calibration), else none."""
+        return content_free_items() if self.ctx.config.expert_calibration == "contextual" else []
+
     def _query(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
+        """Every example through the expert (`spec`, where requests go) and the cache into `out`,
+        then the run's expert calibration fitted (the content-free inputs asked through the same
+        client and cache) and written beside it."""
+        summary = self._query_examples(examples, out, spec)
+        kind = self.ctx.config.expert_calibration
+        content_free = score_content_free(spec, self.ctx.roots.cache) if kind == "contextual" else None
+        calibration = fit_expert_calibration(kind, read_table(out).columns, content_free)
+        write_expert_calibration(self.ctx.layout.query, calibration)
+        if kind != "none":
+            prior = "" if calibration.prior is None else f", prior P(high) {calibration.prior:.3f}"
+            self.ctx.manifests.log(
+                f"query: expert calibration {kind}: logit shift {calibration.shift:+.3f}{prior}"
+            )
+        return summary
+
+    def _query_examples(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
         """Every example through the expert (`spec`, where requests go) and the cache into `out`."""
         return query_items(
             [e.item() for e in examples],

@@ -54,12 +54,16 @@ def _register(registry: Path, url: str, model: str) -> None:
 
 
 def _calibrate(tmp_path: Path, env: dict[str, str], name: str) -> dict:
-    """`ctd monitor calibrate` on run t: the bundle's expert entry."""
+    """`ctd monitor calibrate` on run t: the bundle's expert entry, without the expert calibration
+    it carries, which is checked here to be the run's (the default run's kind, dev)."""
     args = ["monitor", "calibrate", "--run", "t", "--budget", "0.5", "--name", name]
     done = run_ctd(*args, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     bundle = Path(done.stdout.strip().splitlines()[-1])
-    return json.loads((bundle / "bundle.json").read_text())["expert"]
+    entry = json.loads((bundle / "bundle.json").read_text())["expert"]
+    calibration = json.loads((tmp_path / "runs" / "t" / "query" / "expert_calibration.json").read_text())
+    assert entry.pop("calibration") == calibration and calibration["kind"] == "dev"
+    return entry
 
 
 def test_the_bundle_deploys_the_expert_the_run_queried(tmp_path: Path) -> None:
@@ -95,7 +99,11 @@ def test_the_bundle_deploys_the_expert_the_run_queried(tmp_path: Path) -> None:
     assert json.loads(written.read_text()) == asked
     assert "sk-s3cret" not in written.read_text()
     manifest = json.loads((run / "manifests" / "query.json").read_text())
-    assert list(manifest["outputs"]) == ["query/expert_scores.parquet", "query/expert.json"]
+    assert list(manifest["outputs"]) == [
+        "query/expert_scores.parquet",
+        "query/expert.json",
+        "query/expert_calibration.json",
+    ]
 
     written.unlink()
     assert _calibrate(tmp_path, env, "resolved") == {**asked, "base_urls": [moved], "model": "changed-model"}
