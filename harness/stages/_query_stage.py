@@ -94,16 +94,23 @@ class QueryStage:
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
             f"{summary.shared} shared with an identical example, "
-            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
+            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s, "
+            f"${summary.cost_usd:.4f} spent"
         )
         shared = f"{summary.shared} shared, " if summary.shared else ""  # identical examples, paid once
         detail = f"{summary.scored} scored, {shared}{summary.cached} cached, {summary.failed} failed"
+        if summary.cost_usd:
+            detail += f", ${summary.cost_usd:.4f} spent"
         if summary.failed:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
 
     def _query(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
-        """Every example through the expert (`spec`, where requests go) and the cache into `out`."""
+        """Every example through the expert (`spec`, where requests go) and the cache into `out`,
+        its dollars counted in the run's costs (against --cost-limit, the run's earlier spending
+        included)."""
+        ctx = self.ctx
+        spend = ctx.costs.spend_for(self.name, spec.price, ctx.config.cost_limit)
         return query_items(
             [e.item() for e in examples],
             [e.label for e in examples],
@@ -118,6 +125,8 @@ class QueryStage:
                 "text": np.array([e.preview() for e in examples]),
             },
             with_top_tokens=True,
+            spend=spend,
+            log=lambda line: ctx.manifests.log(f"query: {line}"),
         )
 
     @contextmanager
