@@ -45,7 +45,9 @@ def item_requests(server: RunningServer) -> dict[int, int]:
 
 
 def test_query_stops_at_the_cost_limit_and_a_higher_limit_finishes(tmp_path: Path) -> None:
-    rows = [{"ids": f"ex{i}", "inputs": f"item-{i}: is this risky?", "labels": "low-stakes"} for i in range(60)]
+    rows = [
+        {"ids": f"ex{i}", "inputs": f"item-{i}: is this risky?", "labels": "low-stakes"} for i in range(60)
+    ]
     (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     limit = 0.02  # ~$0.0008 an answer (~260 prompt tokens): about a third of the 60
     with RunningServer(FaultPlan(delay=0.02)) as server:
