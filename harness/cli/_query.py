@@ -149,6 +149,7 @@ def _batch(
             f"for {written.written} examples (about {written.tokens:,} tokens) to {written.out}; "
             "nothing was sent"
         )
+        stdout.print(f"cost: {written.estimate}")
         return
     if out is None:
         raise InputError("--out is required with --batch-in: the table to write (.parquet or .csv)")

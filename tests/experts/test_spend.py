@@ -5,6 +5,7 @@ the price; a second client with a higher limit finishes and pays for no answer t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from fault_server import FaultPlan, RunningServer
 from test_experts_engine import db_rows, make_spec
 
 from experts import (
+    BUILTIN_EXPERTS,
     ConfigError,
     CostLimitReached,
     ExpertClient,
@@ -22,6 +24,7 @@ from experts import (
     ScoreCache,
     Spend,
     build_request,
+    load_experts,
     load_template,
 )
 
@@ -112,3 +115,27 @@ def test_impossible_prices_are_refused(changes: dict[str, float], setting: str) 
 def test_a_negative_limit_is_refused() -> None:
     with pytest.raises(ConfigError, match="cost limit"):
         Spend(PRICE, limit=-1.0)
+
+
+def test_registry_prices_and_their_errors_name_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "experts.toml"
+    path.write_text(
+        '[experts.paid]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+        "price_input = 0.15\nprice_output = 1\nbatch_discount = 0.5\n"
+    )
+    paid = load_experts(path)["paid"]
+    assert paid.price == Price(input=0.15, output=1.0, batch_discount=0.5)
+    assert all(spec.price.free for name, spec in BUILTIN_EXPERTS.items())  # local models cost 0
+    assert replace(paid, price=Price()).endpoint_id() == paid.endpoint_id()
+    path.write_text(path.read_text().replace("price_output = 1", "price_output = -2"))
+    with pytest.raises(ConfigError) as refused:
+        load_experts(path)
+    assert str(refused.value).startswith(f"{path}:5: expert 'paid': price_output = -2:"), refused.value
+
+
+def test_the_price_is_not_in_the_cache_key() -> None:
+    spec = make_spec("http://127.0.0.1:9/v1")
+    item = Item("a", "item-1")
+    free = ExpertClient(spec, cache=None).request_for(item)[1]
+    paid = ExpertClient(replace(spec, price=PRICE), cache=None).request_for(item)[1]
+    assert free == paid

@@ -107,3 +107,20 @@ def test_eval_counts_earlier_spending_and_shows_the_dollars(tmp_path: Path) -> N
     assert f"${total:.4f}" in run_ctd("runs", cwd=tmp_path, env=env).stdout
     report = (tmp_path / "runs" / "t" / "report" / "report.md").read_text()
     assert f"${total:.4f}" in report
+
+
+def test_batch_out_prices_the_batch_with_its_discount(tmp_path: Path) -> None:
+    rows = [
+        {"ids": f"ex{i}", "inputs": f"item-{i}: is this risky?", "labels": "low-stakes"} for i in range(10)
+    ]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    env = register(tmp_path, "http://127.0.0.1:9/v1")  # never asked: a batch sends nothing
+    args = ("query", "--data", "data.jsonl", "--expert", "paid", "--batch-out", "b.jsonl", "--json")
+    full = json.loads(run_ctd(*args, cwd=tmp_path, env=env).stdout)
+    registry = Path(env["CTD_EXPERTS_FILE"])
+    registry.write_text(registry.read_text() + "batch_discount = 0.5\n")
+    half = json.loads(run_ctd(*args, cwd=tmp_path, env=env).stdout)
+    assert full["usd"] > 0 and abs(half["usd"] - full["usd"] / 2) < 1e-12
+    assert (
+        half["estimate"].startswith("about 10 batch lines, about $") and "batch discount" in half["estimate"]
+    )
