@@ -390,6 +390,8 @@ class ExpertClient:
         try:
             async with limiter.slot():
                 self._drain.sending()
+                if reservation is not None:
+                    reservation.sent = True
                 stats.in_flight = limiter.in_flight
                 seconds = 0.0
                 for body in request.bodies:

@@ -177,6 +177,7 @@ class Reservation:
         self._bound = bound
         self._usd = usd
         self.open = True
+        self.sent = False  # set by the sender once the request leaves: from then it may be billed
 
     def _close(self) -> bool:
         if not self.open:
@@ -209,5 +210,6 @@ class Reservation:
         self.settle([])
 
     def lose(self) -> None:
-        """The attempt ended without an outcome (cancelled in flight): charge its bound."""
-        self.settle([], unanswered_billed=True)
+        """The attempt ended without an outcome: cancelled in flight, it is charged its bound
+        (the server may have done the work); cancelled before it was sent, nothing."""
+        self.settle([], unanswered_billed=self.sent)

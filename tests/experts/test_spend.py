@@ -91,8 +91,11 @@ def test_settling_charges_what_may_have_been_billed() -> None:
     spend = Spend(PRICE, limit=1.0)
     spend.reserve(request).refund()  # an error status: nothing billed
     assert spend.spent == 0 and spend.reserved == 0
+    spend.reserve(request).lose()  # cancelled before it was sent: nothing
+    assert spend.spent == 0
     held = spend.reserve(request)
     bound = spend.bound(request)
+    held.sent = True
     held.lose()  # cancelled in flight: its bound
     held.settle([{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}])  # no effect, already closed
     assert (spend.prompt_tokens, spend.completion_tokens) == (bound.prompt, bound.completion)
