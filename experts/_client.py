@@ -341,7 +341,7 @@ class ExpertClient:
         while True:
             attempt += 1
             await held.limiter.admit(request.tokens, requests=len(request.bodies))
-            reservation = self._reserve(request)
+            reservation = await self._reserve(request)
             try:
                 last = attempt >= max_attempts
                 outcome = await self._attempt(
@@ -357,13 +357,13 @@ class ExpertClient:
             stats.retries += 1
             await self._sleep(outcome)
 
-    def _reserve(self, request: Request) -> Reservation | None:
+    async def _reserve(self, request: Request) -> Reservation | None:
         """What the next attempt may cost, held in the spend; over the limit, the client drains
         (nothing more is sent, the answers in flight land) and this attempt stops (`Stopped`)."""
         if self.spend is None:
             return None
         try:
-            return self.spend.reserve(request)
+            return await self.spend.reserve(request)
         except CostLimitReached as refused:
             if self._over_limit is None:
                 self._over_limit = refused

@@ -2,10 +2,11 @@
 
 A `Spend` counts the tokens each answer reports (`usage.prompt_tokens`/`completion_tokens`) times
 the expert's `Price`. With a limit, each attempt first takes a `Reservation` of what its request
-can cost at most (`Spend.bound`); an attempt that would take the spent dollars, plus every
-reservation in flight, past the limit is not sent (`CostLimitReached`). When the answer arrives
-the reservation is settled with the tokens really used, so the limit holds with any number of
-requests in flight: spent <= limit.
+can cost at most (`Spend.bound`). An attempt that would take the spent dollars, plus every
+reservation in flight, past the limit waits for those to settle (most cost far less than their
+bound); once none is in flight and it still does not fit, it is not sent (`CostLimitReached`).
+When an answer arrives its reservation is settled with the tokens really used, so the limit
+holds with any number of requests in flight: spent <= limit.
 
 Every path that sends a request must take a reservation before it sends and settle it after
 (`ExpertClient._attempts` does for each attempt, retries included).
@@ -13,6 +14,7 @@ Every path that sends a request must take a reservation before it sends and sett
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,7 +113,9 @@ class Spend:
         self.completion_tokens = 0
         self.requests = 0  # HTTP requests settled
         self._reserved = 0.0  # dollars of the reservations in flight
+        self._open = 0  # reservations in flight (a count: the dollars' float sum may not return to 0)
         self._overhead: dict[int, int] = {}  # messages -> the least prompt tokens an answer reported
+        self._waiting: list[asyncio.Future[None]] = []  # reservations waiting for others to settle
 
     @property
     def spent(self) -> float:
@@ -143,7 +147,25 @@ class Spend:
         seen = [least + PER_MESSAGE * max(0, messages - n) for n, least in self._overhead.items()]
         return min(seen) if seen else FIRST_OVERHEAD + PER_MESSAGE * messages
 
-    def reserve(self, request: Request) -> Reservation:
+    async def reserve(self, request: Request) -> Reservation:
+        """Hold what `request` can cost. When the spent dollars, the reservations in flight and
+        this one would pass the limit, wait for those in flight to settle; CostLimitReached, with
+        nothing held, once none is in flight and it still does not fit."""
+        while True:
+            try:
+                return self.reserve_now(request)
+            except CostLimitReached:
+                if self._open == 0:
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+
+    def reserve_now(self, request: Request) -> Reservation:
         """Hold what `request` can cost; CostLimitReached, with nothing held, when the spent
         dollars, the reservations in flight and this one would pass the limit."""
         bound = self.bound(request) if self.limit is not None or not self.price.free else TokenBound(0, 0)
@@ -151,7 +173,15 @@ class Spend:
         if self.limit is not None and self.total + self._reserved + usd > self.limit:
             raise CostLimitReached(self.total, self.limit, needed=usd)
         self._reserved += usd
+        self._open += 1
         return Reservation(self, request, bound, usd)
+
+    def _settled(self) -> None:
+        """A reservation closed: the reservations waiting look again."""
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _learn(self, request: Request, payloads: Sequence[Any]) -> None:
         """Keep, per message count, the least prompt tokens a body was billed: a bound of what
@@ -183,7 +213,9 @@ class Reservation:
         if not self.open:
             return False
         self.open = False
-        self._spend._reserved -= self._usd
+        spend = self._spend
+        spend._open -= 1
+        spend._reserved = spend._reserved - self._usd if spend._open else 0.0
         return True
 
     def settle(self, payloads: Sequence[Any], *, unanswered_billed: bool = False) -> None:
@@ -204,6 +236,7 @@ class Reservation:
                 spend.completion_tokens += completion
         spend.requests += len(self._request.bodies)
         spend._learn(self._request, payloads)
+        spend._settled()
 
     def refund(self) -> None:
         """Nothing was billed (the server refused the request)."""

@@ -48,7 +48,7 @@ def score(spec, cache: ScoreCache, spend: Spend, batch: list[Item]):  # type: ig
 def test_a_cost_limit_stops_before_it_is_passed_and_a_higher_one_finishes(tmp_path: Path) -> None:
     batch = items(120)
     with RunningServer(FaultPlan(delay=0.02)) as server:
-        spec = make_spec(server.url, rate=RateLimit(concurrency=8), price=PRICE)
+        spec = make_spec(server.url, rate=RateLimit(concurrency=32), price=PRICE)
         cache = ScoreCache(tmp_path / "cache.db")
         limit = 0.02  # about 40 of the 120 answers (~250 prompt tokens, 1 generated: ~$0.0005 each)
         spend = Spend(PRICE, limit=limit)
@@ -58,6 +58,8 @@ def test_a_cost_limit_stops_before_it_is_passed_and_a_higher_one_finishes(tmp_pa
         assert 0 < answered < len(batch), answered
         assert cache_usd(tmp_path / "cache.db") <= spend.spent <= limit
         assert stopped.value.spent == pytest.approx(spend.total) and stopped.value.limit == limit
+        # It stopped only when nothing was in flight and the next request's bound did not fit.
+        assert spend.total + stopped.value.needed > limit
         assert spend.reserved == pytest.approx(0.0, abs=1e-12)  # every reservation settled
 
         again = Spend(PRICE, limit=1.0, before=spend.total)
@@ -77,7 +79,7 @@ def test_the_bound_covers_what_the_server_bills() -> None:
     spend = Spend(PRICE, limit=1.0)
     first = spend.bound(request)
     assert first.prompt > 1024 and first.completion == 1
-    reservation = spend.reserve(request)
+    reservation = spend.reserve_now(request)
     reservation.settle([{"usage": {"prompt_tokens": 300, "completion_tokens": 1}}])
     assert (spend.prompt_tokens, spend.completion_tokens) == (300, 1)
     learned = spend.bound(request)
@@ -89,11 +91,11 @@ def test_settling_charges_what_may_have_been_billed() -> None:
     template = load_template("stakes-v1")
     request = build_request("next-token", template, "item-1", "m", top_logprobs=5)
     spend = Spend(PRICE, limit=1.0)
-    spend.reserve(request).refund()  # an error status: nothing billed
+    spend.reserve_now(request).refund()  # an error status: nothing billed
     assert spend.spent == 0 and spend.reserved == 0
-    spend.reserve(request).lose()  # cancelled before it was sent: nothing
+    spend.reserve_now(request).lose()  # cancelled before it was sent: nothing
     assert spend.spent == 0
-    held = spend.reserve(request)
+    held = spend.reserve_now(request)
     bound = spend.bound(request)
     held.sent = True
     held.lose()  # cancelled in flight: its bound

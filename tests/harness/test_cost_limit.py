@@ -91,9 +91,12 @@ def test_eval_counts_earlier_spending_and_shows_the_dollars(tmp_path: Path) -> N
         assert 0 < cache_usd(cache) <= first <= 0.02
         assert run_log["stages"]["query"]["status"] == "failed"
 
-        # The limit is the run's: what the first invocation spent counts against it.
+        # The limit is the run's: what the first invocation spent counts against it, so a rerun
+        # with that limit stops before its first request.
+        asked = sum(item_requests(server).values())
         low = run_ctd(*args, "--cost-limit", f"{first:.6f}", cwd=tmp_path, env=env, timeout=600)
         assert low.returncode == EXIT_COST, low.stderr
+        assert sum(item_requests(server).values()) == asked
 
         done = run_ctd(*args, "--cost-limit", "1", "--json", cwd=tmp_path, env=env, timeout=600)
         assert done.returncode == 0, done.stderr
