@@ -77,9 +77,9 @@ class ExpertClient:
     `Stopped` (see `experts._drain`).
 
     With a `spend` (`experts._spend`), every attempt reserves what it can cost before it is
-    sent and settles with the tokens its answer reports; an attempt that would pass the spend's
-    limit is not sent, the client drains (the answers in flight are committed) and `score`
-    raises `CostLimitReached`."""
+    sent and settles with the tokens its answer reports; an attempt that cannot fit under the
+    spend's limit once those in flight have settled is not sent, the client drains (the answers
+    in flight are committed) and `score` raises `CostLimitReached`."""
 
     def __init__(
         self,
