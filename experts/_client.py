@@ -26,6 +26,7 @@ from ._recovery import Scored, plain_how, recover
 from ._registry import ExpertSpec
 from ._resources import ClientResources
 from ._scoring import Request, Score, build_request, parse_response, total_usage
+from ._spend import CostLimitReached, Reservation, Spend
 
 __all__ = ["ExpertClient", "score_items"]
 
@@ -74,7 +75,12 @@ class ExpertClient:
     with` opens them around that one call and closes them after (a script's or a batch run's
     single call). Once the `async with` block has ended the client refuses use (RuntimeError).
     `drain()` stops it gracefully: the answers in flight are committed, then `score` raises
-    `Stopped` (see `experts._drain`)."""
+    `Stopped` (see `experts._drain`).
+
+    With a `spend` (`experts._spend`), every attempt reserves what it can cost before it is
+    sent and settles with the tokens its answer reports; an attempt that cannot fit under the
+    spend's limit once those in flight have settled is not sent, the client drains (the answers
+    in flight are committed) and `score` raises `CostLimitReached`."""
 
     def __init__(
         self,
@@ -87,8 +93,11 @@ class ExpertClient:
         rng: random.Random | None = None,
         progress: ProgressSink | None = None,
         lease: Lease | None = None,
+        spend: Spend | None = None,
     ) -> None:
         self.spec = spec
+        self.spend = spend
+        self._over_limit: CostLimitReached | None = None  # the refusal that drained the client
         self.template: PromptTemplate = load_template(spec.template)
         self._endpoint_id = spec.endpoint_id()
         self.cache = cache
@@ -172,6 +181,19 @@ class ExpertClient:
             await held.aclose()
 
     async def _score(self, items: Sequence[Item], held: ClientResources) -> tuple[list[ItemResult], RunStats]:
+        try:
+            return await self._score_items(items, held)
+        except Stopped:
+            if self._over_limit is None or self.spend is None or self.spend.limit is None:
+                raise
+            # Raised again with what was spent once the answers in flight were settled.
+            raise CostLimitReached(
+                self.spend.total, self.spend.limit, needed=self._over_limit.needed
+            ) from None
+
+    async def _score_items(
+        self, items: Sequence[Item], held: ClientResources
+    ) -> tuple[list[ItemResult], RunStats]:
         self._drain.check()  # a drained client sends nothing more
         n_workers = max(1, min(self.spec.rate.concurrency, len(items)))
         call = _Call(items, held, RunStats(total=len(items)), asyncio.Queue(maxsize=2 * n_workers))
@@ -320,16 +342,35 @@ class ExpertClient:
         while True:
             attempt += 1
             await held.limiter.admit(request.tokens, requests=len(request.bodies))
+            reservation = await self._reserve(request)
             try:
                 last = attempt >= max_attempts
-                outcome = await self._attempt(pending, held, stats, attempt, last, deadline, probe)
+                outcome = await self._attempt(
+                    pending, held, stats, attempt, last, deadline, probe, reservation
+                )
             finally:
                 self._drain.settled()
+                if reservation is not None:
+                    reservation.lose()  # cancelled in flight (it may have been billed); else a no-op
             if isinstance(outcome, ItemResult):
                 return outcome
             self._drain.check()  # a stop came while the attempt was under way: no retry
             stats.retries += 1
             await self._sleep(outcome)
+
+    async def _reserve(self, request: Request) -> Reservation | None:
+        """What the next attempt may cost, held in the spend; over the limit, the client drains
+        (nothing more is sent, the answers in flight land) and this attempt stops (`Stopped`)."""
+        if self.spend is None:
+            return None
+        try:
+            return await self.spend.reserve(request)
+        except CostLimitReached as refused:
+            if self._over_limit is None:
+                self._over_limit = refused
+            if not self._drain.asked:
+                self._drain.ask()
+            raise Stopped(str(refused)) from None
 
     async def _attempt(
         self,
@@ -340,16 +381,20 @@ class ExpertClient:
         last: bool,
         deadline: float,
         probe: bool,
+        reservation: Reservation | None = None,
     ) -> ItemResult | float:
         """One attempt: the item's result (committed), or the seconds to wait before the next.
         From the moment it sends to the commit of its outcome, a stop lets it finish (Drain)."""
         endpoint, limiter, writer, breaker = held.endpoint, held.limiter, held.writer, held.breaker
         request = pending.request
+        payloads: list[Any] = []
         try:
             async with limiter.slot():
                 self._drain.sending()
+                if reservation is not None:
+                    reservation.sent = True
                 stats.in_flight = limiter.in_flight
-                payloads, seconds = [], 0.0
+                seconds = 0.0
                 for body in request.bodies:
                     payload, took = await endpoint.request("POST", request.path, body)
                     payloads.append(payload)
@@ -358,6 +403,8 @@ class ExpertClient:
             score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
             seconds += scored.seconds
         except ExpertError as exc:
+            if reservation is not None:  # an error status is not billed; a lost answer may be
+                reservation.settle(payloads, unanswered_billed=not isinstance(exc, HTTPStatusError))
             stats.errors_seen[exc.reason] += 1
             if isinstance(exc, HTTPStatusError) and exc.status == 429:
                 stats.rate_limited += 1
@@ -368,6 +415,8 @@ class ExpertClient:
                 return failed
             return delay
         breaker.answered(probe=probe)
+        if reservation is not None:
+            reservation.settle(payloads)
         usage = total_usage(payloads)
         prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         limiter.settle(estimated, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
@@ -461,6 +510,8 @@ class ExpertClient:
         )
 
     def _report(self, stats: RunStats) -> None:
+        if self.spend is not None:
+            stats.cost_usd = self.spend.spent
         if self._progress is not None:
             self._progress.update(stats)
 

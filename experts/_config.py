@@ -14,7 +14,7 @@ from ._errors import ConfigError, InvalidSetting
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["RateLimit", "RetryPolicy", "Timeout", "check_base_url", "redact_url"]
+__all__ = ["Price", "RateLimit", "RetryPolicy", "Timeout", "check_base_url", "redact_url"]
 
 
 def redact_url(url: str) -> str:
@@ -159,3 +159,32 @@ class RetryPolicy:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
         base = min(self.maximum, self.initial * self.multiplier ** (attempt - 1))
         return base * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    """What an endpoint charges, in US dollars per million tokens: `input` for the prompt's
+    tokens, `output` for the generated ones, and `batch_discount`, the fraction taken off both
+    for requests sent as a batch (0.5: half price). The default, 0, is a model this machine
+    serves: it costs nothing here. Prices decide no answer, so they are not in the cache key."""
+
+    input: float = 0.0
+    output: float = 0.0
+    batch_discount: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output"):
+            _at_least(name, getattr(self, name), 0, "a price in USD per million tokens")
+        if not _is_real(self.batch_discount) or not 0 <= self.batch_discount < 1:
+            raise InvalidSetting(
+                "batch_discount", repr(self.batch_discount), "must be a fraction in [0, 1) (0.5: half price)"
+            )
+
+    @property
+    def free(self) -> bool:
+        return self.input == 0 and self.output == 0
+
+    def usd(self, prompt_tokens: int, completion_tokens: int, *, batch: bool = False) -> float:
+        """Dollars for these token counts (sent as a batch: with the batch discount)."""
+        cost = (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
+        return cost * (1.0 - self.batch_discount) if batch else cost

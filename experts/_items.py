@@ -58,6 +58,7 @@ class RunStats:
     waiting: int = 0  # items another run on the same cache is asking about right now
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost_usd: float = 0.0  # dollars spent by the client's requests so far (with a Spend)
     started: float = field(default_factory=time.monotonic)
     failure_reasons: Counter[str] = field(default_factory=Counter)
     errors_seen: Counter[str] = field(default_factory=Counter)

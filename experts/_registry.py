@@ -9,6 +9,9 @@
     concurrency = 32
     rpm = 600
     tpm = 500000
+    price_input = 0.15                         # USD per million prompt tokens (default 0)
+    price_output = 0.60                        # USD per million generated tokens (default 0)
+    batch_discount = 0.5                       # the fraction a batch saves (default 0)
 
 The file is $CTD_EXPERTS_FILE, else ~/.config/ctd/experts.toml.
 """
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ._config import RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
+from ._config import Price, RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._errors import ConfigError, InvalidSetting
 from ._prompts import DEFAULT_TEMPLATE, check_scoring_method, load_template
 from ._scoring import SCORING_METHODS, ScoringMethod
@@ -68,6 +71,7 @@ class ExpertSpec:
     rate: RateLimit = field(default_factory=RateLimit)
     timeout: Timeout = field(default_factory=Timeout)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    price: Price = field(default_factory=Price)  # not in the cache key: it decides no answer
     server: ServerKind = "external"
     hf_model: str | None = None
     source: str = "built-in"
@@ -109,7 +113,12 @@ class ExpertSpec:
             raise InvalidSetting("top_logprobs", repr(top), "must be a whole number of at least 1")
         if self.hf_model is not None and not isinstance(self.hf_model, str):
             raise InvalidSetting("hf_model", repr(self.hf_model), "must be a string")
-        for name, kind in (("rate", RateLimit), ("timeout", Timeout), ("retry", RetryPolicy)):
+        for name, kind in (
+            ("rate", RateLimit),
+            ("timeout", Timeout),
+            ("retry", RetryPolicy),
+            ("price", Price),
+        ):
             if not isinstance(getattr(self, name), kind):
                 raise InvalidSetting(name, repr(getattr(self, name)), f"must be a {kind.__name__}")
         check_scoring_method(self.template, self.method)
@@ -153,6 +162,8 @@ def _vllm_entry(name: str, hf_model: str, port: int) -> ExpertSpec:
     )
 
 
+# The built-in entries are models served on this machine (vLLM or llama.cpp): they keep the
+# default Price, 0 dollars. An entry for a hosted API states its price in experts.toml.
 BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
     spec.name: spec
     for spec in (
@@ -227,7 +238,8 @@ _SPEC_KEYS = {
 _RATE_KEYS = {"concurrency": "concurrency", "rpm": "rpm", "tpm": "tpm"}
 _TIMEOUT_KEYS = {"timeout": "read"}
 _RETRY_KEYS = {"max_attempts": "max_attempts", "down_after": "down_after"}
-_KEYS = {"base_url", "base_urls", *_SPEC_KEYS, *_RATE_KEYS, *_TIMEOUT_KEYS, *_RETRY_KEYS}
+_PRICE_KEYS = {"price_input": "input", "price_output": "output", "batch_discount": "batch_discount"}
+_KEYS = {"base_url", "base_urls", *_SPEC_KEYS, *_RATE_KEYS, *_TIMEOUT_KEYS, *_RETRY_KEYS, *_PRICE_KEYS}
 
 
 def experts_file() -> Path:
@@ -279,10 +291,18 @@ def _spec_from_table(name: str, table: dict[str, Any], source: str) -> ExpertSpe
     rate = _value_object(RateLimit, table, _RATE_KEYS)
     timeout = _value_object(Timeout, table, _TIMEOUT_KEYS)
     retry = _value_object(RetryPolicy, table, _RETRY_KEYS)
+    price = _value_object(Price, table, _PRICE_KEYS)
     given = {key: table[key] for key in _SPEC_KEYS if key in table}
     try:
         return ExpertSpec(
-            name=name, base_urls=tuple(urls), rate=rate, timeout=timeout, retry=retry, source=source, **given
+            name=name,
+            base_urls=tuple(urls),
+            rate=rate,
+            timeout=timeout,
+            retry=retry,
+            price=price,
+            source=source,
+            **given,
         )
     except InvalidSetting as exc:
         key = url_key if exc.setting == "base_urls" else exc.setting

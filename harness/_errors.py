@@ -5,6 +5,9 @@
 3  EXIT_ENVIRONMENT  the machine failed the run: a full disk or quota, a read-only or
                      unwritable place, an I/O error, a locked or damaged cache; the line
                      names the path. Fix the machine and rerun: the inputs were fine.
+4  EXIT_COST         the cost limit (--cost-limit) stopped the run before a request would
+                     have passed it; the answers so far are cached. Rerun with a higher
+                     limit to go on: answered items cost nothing again.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 __all__ = [
     "ENVIRONMENT_ERRNOS",
+    "EXIT_COST",
     "EXIT_ENVIRONMENT",
     "EXIT_FAILED",
     "EXIT_INPUT",
@@ -24,6 +28,7 @@ __all__ = [
     "EnvironmentFailure",
     "InputError",
     "RunFailed",
+    "check_cost_limit",
     "check_failed_fraction",
     "check_max_failed",
     "named",
@@ -39,6 +44,10 @@ EXIT_ENVIRONMENT = 3
 """The exit code of a run its machine failed: a full disk or quota, a read-only or unwritable
 place, an I/O error, a locked or damaged cache. A script may retry it once the machine is fixed,
 unlike bad input (2), and need not look at the run's results, unlike a failed run (1)."""
+
+EXIT_COST = 4
+"""The exit code of a run stopped by its cost limit (--cost-limit) before a request would have
+passed it. Nothing is wrong: a rerun with a higher limit goes on from the cache."""
 
 ENVIRONMENT_ERRNOS = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
@@ -91,3 +100,10 @@ def check_max_failed(limit: float) -> None:
     """A --max-failed value must be a fraction in [0, 1) (NaN is not); checked before any work."""
     if not 0 <= limit < 1:
         raise InputError(f"--max-failed {limit:g}: must lie in [0, 1)")
+
+
+def check_cost_limit(limit: float | None) -> None:
+    """A --cost-limit must be a finite number of dollars, 0 or more (NaN is not); checked before
+    any work."""
+    if limit is not None and not 0 <= limit < math.inf:
+        raise InputError(f"--cost-limit {limit:g}: must be a number of US dollars, 0 or more")

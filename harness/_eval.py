@@ -143,6 +143,7 @@ def run_eval(
         probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe.root, store_root=ctx.roots.store)
         return EvalResult(layout.root, layout.report.markdown, ())
     run_log = RunLog.read(layout.run_log)  # before anything is written: it may refuse the file
+    ctx.costs.before = sum(run_log.costs().values())  # --cost-limit holds for the run, across resumes
     manifests = ctx.manifests
     data = ctx.data
     manifests.log(
@@ -180,7 +181,14 @@ def run_eval(
         names = [stage.name for stage in stages]
         header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
         progress.plan(header, names)
-        outcomes = run_stages(stages, manifests, run_log, on_start=progress.stage_started, on_stage=on_stage)
+        outcomes = run_stages(
+            stages,
+            manifests,
+            run_log,
+            on_start=progress.stage_started,
+            on_stage=on_stage,
+            spent=ctx.costs.spent,
+        )
     return EvalResult(
         layout.root,
         layout.report.markdown,

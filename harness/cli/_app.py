@@ -16,7 +16,7 @@ try:  # typer >= 0.2x ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
-from .._errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INPUT
+from .._errors import EXIT_COST, EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INPUT
 from . import _cache, _calibrate, _eval, _experts, _export, _monitor, _probe, _query, _runs, _score
 from ._redacting import RedactingStream
 
@@ -32,7 +32,8 @@ app = typer.Typer(
         f"Exit codes: 0 done; {EXIT_FAILED} the run failed (an endpoint went down, more than "
         f"--max-failed of the items failed); {EXIT_INPUT} bad input (an option, a file you named); "
         f"{EXIT_ENVIRONMENT} the machine failed the run (a full disk or quota, a read-only or "
-        "unwritable path, an I/O error, a locked or damaged cache): the one line names the path."
+        "unwritable path, an I/O error, a locked or damaged cache): the one line names the path; "
+        f"{EXIT_COST} --cost-limit reached (rerun with a higher one to go on)."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -12,12 +12,13 @@ import numpy as np
 import typer
 
 import calibrate
-from experts import ConfigError, EndpointDown, StorageError
+from experts import ConfigError, CostLimitReached, EndpointDown, StorageError
 from probes import ProbeError
 
 from .._bounds import check_counts, check_list_length
 from .._errors import (
     ENVIRONMENT_ERRNOS,
+    EXIT_COST,
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
     EXIT_INPUT,
@@ -70,6 +71,13 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         except EndpointDown as exc:  # not the input: the endpoint failed during the run
             print(f"error: {exc}; the answers so far are cached: rerun to resume", file=sys.stderr)
             raise typer.Exit(code=1) from None
+        except CostLimitReached as exc:  # as asked: the next request could have passed the limit
+            print(
+                f"error: {exc}; the answers so far are cached: rerun with a higher --cost-limit to go on "
+                "(answered items cost nothing again)",
+                file=sys.stderr,
+            )
+            raise typer.Exit(code=EXIT_COST) from None
         except StorageError as exc:  # not the input: the file under the cache failed
             print(f"error: {exc}; {exc.remedy}", file=sys.stderr)
             raise typer.Exit(code=EXIT_ENVIRONMENT if exc.environment else EXIT_FAILED) from None

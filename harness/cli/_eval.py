@@ -40,6 +40,7 @@ from ._common import (
     stderr,
     stdout,
 )
+from ._expert_options import CostLimitOption
 
 if TYPE_CHECKING:
     from ..report import SummaryRow
@@ -229,6 +230,7 @@ def eval_command(
             + ".",
         ),
     ] = None,
+    cost_limit: CostLimitOption = None,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
     ] = None,
@@ -269,6 +271,7 @@ def eval_command(
         "performance_alpha": performance_alpha,
         "pvalue": pvalue,
         "max_failed": max_failed,
+        "cost_limit": cost_limit,
     }
     run_config = load_run_config(config, overrides)
     check_roots(runs_dir)  # before the run's imports: a mistyped path is told at once

@@ -36,3 +36,14 @@ CacheOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+CostLimitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--cost-limit",
+        help=(
+            "Stop before a request would take the US dollars spent at the expert past this (a run "
+            "counts its earlier invocations too), with exit code 4; the expert's prices are its "
+            "price_input/price_output in experts.toml (built-in local experts cost 0) [no limit]."
+        ),
+    ),
+]

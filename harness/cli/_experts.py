@@ -50,6 +50,7 @@ def experts_list(json_output: JsonOption = False) -> None:
                     "urls": list(s.resolved_urls()),
                     "method": s.method,
                     "template": s.template,
+                    "price": asdict(s.price),
                     "source": s.source,
                 }
                 for name, s in registry.items()
@@ -57,11 +58,12 @@ def experts_list(json_output: JsonOption = False) -> None:
         )
         return
     table = Table(title=f"Experts (user file: {experts.experts_file()})")
-    for column in ("name", "served model", "base URL(s)", "method", "template", "from"):
+    for column in ("name", "served model", "base URL(s)", "method", "template", "$/M tokens in/out", "from"):
         table.add_column(column)
     for name, spec in sorted(registry.items()):
         urls = ", ".join(spec.resolved_urls())
-        table.add_row(name, spec.model, urls, spec.method, spec.template, spec.source)
+        price = f"{spec.price.input:g} / {spec.price.output:g}"
+        table.add_row(name, spec.model, urls, spec.method, spec.template, price, spec.source)
     stdout.print(table)
 
 
@@ -92,6 +94,7 @@ def experts_show(
             for setting, inner in value.items():
                 seconds = inner is not None and (key == "timeout" or setting in _SECONDS)
                 shown = _readable(inner, unlimited=key == "rate") + (" s" if seconds else "")
+                shown += _PRICE_UNITS.get(setting, "") if key == "price" else ""
                 stdout.print(f"  {setting}: {escape(shown)}{defaults.get(setting, '')}")
         elif key == "template":  # what it asks, which decides the expert's answers
             about = experts.describe_template(spec.template)
@@ -101,6 +104,11 @@ def experts_show(
 
 
 _SECONDS = frozenset({"initial", "maximum", "deadline"})  # RetryPolicy settings in seconds
+_PRICE_UNITS = {
+    "input": " USD per million prompt tokens",
+    "output": " USD per million generated tokens",
+    "batch_discount": " (the fraction a batch saves)",
+}
 
 
 def _readable(value: object, *, unlimited: bool = False) -> str:
@@ -139,6 +147,16 @@ def experts_add(
     ] = 16,
     rpm: Annotated[float | None, typer.Option("--rpm", help="Requests per minute.")] = None,
     tpm: Annotated[float | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
+    price_input: Annotated[
+        float | None, typer.Option("--price-input", help="USD per million prompt tokens [0: free].")
+    ] = None,
+    price_output: Annotated[
+        float | None, typer.Option("--price-output", help="USD per million generated tokens [0: free].")
+    ] = None,
+    batch_discount: Annotated[
+        float | None,
+        typer.Option("--batch-discount", help="The fraction of the price a batch saves, in [0, 1) [0]."),
+    ] = None,
 ) -> None:
     """Add an expert to the user registry file (or replace one of the same name), and say which
     prompt template it asks with: the template decides its answers as much as the model does."""
@@ -152,6 +170,9 @@ def experts_add(
         "concurrency": concurrency,
         "rpm": rpm,
         "tpm": tpm,
+        "price_input": price_input,
+        "price_output": price_output,
+        "batch_discount": batch_discount,
     }
     try:
         path = experts.add_expert(name, entry)

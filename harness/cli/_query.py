@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .._errors import MAX_FAILED, InputError, check_max_failed
+from .._errors import MAX_FAILED, InputError, check_cost_limit, check_max_failed
 from ..expert import resolve_expert
 from ..run import StageProgress
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
     CacheOption,
+    CostLimitOption,
     ExpertModelOption,
     ExpertOption,
     ExpertUrlOption,
@@ -50,6 +51,7 @@ def query_command(
             help=f"Exit with code 1 when more than this fraction of the examples failed [{MAX_FAILED:g}].",
         ),
     ] = MAX_FAILED,
+    cost_limit: CostLimitOption = None,
     batch_out: Annotated[
         Path | None,
         typer.Option(
@@ -80,7 +82,10 @@ def query_command(
     from ..stages import query_dataset
 
     check_max_failed(max_failed)
+    check_cost_limit(cost_limit)
     spec = resolve_expert(expert, expert_url, expert_model, method).spec
+    if (batch_out is not None or batch_in) and cost_limit is not None:
+        raise InputError("--cost-limit with --batch-out or --batch-in: a batch sends nothing from here")
     if batch_out is not None or batch_in:
         _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output)
         return
@@ -88,7 +93,9 @@ def query_command(
         raise InputError("--out is required: the table to write (.parquet or .csv)")
     try:
         with StageProgress(enabled=not json_output) as progress:
-            summary = query_dataset(data, spec, out, cache_path=cache, check=check, progress=progress)
+            summary = query_dataset(
+                data, spec, out, cache_path=cache, check=check, progress=progress, cost_limit=cost_limit
+            )
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM; the answers in flight were committed first
         print(
             "error: interrupted; the answers so far are cached: rerun the same command to resume",
@@ -107,7 +114,7 @@ def _print_summary(summary: QuerySummary) -> None:
         f"{summary.total} examples: {summary.cached} from the cache, {summary.scored} scored, "
         f"{summary.shared} shared with an identical example, "
         f"{summary.failed} failed ({summary.retries} retries, {summary.rate_limited} answers 429) "
-        f"in {summary.seconds:.1f} s; wrote {summary.out}"
+        f"in {summary.seconds:.1f} s; spent ${summary.cost_usd:.4f}; wrote {summary.out}"
     )
     for reason, count in sorted(summary.failure_reasons.items()):
         stdout.print(f"  failed: {count} x {reason} (they are retried on the next run)")
@@ -142,6 +149,7 @@ def _batch(
             f"for {written.written} examples (about {written.tokens:,} tokens) to {written.out}; "
             "nothing was sent"
         )
+        stdout.print(f"cost: {written.estimate}")
         return
     if out is None:
         raise InputError("--out is required with --batch-in: the table to write (.parquet or .csv)")

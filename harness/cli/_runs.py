@@ -35,6 +35,7 @@ class RunSummary:
     last_invocation: str | None  # UTC time the latest `ctd eval` started
     stages: dict[str, dict[str, Any]]  # each stage's latest record that did work (see RunLog)
     problem: str = ""  # why run.json could not be read
+    cost_usd: float | None = None  # dollars spent at the expert, every invocation's; None: none recorded
     changed: list[str] = field(default_factory=list)  # outputs whose sha256 no longer matches their manifest
 
 
@@ -51,6 +52,7 @@ def summarise(layout: RunLayout) -> RunSummary:
     config = latest.config if latest else {}
     changed = _changed_on_disk(layout, log)
     status = _status(latest.stages if latest else {})
+    costs = log.costs()
     return RunSummary(
         name=layout.name,
         path=str(layout.root),
@@ -63,6 +65,7 @@ def summarise(layout: RunLayout) -> RunSummary:
         last_invocation=latest.started if latest else None,
         stages={name: asdict(record) for name, record in log.stages.items()},
         changed=changed,
+        cost_usd=sum(costs.values()) if costs else None,
     )
 
 
@@ -110,7 +113,8 @@ def runs_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the runs as one JSON object.")] = False,
 ) -> None:
     """List the runs under the runs root: status, data, --limit (examples per split; "all"
-    without one), model, expert, and when each stage last ran (UTC), from each run's run.json.
+    without one), model, expert, the dollars spent at the expert (every invocation's), and when
+    each stage last ran (UTC), from each run's run.json.
     Every output is checked against the sha256 its stage's manifest recorded: a run with an
     output edited, truncated or deleted since shows "changed on disk" (and its next `ctd eval`
     redoes the stages concerned)."""
@@ -129,11 +133,12 @@ def runs_command(
         return
     stage_names = list(dict.fromkeys(name for run in runs for name in run.stages))
     table = Table(title=f"runs under {escape(str(roots.runs))} (stage times: when each last ran, UTC)")
-    for column in ("run", "status", "data", "limit", "model", "expert", *stage_names):
+    for column in ("run", "status", "data", "limit", "model", "expert", "cost", *stage_names):
         table.add_column(column, overflow="fold")  # a long URL or path is folded, never cut
     for run in runs:
         limit = "" if run.status == "unreadable" else "all" if run.limit is None else f"{run.limit:,}"
-        cells = [run.name, run.status, _short_data(run.data), limit, run.model, run.expert]
+        cost = "-" if run.cost_usd is None else f"${run.cost_usd:.4f}"
+        cells = [run.name, run.status, _short_data(run.data), limit, run.model, run.expert, cost]
         cells += [_when(run.stages[name]) if name in run.stages else "-" for name in stage_names]
         table.add_row(*(escape(cell) for cell in cells))
     stdout.print(table)

@@ -34,6 +34,7 @@ from ..data import atomic_path, read_scores, write_json
 from ..run import RunLayout
 from ._checks import checks_section
 from ._context import ReportContext
+from ._costs import cost_section
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
 from ._expert_answers import expert_answers_section
@@ -81,6 +82,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         summary_at = len(ctx.lines)
         _config(ctx)
         expert_answers_section(ctx)
+        cost_section(ctx)
         checks_section(ctx)
         expert_calibration_section(ctx)
         for section in SECTIONS:

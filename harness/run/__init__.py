@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Roots": "._layout",
     "RunConfig": "._config",
     "RunContext": "._context",
+    "RunCosts": "._costs",
     "RunLayout": "._layout",
     "RunLog": "._log",
     "RunLogError": "._log",

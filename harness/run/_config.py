@@ -18,7 +18,7 @@ import calibrate
 from probes import ARCHS, Arch
 
 from .._bounds import check_count, check_counts, check_levels, check_list_length
-from .._errors import MAX_FAILED, InputError, check_max_failed
+from .._errors import MAX_FAILED, InputError, check_cost_limit, check_max_failed
 from ..expert import check_expert_url, is_url
 from ._sections import ExpertSettings, ProbeSettings, Serve
 
@@ -86,11 +86,15 @@ class RunConfig:
     performance_alpha: float | None = None
     # The expert stage: stop before calibration when more than this fraction of a split failed.
     max_failed: float = MAX_FAILED
+    # US dollars the run may spend at the expert in all, its earlier invocations included; None:
+    # no limit. Not in any fingerprint: a rerun with another limit reuses what was done.
+    cost_limit: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("budgets", "performance_alphas"):
             check_levels("--" + name.replace("_", "-"), getattr(self, name))
         check_max_failed(self.max_failed)
+        check_cost_limit(self.cost_limit)
         if self.pvalue not in calibrate.PVALUE_METHODS:
             raise InputError(f"--pvalue {self.pvalue}: choose from {', '.join(calibrate.PVALUE_METHODS)}")
         for name in ("delta", "budget_alpha", "performance_alpha"):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from probes import ModelInfo
 
 from ..data import DataSplits
 from ..expert import ResolvedExpert
 from ._config import RunConfig
+from ._costs import RunCosts
 from ._layout import Roots, RunLayout
 from ._log import Manifests
 from ._stage import ProgressFn
@@ -26,3 +27,4 @@ class RunContext:
     expert: ResolvedExpert  # the expert, resolved once from --expert (and --expert-model)
     model: ModelInfo  # the monitored model's identity and shape (no weights loaded)
     progress: ProgressFn  # the run's display (shows nothing under --json)
+    costs: RunCosts = field(default_factory=RunCosts)  # dollars: earlier invocations' and this one's

@@ -76,10 +76,12 @@ class StageRecord:
     seconds: float | None  # None while running
     detail: str  # one line: what the stage produced, or the error that stopped it
     at: str  # UTC time of this record
+    cost_usd: float | None = None  # dollars this invocation's stage spent at the expert (None: none)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> StageRecord:
-        return cls(StageStatus(raw["status"]), raw["seconds"], raw["detail"], raw["at"])
+        cost = raw.get("cost_usd")
+        return cls(StageStatus(raw["status"]), raw["seconds"], raw["detail"], raw["at"], cost)
 
 
 @dataclass
@@ -166,16 +168,34 @@ class RunLog:
         """A new invocation: its configuration and the software running it."""
         self.invocations.append(Invocation(config=config, versions=_versions(), git_revision=git_revision()))
 
-    def record(self, stage: str, status: StageStatus, seconds: float | None, detail: str) -> None:
+    def record(
+        self,
+        stage: str,
+        status: StageStatus,
+        seconds: float | None,
+        detail: str,
+        cost_usd: float | None = None,
+    ) -> None:
         if not self.invocations:
             raise RuntimeError("RunLog.record before RunLog.started")
         self.invocations[-1].stages[stage] = StageRecord(
-            status, None if seconds is None else round(seconds, 2), redact(detail), _now()
+            status, None if seconds is None else round(seconds, 2), redact(detail), _now(), cost_usd
         )
+
+    def costs(self) -> dict[str, float]:
+        """Dollars each stage spent, summed over every invocation of the run (a rerun after a
+        cost limit, or after an interruption, adds what it spent to what the earlier ones did)."""
+        totals: dict[str, float] = {}
+        for invocation in self.invocations:
+            for name, record in invocation.stages.items():
+                if record.cost_usd is not None:
+                    totals[name] = totals.get(name, 0.0) + record.cost_usd
+        return totals
 
     def write(self, path: Path) -> None:
         record = asdict(self)
         record["stages"] = {name: asdict(r) for name, r in self.stages.items()}
+        record["cost_usd"] = self.costs()
         write_json(path, record)
 
 

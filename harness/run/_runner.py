@@ -20,10 +20,14 @@ def run_stages(
     *,
     on_start: Callable[[str], None] | None = None,
     on_stage: Callable[[StageOutcome], None] | None = None,
+    spent: Callable[[str], float | None] | None = None,
 ) -> tuple[StageOutcome, ...]:
     """Run (or skip) `stages` in order, calling `on_start(name)` before a stage's work and
     `on_stage(outcome)` after it (or its skip). A stage that raises is recorded as failed
-    (interrupted on Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates."""
+    (interrupted on Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates.
+    `spent(name)`: the dollars the stage spent in this invocation (None: it spends none),
+    recorded with its outcome, whatever that is."""
+    cost = spent or (lambda name: None)
     layout = manifests.layout
     outcomes: list[StageOutcome] = []
     for stage in stages:
@@ -57,7 +61,9 @@ def run_stages(
                 status = (
                     StageStatus.INTERRUPTED if isinstance(error, KeyboardInterrupt) else StageStatus.FAILED
                 )
-                run_log.record(stage.name, status, time.perf_counter() - started, str(error))
+                run_log.record(
+                    stage.name, status, time.perf_counter() - started, str(error), cost(stage.name)
+                )
                 # The disk may be why the stage failed: its error, not the log's, is the news.
                 with suppress(OSError):
                     manifests.log(f"{stage.name}: {status}: {type(error).__name__}: {error}")
@@ -70,7 +76,10 @@ def run_stages(
             )
             outcome = StageOutcome(stage.name, StageStatus.RAN, time.perf_counter() - started, detail)
             manifests.log(f"{stage.name}: finished in {outcome.seconds:.1f} s: {result.detail}")
-        run_log.record(stage.name, outcome.status, outcome.seconds, outcome.detail)
+        ran = outcome.status is StageStatus.RAN
+        run_log.record(
+            stage.name, outcome.status, outcome.seconds, outcome.detail, cost(stage.name) if ran else None
+        )
         run_log.write(layout.run_log)
         outcomes.append(outcome)
         if on_stage is not None:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from .._signals import stop_signals
 from ..data import check_writable, read_dataset, write_table
 from ..expert import check_expert
 from ..run import ProgressFn, Roots
+from ._cost import estimate_queries
 
 __all__ = [
     "ExpertProgress",
@@ -113,6 +114,7 @@ class QuerySummary:
     failure_reasons: dict[str, int]
     dropped: int
     seconds: float
+    cost_usd: float = 0.0  # dollars this invocation spent at the expert (the answers' token counts)
 
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -140,6 +142,7 @@ def query_dataset(
     cache_path: Path | None = None,
     check: bool = True,
     progress: ProgressFn | None = None,
+    cost_limit: float | None = None,
 ) -> QuerySummary:
     """Score every example of a dataset file with an expert, through the cache, and write a table
     aligned with the file: id, label, expert, label_mass, source, how, reason, attempts.
@@ -147,7 +150,14 @@ def query_dataset(
     problem is one InputError line and nothing is queried or cached."""
     dataset = read_dataset(data)
     summary = query_items(
-        dataset.items, dataset.labels, spec, out, cache_path=cache_path, check=check, progress=progress
+        dataset.items,
+        dataset.labels,
+        spec,
+        out,
+        cache_path=cache_path,
+        check=check,
+        progress=progress,
+        spend=experts.Spend(spec.price, limit=cost_limit),
     )
     return replace(summary, dropped=dataset.dropped)
 
@@ -195,11 +205,17 @@ def query_items(
     progress: ProgressFn | None = None,
     extra: dict[str, np.ndarray] | None = None,
     with_top_tokens: bool = False,
+    spend: experts.Spend | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> QuerySummary:
     """Score `items` with an expert through the cache and write the table `out` (one row per item,
     in order; `extra` columns are added as given; `with_top_tokens` adds the expert's next-token
     alternatives, read back from the cache). An interrupted run resumes from the cache:
-    answers already committed are never requested again."""
+    answers already committed are never requested again.
+
+    `spend` counts the dollars (and holds the cost limit: `experts.CostLimitReached` stops the
+    run, its answers committed); before anything is sent, "about N requests, about $X" goes to
+    the progress display and `log`."""
     check_writable(out, "--out")
     check_request_sizes(items, spec)
     # The cache opens, and is checked (writable, room, pages sound, no foreign lock), before the
@@ -213,9 +229,14 @@ def query_items(
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
+        spend = spend or experts.Spend(spec.price)
+        estimate = estimate_queries(items, spec, cache).line(limit=spend.limit, before=spend.before)
+        for say in (progress.step if progress is not None else None, log):
+            if say is not None:
+                say(estimate)
         try:
             results, stats = asyncio.run(
-                _score_once(experts.ExpertClient(spec, cache=cache, progress=sink), items)
+                _score_once(experts.ExpertClient(spec, cache=cache, progress=sink, spend=spend), items)
             )
         except experts.Stopped:  # the answers that arrived are committed; the rest is not lost
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a run
@@ -237,6 +258,7 @@ def query_items(
         failure_reasons=dict(stats.failure_reasons),
         dropped=0,
         seconds=round(time.monotonic() - started, 3),
+        cost_usd=spend.spent,
     )
 
 

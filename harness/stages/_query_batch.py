@@ -15,6 +15,7 @@ from experts import ExpertSpec, ScoreCache
 from .._errors import InputError, check_failed_fraction
 from ..data import atomic_path, check_writable, dumps, read_dataset
 from ..run import Roots
+from ._cost import estimate_queries
 from ._query import write_query_table
 
 __all__ = ["BatchInSummary", "BatchOutSummary", "batch_in", "batch_out"]
@@ -36,6 +37,8 @@ class BatchOutSummary:
     lines: int
     tokens: int
     dropped: int
+    usd: float = 0.0  # what the batch may cost at the expert's prices, with its batch discount
+    estimate: str = ""  # the same as one line: "about N batch lines, about $X ..."
 
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -86,6 +89,7 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
         with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
             for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
                 handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+        estimate = estimate_queries(dataset.items, spec, cache, batch=True)
     finally:
         cache.close()
     return BatchOutSummary(
@@ -99,6 +103,8 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
         lines=counts.lines,
         tokens=counts.tokens,
         dropped=dataset.dropped,
+        usd=estimate.usd,
+        estimate=estimate.line(),
     )
 
 

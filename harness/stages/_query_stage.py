@@ -110,10 +110,13 @@ class QueryStage:
         ctx.manifests.log(
             f"query: {summary.total} examples, {summary.cached} from the cache, {summary.scored} scored, "
             f"{summary.shared} shared with an identical example, "
-            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s"
+            f"{summary.failed} failed {summary.failure_reasons or ''} in {summary.seconds:.1f} s, "
+            f"${summary.cost_usd:.4f} spent"
         )
         shared = f"{summary.shared} shared, " if summary.shared else ""  # identical examples, paid once
         detail = f"{summary.scored} scored, {shared}{summary.cached} cached, {summary.failed} failed"
+        if summary.cost_usd:
+            detail += f", ${summary.cost_usd:.4f} spent"
         if summary.failed:
             detail += " (rerun with --retry-failed to ask again for those)"
         return StageResult(detail, {"failed": summary.failed})
@@ -125,10 +128,12 @@ class QueryStage:
     def _query(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
         """Every example through the expert (`spec`, where requests go) and the cache into `out`,
         then the run's expert calibration fitted (the content-free inputs asked through the same
-        client and cache) and written beside it."""
+        client, cache and spend) and written beside it."""
         summary = self._query_examples(examples, out, spec)
         kind = self.ctx.config.expert_calibration
-        content_free = score_content_free(spec, self.ctx.roots.cache) if kind == "contextual" else None
+        content_free = None
+        if kind == "contextual":
+            content_free = score_content_free(spec, self.ctx.roots.cache, self._spend(spec))
         calibration = fit_expert_calibration(kind, read_table(out).columns, content_free)
         write_expert_calibration(self.ctx.layout.query, calibration)
         if kind != "none":
@@ -138,8 +143,15 @@ class QueryStage:
             )
         return summary
 
+    def _spend(self, spec: ExpertSpec) -> experts.Spend:
+        """The stage's dollars, counted against --cost-limit with the run's earlier spending."""
+        return self.ctx.costs.spend_for(self.name, spec.price, self.ctx.config.cost_limit)
+
     def _query_examples(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
-        """Every example through the expert (`spec`, where requests go) and the cache into `out`."""
+        """Every example through the expert (`spec`, where requests go) and the cache into `out`,
+        its dollars counted in the run's costs."""
+        ctx = self.ctx
+        spend = self._spend(spec)
         return query_items(
             [e.item() for e in examples],
             [e.label for e in examples],
@@ -154,6 +166,8 @@ class QueryStage:
                 "text": np.array([e.preview() for e in examples]),
             },
             with_top_tokens=True,
+            spend=spend,
+            log=lambda line: ctx.manifests.log(f"query: {line}"),
         )
 
     @contextmanager

@@ -37,6 +37,7 @@ NOT_SHOWN = {
     "merge_controls",
     "limit",
     "performance_alpha",
+    "cost_limit",  # None, said in words: [no limit]
 }
 
 
@@ -64,6 +65,7 @@ def test_eval_help_shows_every_default() -> None:
     assert "[--merge-controls]" in entries["--merge-controls"]
     headline = " ".join(entries["--performance-alpha"].split())  # said in words, where None would be
     assert "[the smallest level of" in headline and "returns a policy in at least 10% of the" in headline
+    assert "[no limit]" in entries["--cost-limit"]
 
 
 def test_experts_show_prints_plain_values_and_the_effective_down_after(tmp_path: Path) -> None:

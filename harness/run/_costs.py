@@ -1,0 +1,34 @@
+"""A run's dollars: what the earlier invocations of the run spent (from run.json) and what this
+one's stages spend, so that a cost limit holds for the run as a whole, across resumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from experts import Price, Spend
+
+__all__ = ["RunCosts"]
+
+
+@dataclass
+class RunCosts:
+    """`before`: dollars spent by earlier invocations (`RunLog.costs`); `spends`: this
+    invocation's, one `experts.Spend` per stage that pays an expert."""
+
+    before: float = 0.0
+    spends: dict[str, Spend] = field(default_factory=dict)
+
+    def spend_for(self, stage: str, price: Price, limit: float | None) -> Spend:
+        """The stage's spend, counting against `limit` what the run spent before it, in this
+        invocation's other stages included; the same one when the stage asks again (a stage that
+        goes on after replacing its expert's server keeps counting)."""
+        if stage in self.spends:
+            return self.spends[stage]
+        others = sum(spend.spent for name, spend in self.spends.items() if name != stage)
+        self.spends[stage] = Spend(price, limit=limit, before=self.before + others)
+        return self.spends[stage]
+
+    def spent(self, stage: str) -> float | None:
+        """Dollars `stage` spent in this invocation; None if it pays no expert."""
+        spend = self.spends.get(stage)
+        return None if spend is None else spend.spent

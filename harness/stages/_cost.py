@@ -1,0 +1,71 @@
+"""What the query stage will cost, said before it sends anything: "about N requests, about $X"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import experts
+from experts import ExpertSpec, Item, ScoreCache, Spend
+
+__all__ = ["QueryEstimate", "estimate_queries"]
+
+
+@dataclass(frozen=True)
+class QueryEstimate:
+    """The requests the cache misses need and their dollars: `usd` from the usual estimate of
+    tokens (characters / 4), `usd_at_most` from the bound the cost limit uses (`experts.Spend`,
+    before any answer has shown what the chat template adds: loose), with the batch discount
+    when `batch`."""
+
+    expert: str
+    requests: int
+    usd: float
+    usd_at_most: float
+    free: bool
+    batch: bool = False
+
+    def line(self, *, limit: float | None = None, before: float = 0.0) -> str:
+        what = "batch lines" if self.batch else "requests"
+        if self.free:
+            text = (
+                f"about {self.requests} {what}, $0: {self.expert} costs nothing (priced at 0: a local model)"
+            )
+        else:
+            discount = " with the batch discount" if self.batch else ""
+            text = (
+                f"about {self.requests} {what}, about ${self.usd:.4f} (at most ${self.usd_at_most:.4f})"
+                f" at {self.expert}'s prices{discount}"
+            )
+        if limit is not None:
+            text += f"; cost limit ${limit:.4f}, ${before:.4f} spent before"
+        return text
+
+
+def estimate_queries(
+    items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache | None, *, batch: bool = False
+) -> QueryEstimate:
+    """The estimate for `items`: one request per body of each distinct uncached input (items
+    with the same input share one; a failure is asked again)."""
+    client = experts.ExpertClient(spec, cache=None)
+    pending: dict[str, experts.Request] = {}
+    for item in items:
+        request, key = client.request_for(item)
+        pending.setdefault(key, request)
+    stored = cache.get_many(list(pending)) if cache is not None and pending else {}
+    missing = [request for key, request in pending.items() if key not in stored]
+    bound, price = Spend(spec.price), spec.price
+    usd = at_most = 0.0
+    for request in missing:
+        generated = sum(int(body.get("max_tokens", 0)) for body in request.bodies)
+        usd += price.usd(request.tokens, generated, batch=batch)
+        tokens = bound.bound(request)
+        at_most += price.usd(tokens.prompt, tokens.completion, batch=batch)
+    return QueryEstimate(
+        expert=spec.name,
+        requests=sum(len(r.bodies) for r in missing),
+        usd=usd,
+        usd_at_most=at_most,
+        free=price.free,
+        batch=batch,
+    )

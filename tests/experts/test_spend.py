@@ -1,0 +1,146 @@
+"""Dollars at the client (experts._spend): a cost limit stops the client before a request would
+pass it, with many requests in flight, and the spent dollars are the cache's token counts times
+the price; a second client with a higher limit finishes and pays for no answer twice."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fault_server import FaultPlan, RunningServer
+from test_experts_engine import db_rows, make_spec
+
+from experts import (
+    BUILTIN_EXPERTS,
+    ConfigError,
+    CostLimitReached,
+    ExpertClient,
+    InvalidSetting,
+    Item,
+    Price,
+    RateLimit,
+    ScoreCache,
+    Spend,
+    build_request,
+    load_experts,
+    load_template,
+)
+
+PRICE = Price(input=2.0, output=10.0)  # USD per million tokens
+
+
+def items(n: int) -> list[Item]:
+    return [Item(f"row-{i}", f"Is item-{i} risky? " + "word " * (i % 7)) for i in range(n)]
+
+
+def cache_usd(path: Path) -> float:
+    """What the answers in the cache cost, from the token counts the server reported."""
+    ((prompt, completion),) = db_rows(path, "SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM scores")
+    return PRICE.usd(prompt or 0, completion or 0)
+
+
+def score(spec, cache: ScoreCache, spend: Spend, batch: list[Item]):  # type: ignore[no-untyped-def]
+    return asyncio.run(ExpertClient(spec, cache=cache, spend=spend).score(batch))
+
+
+def test_a_cost_limit_stops_before_it_is_passed_and_a_higher_one_finishes(tmp_path: Path) -> None:
+    batch = items(120)
+    with RunningServer(FaultPlan(delay=0.02)) as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=32), price=PRICE)
+        cache = ScoreCache(tmp_path / "cache.db")
+        limit = 0.02  # about 40 of the 120 answers (~250 prompt tokens, 1 generated: ~$0.0005 each)
+        spend = Spend(PRICE, limit=limit)
+        with pytest.raises(CostLimitReached) as stopped:
+            score(spec, cache, spend, batch)
+        answered = len(db_rows(tmp_path / "cache.db", "SELECT key FROM scores"))
+        assert 0 < answered < len(batch), answered
+        assert cache_usd(tmp_path / "cache.db") <= spend.spent <= limit
+        assert stopped.value.spent == pytest.approx(spend.total) and stopped.value.limit == limit
+        # It stopped only when nothing was in flight and the next request's bound did not fit.
+        assert spend.total + stopped.value.needed > limit
+        assert spend.reserved == pytest.approx(0.0, abs=1e-12)  # every reservation settled
+
+        again = Spend(PRICE, limit=1.0, before=spend.total)
+        results, stats = score(spec, cache, again, batch)
+        requests = {k: v for k, v in server.server.counts.requests.items() if k >= 0}
+    assert all(r.source != "failed" for r in results) and stats.cached == answered
+    assert requests == dict.fromkeys(range(len(batch)), 1)  # every item asked once in all
+    assert cache_usd(tmp_path / "cache.db") == pytest.approx(spend.spent + again.spent)
+    assert stats.cost_usd == pytest.approx(again.spent)
+
+
+def test_the_bound_covers_what_the_server_bills() -> None:
+    """Byte count plus the learned template overhead is never below the reported prompt tokens
+    (the fault server bills characters / 4); before any answer it allows FIRST_OVERHEAD."""
+    template = load_template("stakes-v1")
+    request = build_request("next-token", template, "item-1 ü€ " * 50, "m", top_logprobs=5)
+    spend = Spend(PRICE, limit=1.0)
+    first = spend.bound(request)
+    assert first.prompt > 1024 and first.completion == 1
+    reservation = spend.reserve_now(request)
+    reservation.settle([{"usage": {"prompt_tokens": 300, "completion_tokens": 1}}])
+    assert (spend.prompt_tokens, spend.completion_tokens) == (300, 1)
+    learned = spend.bound(request)
+    text = sum(len(m["content"].encode()) for m in request.body["messages"])
+    assert 300 <= learned.prompt < first.prompt and learned.prompt >= text
+
+
+def test_settling_charges_what_may_have_been_billed() -> None:
+    template = load_template("stakes-v1")
+    request = build_request("next-token", template, "item-1", "m", top_logprobs=5)
+    spend = Spend(PRICE, limit=1.0)
+    spend.reserve_now(request).refund()  # an error status: nothing billed
+    assert spend.spent == 0 and spend.reserved == 0
+    spend.reserve_now(request).lose()  # cancelled before it was sent: nothing
+    assert spend.spent == 0
+    held = spend.reserve_now(request)
+    bound = spend.bound(request)
+    held.sent = True
+    held.lose()  # cancelled in flight: its bound
+    held.settle([{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}])  # no effect, already closed
+    assert (spend.prompt_tokens, spend.completion_tokens) == (bound.prompt, bound.completion)
+
+
+@pytest.mark.parametrize(
+    ("changes", "setting"),
+    [
+        ({"input": -1.0}, "input"),
+        ({"output": float("nan")}, "output"),
+        ({"batch_discount": 1.0}, "batch_discount"),
+    ],
+)
+def test_impossible_prices_are_refused(changes: dict[str, float], setting: str) -> None:
+    with pytest.raises(InvalidSetting) as refused:
+        Price(**changes)
+    assert refused.value.setting == setting
+
+
+def test_a_negative_limit_is_refused() -> None:
+    with pytest.raises(ConfigError, match="cost limit"):
+        Spend(PRICE, limit=-1.0)
+
+
+def test_registry_prices_and_their_errors_name_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "experts.toml"
+    path.write_text(
+        '[experts.paid]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+        "price_input = 0.15\nprice_output = 1\nbatch_discount = 0.5\n"
+    )
+    paid = load_experts(path)["paid"]
+    assert paid.price == Price(input=0.15, output=1.0, batch_discount=0.5)
+    assert all(spec.price.free for name, spec in BUILTIN_EXPERTS.items())  # local models cost 0
+    assert replace(paid, price=Price()).endpoint_id() == paid.endpoint_id()
+    path.write_text(path.read_text().replace("price_output = 1", "price_output = -2"))
+    with pytest.raises(ConfigError) as refused:
+        load_experts(path)
+    assert str(refused.value).startswith(f"{path}:5: expert 'paid': price_output = -2:"), refused.value
+
+
+def test_the_price_is_not_in_the_cache_key() -> None:
+    spec = make_spec("http://127.0.0.1:9/v1")
+    item = Item("a", "item-1")
+    free = ExpertClient(spec, cache=None).request_for(item)[1]
+    paid = ExpertClient(replace(spec, price=PRICE), cache=None).request_for(item)[1]
+    assert free == paid
