@@ -399,11 +399,14 @@ class ExpertClient:
                     payload, took = await endpoint.request("POST", request.path, body)
                     payloads.append(payload)
                     seconds += took
+            if reservation is not None:  # billed whatever the answers hold; a rung pays its own
+                reservation.settle(payloads)
             scored = await self._scored(payloads, request, held)
             score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
             seconds += scored.seconds
         except ExpertError as exc:
             if reservation is not None:  # an error status is not billed; a lost answer may be
+                # (a no-op when the answers arrived and their score failed: settled above)
                 reservation.settle(payloads, unanswered_billed=not isinstance(exc, HTTPStatusError))
             stats.errors_seen[exc.reason] += 1
             if isinstance(exc, HTTPStatusError) and exc.status == 429:
@@ -415,8 +418,6 @@ class ExpertClient:
                 return failed
             return delay
         breaker.answered(probe=probe)
-        if reservation is not None:
-            reservation.settle(payloads)
         usage = total_usage(payloads)
         prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         limiter.settle(estimated, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
@@ -442,7 +443,7 @@ class ExpertClient:
         except ResponseError as exc:
             if self.spec.method != "next-token":
                 raise
-            return await recover(exc, payloads, request, self.template, self.spec.server, held)
+            return await recover(exc, payloads, request, self.template, self.spec.server, held, self._reserve)
         how = plain_how(self.spec.method)
         return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
 

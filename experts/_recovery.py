@@ -36,16 +36,20 @@ rung gave it; plain answers say `top-k`, likelihood answers `likelihood`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import HTTPStatusError, ResponseError
+from ._errors import ExpertError, HTTPStatusError, ResponseError
 from ._prompts import PromptTemplate
 from ._scoring import Request, Score, parse_response
 
 if TYPE_CHECKING:
     from ._resources import ClientResources
+    from ._spend import Reservation
+
+Reserve = Callable[[Request], Awaitable["Reservation | None"]]
+"""Holds what a request may cost before it is sent (`ExpertClient._reserve`): None without a spend."""
 
 __all__ = [
     "HOWS",
@@ -180,9 +184,11 @@ async def recover(
     template: PromptTemplate,
     server: str,
     held: ClientResources,
+    reserve: Reserve,
 ) -> Scored:
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
-    the limiter, and return the first that has label mass. A rung the server refuses (an HTTP
+    the limiter and each paid like any request (`reserve` before it is sent, settled with its
+    answer's tokens), and return the first that has label mass. A rung the server refuses (an HTTP
     status that no retry changes: 400, 422) is passed over; a retryable error (429, 5xx, a
     timeout) ends the attempt like any other, so the retry loop sends it all again. When no rung
     answers inside the label set, the item fails with the plain answer's reason; every request
@@ -194,14 +200,28 @@ async def recover(
     for rung in ladder(base, template, server):
         await held.limiter.admit(rung.request.tokens)
         estimated += rung.request.tokens
+        cost = await reserve(rung.request)  # over the cost limit: Stopped, nothing sent
         try:
             async with held.limiter.slot():
+                if cost is not None:
+                    cost.sent = True
                 payload, took = await held.endpoint.request("POST", rung.request.path, rung.request.body)
+            if cost is not None:
+                cost.settle([payload])
         except HTTPStatusError as exc:
+            if cost is not None:
+                cost.refund()  # an error status is not billed
             if exc.retryable:
                 raise
             said.append(f"{rung.how}: refused (HTTP {exc.status})")
             continue
+        except ExpertError:
+            if cost is not None:
+                cost.settle([], unanswered_billed=True)  # a lost answer may have been billed
+            raise
+        finally:
+            if cost is not None:
+                cost.lose()  # cancelled in flight: charged its bound; a no-op once settled
         seconds += took
         received.append(payload)
         try:

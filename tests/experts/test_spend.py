@@ -144,3 +144,36 @@ def test_the_price_is_not_in_the_cache_key() -> None:
     free = ExpertClient(spec, cache=None).request_for(item)[1]
     paid = ExpertClient(replace(spec, price=PRICE), cache=None).request_for(item)[1]
     assert free == paid
+
+
+def test_a_recovery_rung_is_paid_and_stopped_by_the_limit_like_any_request(tmp_path: Path) -> None:
+    """An answer without label mass goes down the ladder (experts._recovery): each rung's
+    request reserves its bound before it is sent and is charged its tokens. With no limit the
+    dollars are both requests' reported tokens; with a limit that covers the plain request but
+    not the rung's bound, the rung is never sent and the spend stays under the limit."""
+    plan = FaultPlan(recover_on={1: "wider-top-k"})
+    with RunningServer(plan) as server:
+        spec = make_spec(server.url, top_logprobs=5, price=PRICE)
+        spend = Spend(PRICE)
+        results, stats = score(
+            spec, ScoreCache(tmp_path / "paid.db"), spend, [Item("row-1", "A request about item-1.")]
+        )
+        assert (results[0].source, results[0].how) == ("expert", "wider-top-k")
+        assert stats.prompt_tokens > 0 and server.server.counts.requests[1] == 2
+        assert spend.spent == pytest.approx(PRICE.usd(stats.prompt_tokens, stats.completion_tokens))
+
+        # A spend that has seen one answer (its template overhead learned), then limited to the
+        # plain request's bound and a little: the plain request fits, its rung (the same bound)
+        # does not once the plain answer is paid.
+        capped = Spend(PRICE)
+        score(spec, ScoreCache(tmp_path / "capped.db"), capped, [Item("row-2", "A request about item-2.")])
+        template = load_template(spec.template)
+        plain = build_request("next-token", template, "A request about item-1.", spec.model, top_logprobs=5)
+        bound = capped.bound(plain)
+        limit = capped.limit = capped.total + 1.01 * PRICE.usd(bound.prompt, bound.completion)
+        with pytest.raises(CostLimitReached):
+            score(
+                spec, ScoreCache(tmp_path / "capped.db"), capped, [Item("row-1", "A request about item-1.")]
+            )
+        assert server.server.counts.requests[1] == 3  # the plain request again, and no rung
+    assert capped.total <= limit and capped.reserved == pytest.approx(0.0, abs=1e-12)
