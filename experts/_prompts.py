@@ -87,12 +87,14 @@ class PromptTemplate:
     path: Path
     kind: TemplateKind = "wrapped"
     chat_template_kwargs: dict[str, Any] | None = field(default=None)
+    drop_system: bool = False  # pass-through: leave out the conversation's system messages
 
     def messages(self, conversation: Conversation) -> list[dict[str, str]]:
         """Chat messages for next-token scoring: a pass-through template's are the
         conversation's own (a plain string is one user turn)."""
         if self.kind == "pass-through":
-            return _own_messages(conversation)
+            own = _own_messages(conversation)
+            return [m for m in own if m["role"] != "system"] if self.drop_system else own
         return [
             {"role": "system", "content": self.system},
             {
@@ -189,12 +191,17 @@ def load_template(name_or_path: str) -> PromptTemplate:
 
 def _pass_through(path: Path, raw: bytes, data: dict[str, Any]) -> PromptTemplate:
     """A pass-through template file: name, kind, labels, and chat_template_kwargs (a table)."""
-    unknown = sorted(set(data) - {"name", "kind", "labels", "chat_template_kwargs"})
+    unknown = sorted(set(data) - {"name", "kind", "labels", "chat_template_kwargs", "system_messages"})
     if unknown:
         raise ConfigError(
             f"{path}: {unknown[0]!r} has no place in a pass-through template (it has name, kind, "
-            "labels and chat_template_kwargs: the conversation is sent as it is)"
+            "labels, chat_template_kwargs and system_messages: the conversation is sent as it is)"
         )
+    # A guard model's chat template may refuse a system turn (Llama Guard 3's requires turns
+    # that alternate user and assistant): "drop" leaves the deployment's system prompt out.
+    system_messages = data.get("system_messages", "keep")
+    if system_messages not in ("keep", "drop"):
+        raise ConfigError(f'{path}: system_messages = {system_messages!r}: must be "keep" or "drop"')
     labels = data.get("labels")
     if not isinstance(labels, dict) or not all(isinstance(labels.get(k), str) for k in ("high", "low")):
         raise ConfigError(f"{path}: [labels] needs high and low, the model's own answer tokens")
@@ -215,6 +222,7 @@ def _pass_through(path: Path, raw: bytes, data: dict[str, Any]) -> PromptTemplat
         path=path,
         kind="pass-through",
         chat_template_kwargs=kwargs,
+        drop_system=system_messages == "drop",
     )
 
 

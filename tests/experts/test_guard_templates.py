@@ -113,6 +113,16 @@ def test_a_plain_string_is_one_user_turn() -> None:
     assert bodies[0]["chat_template_kwargs"] == {"guardian_config": {"risk_name": "harm"}}
 
 
+def test_llama_guard_leaves_out_system_turns_the_others_keep_them() -> None:
+    """Llama Guard 3's chat template refuses a system turn (its turns must alternate user and
+    assistant), so its template drops the deployment's system prompt; the others send it."""
+    system = {"role": "system", "content": "You are a helpful assistant."}
+    for name in GUARDS:
+        template = load_template(BUILTIN_EXPERTS[name].template)
+        messages = template.messages([system, *CONVERSATION])
+        assert messages == (CONVERSATION if name.startswith("llama-guard") else [system, *CONVERSATION])
+
+
 def test_the_golden_files_hold_the_model_card_facts() -> None:
     """Read apart from the code: the label tokens and kwargs names the cards give."""
     bodies = {name: json.loads((GOLDEN / f"{name}.json").read_text()) for name in GUARDS}
@@ -167,13 +177,22 @@ PASS = 'kind = "pass-through"\n[labels]\nhigh = "unsafe"\nlow = "safe"\n'
         ('kind = "pass-through"\n[labels]\nhigh = "unsafe"\n', "[labels] needs high and low"),
         ('kind = "pass-through"\n[labels]\nhigh = "Yes"\nlow = "yes"\n', "two different non-empty tokens"),
         ('chat_template_kwargs = "x"\n' + PASS, "chat_template_kwargs must be a table"),
+        ('system_messages = "skip"\n' + PASS, 'must be "keep" or "drop"'),
         (
             'system = "s"\nuser = "{conversation}"\nchat_template_kwargs = {a = 1}\n'
             '[labels]\nhigh = "h"\nlow = "l"\n[answers]\nhigh = "H"\nlow = "L"\n',
             'chat_template_kwargs needs kind = "pass-through"',
         ),
     ],
-    ids=["kind", "system", "labels", "same-labels", "kwargs-not-a-table", "kwargs-when-wrapped"],
+    ids=[
+        "kind",
+        "system",
+        "labels",
+        "same-labels",
+        "kwargs-not-a-table",
+        "system-messages",
+        "kwargs-when-wrapped",
+    ],
 )
 def test_a_bad_template_file_is_one_line_naming_it(tmp_path: Path, text: str, problem: str) -> None:
     path = _template(tmp_path, text)
