@@ -8,7 +8,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -22,7 +22,7 @@ from ._failure import FailureKind
 from ._flights import Flights
 from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
-from ._recovery import Scored, plain_how, recover
+from ._recovery import Scored, ladder, plain_how, recover
 from ._registry import ExpertSpec
 from ._resources import ClientResources
 from ._scoring import Request, Score, build_request, parse_response, total_usage
@@ -342,7 +342,7 @@ class ExpertClient:
         while True:
             attempt += 1
             await held.limiter.admit(request.tokens, requests=len(request.bodies))
-            reservation = await self._reserve(request)
+            reservation = await self._reserve(self._billable(request))
             try:
                 last = attempt >= max_attempts
                 outcome = await self._attempt(
@@ -351,12 +351,21 @@ class ExpertClient:
             finally:
                 self._drain.settled()
                 if reservation is not None:
-                    reservation.lose()  # cancelled in flight (it may have been billed); else a no-op
+                    reservation.close()  # what was sent is charged; a body still in flight, its bound
             if isinstance(outcome, ItemResult):
                 return outcome
             self._drain.check()  # a stop came while the attempt was under way: no retry
             stats.retries += 1
             await self._sleep(outcome)
+
+    def _billable(self, request: Request) -> Request:
+        """Every body an attempt at `request` may send: its own and, for next-token scoring, the
+        recovery rungs' (reserved up front, so that the limit never stops an attempt between a
+        paid answer and its score)."""
+        if self.spend is None or self.spec.method != "next-token":
+            return request
+        rungs = ladder(request, self.template, self.spec.server)
+        return replace(request, bodies=(*request.bodies, *(rung.request.body for rung in rungs)))
 
     async def _reserve(self, request: Request) -> Reservation | None:
         """What the next attempt may cost, held in the spend; over the limit, the client drains
@@ -391,23 +400,21 @@ class ExpertClient:
         try:
             async with limiter.slot():
                 self._drain.sending()
-                if reservation is not None:
-                    reservation.sent = True
                 stats.in_flight = limiter.in_flight
                 seconds = 0.0
                 for body in request.bodies:
+                    sent = reservation.sending() if reservation is not None else 0
                     payload, took = await endpoint.request("POST", request.path, body)
+                    if reservation is not None:
+                        reservation.answered(sent, payload)
                     payloads.append(payload)
                     seconds += took
-            if reservation is not None:  # billed whatever the answers hold; a rung pays its own
-                reservation.settle(payloads)
-            scored = await self._scored(payloads, request, held)
+            scored = await self._scored(payloads, request, held, reservation)
             score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
             seconds += scored.seconds
         except ExpertError as exc:
-            if reservation is not None:  # an error status is not billed; a lost answer may be
-                # (a no-op when the answers arrived and their score failed: settled above)
-                reservation.settle(payloads, unanswered_billed=not isinstance(exc, HTTPStatusError))
+            if reservation is not None and isinstance(exc, HTTPStatusError):
+                reservation.refused()  # an error status is not billed; a lost answer may be
             stats.errors_seen[exc.reason] += 1
             if isinstance(exc, HTTPStatusError) and exc.status == 429:
                 stats.rate_limited += 1
@@ -435,7 +442,9 @@ class ExpertClient:
             pending.item.id, score.p, score.label_mass, "expert", attempts=attempt, how=scored.how
         )
 
-    async def _scored(self, payloads: list[Any], request: Request, held: ClientResources) -> Scored:
+    async def _scored(
+        self, payloads: list[Any], request: Request, held: ClientResources, reservation: Reservation | None
+    ) -> Scored:
         """The score of an attempt's answers; a next-token answer without label mass goes down
         the recovery ladder (`experts._recovery`) before it counts as a failure."""
         try:
@@ -443,7 +452,7 @@ class ExpertClient:
         except ResponseError as exc:
             if self.spec.method != "next-token":
                 raise
-            return await recover(exc, payloads, request, self.template, self.spec.server, held, self._reserve)
+            return await recover(exc, payloads, request, self.template, self.spec.server, held, reservation)
         how = plain_how(self.spec.method)
         return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
 

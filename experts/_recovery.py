@@ -36,7 +36,7 @@ rung gave it; plain answers say `top-k`, likelihood answers `likelihood`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,9 +47,6 @@ from ._scoring import Request, Score, parse_response
 if TYPE_CHECKING:
     from ._resources import ClientResources
     from ._spend import Reservation
-
-Reserve = Callable[[Request], Awaitable["Reservation | None"]]
-"""Holds what a request may cost before it is sent (`ExpertClient._reserve`): None without a spend."""
 
 __all__ = [
     "HOWS",
@@ -184,15 +181,15 @@ async def recover(
     template: PromptTemplate,
     server: str,
     held: ClientResources,
-    reserve: Reserve,
+    reservation: Reservation | None = None,
 ) -> Scored:
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
-    the limiter and each paid like any request (`reserve` before it is sent, settled with its
-    answer's tokens), and return the first that has label mass. A rung the server refuses (an HTTP
-    status that no retry changes: 400, 422) is passed over; a retryable error (429, 5xx, a
-    timeout) ends the attempt like any other, so the retry loop sends it all again. When no rung
-    answers inside the label set, the item fails with the plain answer's reason; every request
-    was deterministic, so that failure is not retried."""
+    the limiter, each marked on the attempt's `reservation` (which holds their bound since the
+    attempt began: the limit never stops the ladder half way), and return the first that has
+    label mass. A rung that gets an error status (refused, 429, 5xx) or no answer (a timeout)
+    is passed over: ending the attempt would send and pay for the plain request again on retry.
+    When no rung answers inside the label set, the item fails with the plain answer's reason and
+    what each rung got; every request was deterministic, so that failure is not retried."""
     if failure.reason not in RECOVERABLE:
         raise failure
     received, estimated, seconds = list(payloads), base.tokens, 0.0
@@ -200,28 +197,20 @@ async def recover(
     for rung in ladder(base, template, server):
         await held.limiter.admit(rung.request.tokens)
         estimated += rung.request.tokens
-        cost = await reserve(rung.request)  # over the cost limit: Stopped, nothing sent
         try:
             async with held.limiter.slot():
-                if cost is not None:
-                    cost.sent = True
+                sent = reservation.sending() if reservation is not None else 0
                 payload, took = await held.endpoint.request("POST", rung.request.path, rung.request.body)
-            if cost is not None:
-                cost.settle([payload])
+            if reservation is not None:
+                reservation.answered(sent, payload)
         except HTTPStatusError as exc:
-            if cost is not None:
-                cost.refund()  # an error status is not billed
-            if exc.retryable:
-                raise
-            said.append(f"{rung.how}: refused (HTTP {exc.status})")
+            if reservation is not None:
+                reservation.refused()  # an error status is not billed
+            said.append(f"{rung.how}: HTTP {exc.status}")
             continue
-        except ExpertError:
-            if cost is not None:
-                cost.settle([], unanswered_billed=True)  # a lost answer may have been billed
-            raise
-        finally:
-            if cost is not None:
-                cost.lose()  # cancelled in flight: charged its bound; a no-op once settled
+        except ExpertError as exc:  # no answer: it stays in flight on the reservation, charged its bound
+            said.append(f"{rung.how}: {exc.reason}")
+            continue
         seconds += took
         received.append(payload)
         try:

@@ -5,26 +5,38 @@ the expert's `Price`. With a limit, each attempt first takes a `Reservation` of 
 can cost at most (`Spend.bound`). An attempt that would take the spent dollars, plus every
 reservation in flight, past the limit waits for those to settle (most cost far less than their
 bound); once none is in flight and it still does not fit, it is not sent (`CostLimitReached`).
-When an answer arrives its reservation is settled with the tokens really used, so the limit
-holds with any number of requests in flight: spent <= limit.
+When the attempt ends its reservation is closed with the tokens really used, body by body, so
+the limit holds with any number of requests in flight: spent <= limit.
 
-Every path that sends a request must take a reservation before it sends and settle it after
-(`ExpertClient._attempts` does for each attempt, retries included).
+An attempt's reservation covers every body it may send: its request's and, for next-token
+scoring, the recovery rungs' (`experts._recovery`), so no request of an attempt that began can
+be refused by the limit half way (a paid answer left without its score would be paid again).
+Every path that sends a body marks it on the attempt's reservation (`sending`, then `answered`
+or `refused`); `ExpertClient._attempts` takes one per attempt, retries included, and closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._config import Price
 from ._errors import ConfigError
-from ._scoring import Request, total_usage
+from ._scoring import Request
 
-__all__ = ["FIRST_OVERHEAD", "PER_MESSAGE", "CostLimitReached", "Reservation", "Spend", "TokenBound"]
+__all__ = [
+    "FIRST_OVERHEAD",
+    "IN_FLIGHT",
+    "PER_MESSAGE",
+    "REFUSED",
+    "CostLimitReached",
+    "Reservation",
+    "Spend",
+    "TokenBound",
+]
 
 FIRST_OVERHEAD = 1024
 """Tokens a chat template may add to one request until an answer has shown what it adds (a
@@ -100,8 +112,9 @@ class Spend:
 
     Generated tokens are bounded by each body's `max_tokens` (times its `n`). A request that got
     no answer (a timeout, a dropped connection) is charged its bound, since the server may have
-    done the work; one refused with an error status costs nothing; an answer without `usage` is
-    charged its bound. So `spent` is never below the dollars the answers' counts say."""
+    done the work; one refused with an error status costs nothing; a count an answer does not
+    report is charged that body's bound. So `spent` is never below the dollars the answers'
+    counts say."""
 
     def __init__(self, price: Price, *, limit: float | None = None, before: float = 0.0) -> None:
         if limit is not None and not (limit >= 0):  # NaN is refused too
@@ -183,23 +196,35 @@ class Spend:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _learn(self, request: Request, payloads: Sequence[Any]) -> None:
+    def _learn(self, body: Mapping[str, Any], prompt_tokens: int) -> None:
         """Keep, per message count, the least prompt tokens a body was billed: a bound of what
         the template adds (a body's text tokens are >= 0)."""
-        for body, payload in zip(request.bodies, payloads, strict=False):
-            reported = total_usage([payload]).get("prompt_tokens")
-            if reported is not None:
-                messages = _shape(body)[0]
-                self._overhead[messages] = min(self._overhead.get(messages, reported), reported)
+        messages = _shape(body)[0]
+        self._overhead[messages] = min(self._overhead.get(messages, prompt_tokens), prompt_tokens)
 
     def __repr__(self) -> str:
         limit = "none" if self.limit is None else f"${self.limit:.4f}"
         return f"Spend(spent=${self.total:.4f}, reserved=${self._reserved:.4f}, limit={limit})"
 
 
+class _Unanswered:
+    """A body's outcome while it has none: sent, no answer yet (a timeout, a dropped connection
+    or a cancellation leaves it so, and it is charged its bound)."""
+
+    def __repr__(self) -> str:
+        return "IN_FLIGHT"
+
+
+IN_FLIGHT = _Unanswered()
+REFUSED = None  # an error status: the server did no billable work
+
+
 class Reservation:
-    """What one attempt may cost, held until its outcome is known. Exactly one of `settle`,
-    `refund` and `lose` takes effect; calls after the first do nothing."""
+    """What one attempt may cost, held until it closes: the bound of every body the attempt may
+    send (`request.bodies`, in the order they are sent). The sender marks each body it sends
+    (`sending`) and its outcome (`answered`, `refused`); `close` charges each sent body what its
+    answer reports (that body's bound for a count it does not report), its bound when it got no
+    answer, nothing when refused or never sent, and frees the rest. Closing twice does nothing."""
 
     def __init__(self, spend: Spend, request: Request, bound: TokenBound, usd: float) -> None:
         self._spend = spend
@@ -207,42 +232,47 @@ class Reservation:
         self._bound = bound
         self._usd = usd
         self.open = True
-        self.sent = False  # set by the sender once the request leaves: from then it may be billed
+        self.outcomes: list[Any] = []  # per body sent, in order: its answer, IN_FLIGHT or REFUSED
 
-    def _close(self) -> bool:
+    def sending(self) -> int:
+        """The next body leaves now: from here it may be billed. Its index, for its outcome."""
+        self.outcomes.append(IN_FLIGHT)
+        return len(self.outcomes) - 1
+
+    def answered(self, index: int, payload: Any) -> None:
+        self.outcomes[index] = payload
+
+    def refused(self) -> None:
+        """The body in flight was answered with an error status: not billed."""
+        if self.outcomes and self.outcomes[-1] is IN_FLIGHT:
+            self.outcomes[-1] = REFUSED
+
+    def _body_bound(self, index: int) -> tuple[int, int]:
+        bodies = self._bound.bodies
+        if index < len(bodies):
+            return bodies[index]
+        return max(bodies, default=(self._bound.prompt, self._bound.completion))
+
+    def close(self) -> None:
+        """Charge what the bodies sent may have cost (see the class) and free the reservation."""
         if not self.open:
-            return False
+            return
         self.open = False
         spend = self._spend
+        for index, outcome in enumerate(self.outcomes):
+            if outcome is REFUSED:
+                continue
+            prompt_bound, completion_bound = self._body_bound(index)
+            usage = outcome.get("usage") if isinstance(outcome, dict) else None
+            usage = usage if isinstance(usage, dict) else {}
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            reported = isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0
+            spend.prompt_tokens += prompt if reported else prompt_bound
+            ok = isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0
+            spend.completion_tokens += completion if ok else completion_bound
+            if reported and index < len(self._request.bodies):
+                spend._learn(self._request.bodies[index], prompt)
+        spend.requests += len(self.outcomes)
         spend._open -= 1
         spend._reserved = spend._reserved - self._usd if spend._open else 0.0
-        return True
-
-    def settle(self, payloads: Sequence[Any], *, unanswered_billed: bool = False) -> None:
-        """The answers arrived (one per body sent, maybe fewer): charge the tokens they report.
-        `unanswered_billed`: the bodies left without an answer may have been billed (a timeout)
-        and are charged their share of the bound; otherwise (an error status) nothing."""
-        if not self._close():
-            return
-        spend = self._spend
-        usage = total_usage(payloads)
-        if usage.get("prompt_tokens") is None and payloads:  # an answer that reports nothing
-            unanswered_billed, payloads = True, []
-        spend.prompt_tokens += usage.get("prompt_tokens", 0)
-        spend.completion_tokens += usage.get("completion_tokens", 0)
-        if unanswered_billed:
-            for prompt, completion in self._bound.bodies[len(payloads) :]:
-                spend.prompt_tokens += prompt
-                spend.completion_tokens += completion
-        spend.requests += len(self._request.bodies)
-        spend._learn(self._request, payloads)
         spend._settled()
-
-    def refund(self) -> None:
-        """Nothing was billed (the server refused the request)."""
-        self.settle([])
-
-    def lose(self) -> None:
-        """The attempt ended without an outcome: cancelled in flight, it is charged its bound
-        (the server may have done the work); cancelled before it was sent, nothing."""
-        self.settle([], unanswered_billed=self.sent)

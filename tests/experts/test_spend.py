@@ -80,27 +80,55 @@ def test_the_bound_covers_what_the_server_bills() -> None:
     first = spend.bound(request)
     assert first.prompt > 1024 and first.completion == 1
     reservation = spend.reserve_now(request)
-    reservation.settle([{"usage": {"prompt_tokens": 300, "completion_tokens": 1}}])
+    reservation.answered(reservation.sending(), {"usage": {"prompt_tokens": 300, "completion_tokens": 1}})
+    reservation.close()
     assert (spend.prompt_tokens, spend.completion_tokens) == (300, 1)
     learned = spend.bound(request)
     text = sum(len(m["content"].encode()) for m in request.body["messages"])
     assert 300 <= learned.prompt < first.prompt and learned.prompt >= text
 
 
-def test_settling_charges_what_may_have_been_billed() -> None:
+def test_closing_charges_what_may_have_been_billed() -> None:
     template = load_template("stakes-v1")
     request = build_request("next-token", template, "item-1", "m", top_logprobs=5)
     spend = Spend(PRICE, limit=1.0)
-    spend.reserve_now(request).refund()  # an error status: nothing billed
+    refused = spend.reserve_now(request)
+    refused.sending()
+    refused.refused()  # an error status: nothing billed
+    refused.close()
     assert spend.spent == 0 and spend.reserved == 0
-    spend.reserve_now(request).lose()  # cancelled before it was sent: nothing
+    spend.reserve_now(request).close()  # closed before anything was sent: nothing
     assert spend.spent == 0
     held = spend.reserve_now(request)
     bound = spend.bound(request)
-    held.sent = True
-    held.lose()  # cancelled in flight: its bound
-    held.settle([{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}])  # no effect, already closed
+    sent = held.sending()
+    held.close()  # cancelled in flight: its bound
+    held.answered(sent, {"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    held.close()  # no effect, already closed
     assert (spend.prompt_tokens, spend.completion_tokens) == (bound.prompt, bound.completion)
+
+
+def test_a_count_an_answer_does_not_report_is_charged_its_bound() -> None:
+    """Likelihood's two bodies, the second answered without usage; a chat answer reporting its
+    prompt tokens but not its completion tokens: each missing count is that body's bound."""
+    template = load_template("stakes-v1")
+    two = build_request("likelihood", template, "item-1", "m", top_logprobs=5)
+    spend = Spend(PRICE, limit=1.0)
+    bound = spend.bound(two)
+    held = spend.reserve_now(two)
+    held.answered(held.sending(), {"usage": {"prompt_tokens": 100, "completion_tokens": 1}})
+    held.answered(held.sending(), {"choices": []})
+    held.close()
+    assert (spend.prompt_tokens, spend.completion_tokens) == (
+        100 + bound.bodies[1][0],
+        1 + bound.bodies[1][1],
+    )
+    chat = build_request("next-token", template, "item-1", "m", top_logprobs=5)
+    spend = Spend(PRICE, limit=1.0)
+    held = spend.reserve_now(chat)
+    held.answered(held.sending(), {"usage": {"prompt_tokens": 10}})
+    held.close()
+    assert (spend.prompt_tokens, spend.completion_tokens) == (10, spend.bound(chat).completion)
 
 
 @pytest.mark.parametrize(
@@ -146,34 +174,37 @@ def test_the_price_is_not_in_the_cache_key() -> None:
     assert free == paid
 
 
-def test_a_recovery_rung_is_paid_and_stopped_by_the_limit_like_any_request(tmp_path: Path) -> None:
-    """An answer without label mass goes down the ladder (experts._recovery): each rung's
-    request reserves its bound before it is sent and is charged its tokens. With no limit the
+def test_an_attempt_reserves_its_recovery_rungs_so_no_answer_is_paid_twice(tmp_path: Path) -> None:
+    """An answer without label mass goes down the ladder (experts._recovery). The attempt's
+    reservation holds the rungs' bound too, before the plain request leaves: with no limit the
     dollars are both requests' reported tokens; with a limit that covers the plain request but
-    not the rung's bound, the rung is never sent and the spend stays under the limit."""
+    not it and its rung, nothing is sent (a plain answer paid and left without its rung would be
+    paid again by the rerun), and the rerun under a higher limit asks each request once."""
     plan = FaultPlan(recover_on={1: "wider-top-k"})
+    row_1 = [Item("row-1", "A request about item-1.")]
     with RunningServer(plan) as server:
         spec = make_spec(server.url, top_logprobs=5, price=PRICE)
         spend = Spend(PRICE)
-        results, stats = score(
-            spec, ScoreCache(tmp_path / "paid.db"), spend, [Item("row-1", "A request about item-1.")]
-        )
+        results, stats = score(spec, ScoreCache(tmp_path / "paid.db"), spend, row_1)
         assert (results[0].source, results[0].how) == ("expert", "wider-top-k")
         assert stats.prompt_tokens > 0 and server.server.counts.requests[1] == 2
         assert spend.spent == pytest.approx(PRICE.usd(stats.prompt_tokens, stats.completion_tokens))
 
         # A spend that has seen one answer (its template overhead learned), then limited to the
-        # plain request's bound and a little: the plain request fits, its rung (the same bound)
-        # does not once the plain answer is paid.
+        # plain request's bound and a little: the plain request alone would fit, with its rung not.
         capped = Spend(PRICE)
-        score(spec, ScoreCache(tmp_path / "capped.db"), capped, [Item("row-2", "A request about item-2.")])
+        cache = ScoreCache(tmp_path / "capped.db")
+        score(spec, cache, capped, [Item("row-2", "A request about item-2.")])
         template = load_template(spec.template)
         plain = build_request("next-token", template, "A request about item-1.", spec.model, top_logprobs=5)
         bound = capped.bound(plain)
         limit = capped.limit = capped.total + 1.01 * PRICE.usd(bound.prompt, bound.completion)
         with pytest.raises(CostLimitReached):
-            score(
-                spec, ScoreCache(tmp_path / "capped.db"), capped, [Item("row-1", "A request about item-1.")]
-            )
-        assert server.server.counts.requests[1] == 3  # the plain request again, and no rung
-    assert capped.total <= limit and capped.reserved == pytest.approx(0.0, abs=1e-12)
+            score(spec, cache, capped, row_1)
+        assert server.server.counts.requests[1] == 2  # nothing sent
+        assert capped.total <= limit and capped.reserved == pytest.approx(0.0, abs=1e-12)
+
+        again = Spend(PRICE, limit=1.0, before=capped.total)
+        results, _ = score(spec, cache, again, row_1)
+        assert results[0].how == "wider-top-k"
+        assert server.server.counts.requests[1] == 4  # the plain request and its rung, once each
