@@ -58,7 +58,9 @@ def write_answers(cache: ScoreCache, handle: TextIO, *, expert: str | None = Non
     """Write the answers of `cache` (of `expert` only, if given) to `handle`, one JSON object per
     line with every column of `ANSWER_COLUMNS` as stored, streamed in the order they were
     added; return how many."""
-    columns = ", ".join(f'"{c}"' for c in ANSWER_COLUMNS)
+    # `how` through the cache's own reading of it: an old cache it could not migrate (read-only)
+    # has no such column, and a quoted unknown name would be read by SQLite as a string literal.
+    columns = ", ".join(f'"{c}"' if c != "how" else f"{cache.how_column} AS how" for c in ANSWER_COLUMNS)
     where, values = ("WHERE expert = ?", (expert,)) if expert is not None else ("", ())
     written = 0
     with storage_errors(cache.path):

@@ -24,6 +24,8 @@ from typing import Any
 
 from sqlalchemy import event, func, insert
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import defer
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from ._errors import ConfigError, StorageError, storage_kind
@@ -353,16 +355,30 @@ class ScoreCache:
                 out.setdefault(expert, {"scores": 0, "failures": 0})["failures"] = n
         return out
 
+    def _select_scores(self) -> Any:
+        """SELECT of whole `ScoreRow`s; on an old cache this process could not migrate (a
+        read-only file), without the `how` it lacks (`_with_how` fills it in)."""
+        query = select(ScoreRow)
+        return query if self.how_column == "how" else query.options(defer(ScoreRow.how))  # type: ignore[arg-type]
+
+    def _with_how(self, row: ScoreRow) -> ScoreRow:
+        """`row` with the `how` a migration would store, where the file has no such column."""
+        if self.how_column != "how":
+            set_committed_value(row, "how", "likelihood" if row.method == "likelihood" else "top-k")
+        return row
+
     def rows(self, expert: str | None = None) -> Iterable[ScoreRow]:
         with storage_errors(self.path), Session(self.engine) as session:
-            query = select(ScoreRow)
+            query = self._select_scores()
             if expert is not None:
                 query = query.where(ScoreRow.expert == expert)
-            yield from session.exec(query.order_by(ScoreRow.created))
+            for row in session.exec(query.order_by(ScoreRow.created)):
+                yield self._with_how(row)
 
     def lookup_item(self, item_id: str) -> tuple[list[ScoreRow], list[FailureRow]]:
         with storage_errors(self.path), Session(self.engine) as session:
-            scores = list(session.exec(select(ScoreRow).where(ScoreRow.item_id == item_id)))
+            query = self._select_scores().where(ScoreRow.item_id == item_id)
+            scores = [self._with_how(row) for row in session.exec(query)]
             failures = list(session.exec(select(FailureRow).where(FailureRow.item_id == item_id)))
         return scores, failures
 

@@ -6,6 +6,7 @@ plain requests keep the keys they had before the ladder; an old cache opens and 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sqlite3
 from dataclasses import replace
@@ -187,3 +188,32 @@ OLD_SCORES_TABLE = """CREATE TABLE scores (
     template_sha256 VARCHAR NOT NULL, schema_version INTEGER NOT NULL, score FLOAT NOT NULL,
     label_mass FLOAT, response VARCHAR NOT NULL, prompt_tokens INTEGER, completion_tokens INTEGER,
     latency_ms FLOAT NOT NULL, created DATETIME NOT NULL, PRIMARY KEY ("key"))"""
+
+
+def test_an_old_cache_this_process_cannot_migrate_reads_as_migrated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache from before `how` on a file this process may not write (a read-only mount; this
+    test runs as a user whom no file refuses, so the migration's answer for such a file, the
+    SQL of the old rows' `how`, is given here): every reader, the whole-row ones and the JSONL
+    export included, reads each row's `how` as a migration would store it."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute(OLD_SCORES_TABLE)
+        for key, method in (("k1", "next-token"), ("k2", "likelihood")):
+            connection.execute(
+                "INSERT INTO scores VALUES (?, 'e', ?, 'u', 'm', ?, 'sha', 1, 0.25, NULL, '{}', 1, 1, 1.0, "
+                "'2026-11-25 10:00:00.000000')",
+                (key, key, method),
+            )
+    monkeypatch.setattr(ScoreCache, "_add_how", lambda self: experts._cache.HOW_OF_OLD_ROWS)
+    cache = ScoreCache(path)
+    expected = {"k1": "top-k", "k2": "likelihood"}
+    assert {k: hit.how for k, hit in cache.get_many(["k1", "k2"]).items()} == expected
+    assert {row.key: row.how for row in cache.rows()} == expected
+    assert [row.how for row in cache.lookup_item("k2")[0]] == ["likelihood"]
+    out = io.StringIO()
+    assert experts.write_answers(cache, out) == 2
+    assert {line["key"]: line["how"] for line in map(json.loads, out.getvalue().splitlines())} == expected
+    columns = {row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(scores)")}
+    assert "how" not in columns  # nothing was written to it
