@@ -11,6 +11,7 @@ import numpy as np
 
 import calibrate
 
+from .._errors import InputError
 from ..data import read_json, read_table
 from ..run import RunLayout
 from ._context import ReportContext, markdown_table, pct
@@ -52,7 +53,12 @@ def expert_calibration_section(ctx: ReportContext) -> None:
     if not query.expert_calibration.is_file() or not query.expert_scores.is_file():
         ctx.missing.append(str(query.expert_calibration.relative_to(ctx.run_dir)))
         return  # a run from before the option, or a scores table made without a query stage
-    calibration = calibrate.ExpertCalibration.from_json(read_json(query.expert_calibration))
+    try:
+        calibration = calibrate.ExpertCalibration.from_json(read_json(query.expert_calibration))
+    except (KeyError, TypeError, ValueError) as error:
+        raise InputError(
+            f"{query.expert_calibration}: not an expert calibration ({error}); rerun the query stage"
+        ) from None
     table = read_table(query.expert_scores).columns
     if _CALIBRATED not in table:
         ctx.missing.append(f"{query.expert_scores.name}: {_CALIBRATED}")

@@ -58,7 +58,10 @@ class QueryStage:
         inputs = {f"data.{s}": self.ctx.data.content_hash(s) for s in ("dev", "test")}
         settings = {"inputs": inputs, "expert": expert_identity(self.ctx.expert.spec)}
         calibration = self.ctx.config.expert_calibration
-        if calibration != "none":  # a run from before the option (none) stays up to date
+        # Only a calibration is fingerprinted, so a run from before the option stays up to date
+        # under `--expert-calibration none`; under the default (dev) its later stages are redone
+        # from the cache (the calibrated scores differ), with no request sent.
+        if calibration != "none":
             settings["expert_calibration"] = calibration
         return fingerprint(settings), inputs
 

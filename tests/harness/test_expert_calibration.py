@@ -26,14 +26,18 @@ from fault_server import RunningServer
 from monitor_bundle import write_untrained_bundle
 
 import calibrate
-from harness import ExpertSettings
+from harness import ExpertSettings, InputError
 from harness.data import load_data, read_json, read_table, scores_from_columns, write_table
 from harness.expert import resolve_expert
 from harness.monitor import Monitor, read_bundle
 
 # Private: the report's degenerate-score check, on the expert's raw and calibrated scores.
 from harness.report._checks import check_scores
-from harness.run import Manifests, QueryLayout, Roots, RunConfig, RunContext, StageProgress
+
+# Private: the report's context and its calibration section, given a damaged file.
+from harness.report._context import ReportContext
+from harness.report._expert_calibration import expert_calibration_section
+from harness.run import Manifests, QueryLayout, Roots, RunConfig, RunContext, RunLayout, StageProgress
 from harness.stages import QueryStage, cascade_expert_scores, preflight_cache
 
 # Private: the fit and the writer behind the query stage's calibration.
@@ -185,3 +189,20 @@ def test_a_bundle_with_a_calibration_scores_a_delegated_item_with_the_calibrated
     # overwrite: the cascade's score is the expert's, calibrated once; the raw answer is logged
     assert decision["score"] == pytest.approx(float(calibration.apply(decision["expert"])))
     assert decision["score"] != pytest.approx(decision["expert"])
+
+
+def test_a_damaged_calibration_file_is_one_line_in_the_report(tmp_path: Path) -> None:
+    """The report reads the run's query/expert_calibration.json: a file that is not one is an
+    InputError naming it (one line, exit 2 from `ctd`), not a KeyError traceback."""
+    run = tmp_path / "run"
+    layout = RunLayout(run).query
+    layout.root.mkdir(parents=True)
+    write_table(layout.expert_scores, _query_table())
+    layout.expert_calibration.write_text(json.dumps({"kind": "dev"}))
+    ctx = ReportContext(run, tmp_path / "out", None, {}, {}, lambda _line: None)  # type: ignore[arg-type]
+    with pytest.raises(InputError) as info:
+        expert_calibration_section(ctx)
+    message = str(info.value)
+    assert (
+        message.startswith(f"{layout.expert_calibration}: not an expert calibration") and "\n" not in message
+    )
