@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,9 @@ class Spend:
         self._open = 0  # reservations in flight (a count: the dollars' float sum may not return to 0)
         self._overhead: dict[int, int] = {}  # messages -> the least prompt tokens an answer reported
         self._waiting: list[asyncio.Future[None]] = []  # reservations waiting for others to settle
+        # Called after each reservation closes (what was spent may have changed): a run keeps
+        # its record of the dollars current with it, so a hard kill loses little of it.
+        self.on_close: Callable[[], None] | None = None
 
     @property
     def spent(self) -> float:
@@ -276,3 +279,5 @@ class Reservation:
         spend._open -= 1
         spend._reserved = spend._reserved - self._usd if spend._open else 0.0
         spend._settled()
+        if spend.on_close is not None:
+            spend.on_close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .run import (
     Stage,
     StageOutcome,
     StageProgress,
+    StageStatus,
     check_roots,
     run_stages,
 )
@@ -144,6 +146,14 @@ def run_eval(
         return EvalResult(layout.root, layout.report.markdown, ())
     run_log = RunLog.read(layout.run_log)  # before anything is written: it may refuse the file
     ctx.costs.before = sum(run_log.costs().values())  # --cost-limit holds for the run, across resumes
+
+    def record_spending(stage: str, usd: float) -> None:
+        """The running stage's dollars so far into run.json (its record says "running")."""
+        run_log.record(stage, StageStatus.RUNNING, None, "", usd)
+        with suppress(OSError):  # the disk's error, if any, is met where the stage writes
+            run_log.write(layout.run_log)
+
+    ctx.costs.record = record_spending
     manifests = ctx.manifests
     data = ctx.data
     manifests.log(

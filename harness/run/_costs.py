@@ -3,6 +3,9 @@ one's stages spend, so that a cost limit holds for the run as a whole, across re
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from experts import Price, Spend
@@ -17,6 +20,12 @@ class RunCosts:
 
     before: float = 0.0
     spends: dict[str, Spend] = field(default_factory=dict)
+    # Writes a stage's dollars so far where a rerun reads them (run.json's record of the running
+    # stage), at most every `record_every` seconds while it spends: a run killed outright (no
+    # Ctrl-C, no SIGTERM) loses at most that much of its record, not the stage's whole spending.
+    record: Callable[[str, float], None] | None = None
+    record_every: float = 1.0
+    _recorded_at: dict[str, float] = field(default_factory=dict)
 
     def spend_for(self, stage: str, price: Price, limit: float | None) -> Spend:
         """The stage's spend, counting against `limit` what the run spent before it, in this
@@ -25,8 +34,18 @@ class RunCosts:
         if stage in self.spends:
             return self.spends[stage]
         others = sum(spend.spent for name, spend in self.spends.items() if name != stage)
-        self.spends[stage] = Spend(price, limit=limit, before=self.before + others)
-        return self.spends[stage]
+        spend = Spend(price, limit=limit, before=self.before + others)
+        if self.record is not None and not price.free:
+            spend.on_close = lambda: self._record(stage)
+        self.spends[stage] = spend
+        return spend
+
+    def _record(self, stage: str) -> None:
+        now = time.monotonic()
+        if self.record is None or now - self._recorded_at.get(stage, -math.inf) < self.record_every:
+            return
+        self._recorded_at[stage] = now
+        self.record(stage, self.spends[stage].spent)
 
     def spent(self, stage: str) -> float | None:
         """Dollars `stage` spent in this invocation; None if it pays no expert."""

@@ -14,8 +14,11 @@ from ctd_cli import run_ctd
 from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
 
+from experts import Price, build_request, load_template
+
 # Private: the exit code a cost limit ends a run with.
 from harness._errors import EXIT_COST
+from harness.run import RunCosts, RunLog, StageStatus
 
 PRICE_INPUT, PRICE_OUTPUT = 3.0, 15.0  # USD per million tokens
 
@@ -129,3 +132,39 @@ def test_batch_out_prices_the_batch_with_its_discount(tmp_path: Path) -> None:
     assert (
         half["estimate"].startswith("about 10 batch lines, about $") and "batch discount" in half["estimate"]
     )
+
+
+def test_a_running_stage_s_dollars_reach_run_json_while_it_spends(tmp_path: Path) -> None:
+    """What `ctd eval` does (harness._eval: RunCosts.record writes the running stage's record):
+    the dollars a stage has spent are in run.json while it runs, at most `record_every` seconds
+    late, so a run killed outright (SIGKILL, a dead machine) is read back by its rerun with
+    what it spent, and the cost limit still holds for the run."""
+    path = tmp_path / "run.json"
+    run_log = RunLog()
+    run_log.started({})
+    run_log.record("query", StageStatus.RUNNING, None, "")
+
+    def record(stage: str, usd: float) -> None:
+        run_log.record(stage, StageStatus.RUNNING, None, "", usd)
+        run_log.write(path)
+
+    costs = RunCosts(record=record, record_every=0.0)
+    spend = costs.spend_for("query", Price(input=PRICE_INPUT, output=PRICE_OUTPUT), limit=1.0)
+    request = build_request("next-token", load_template("stakes-v1"), "item-1", "m", top_logprobs=5)
+    for prompt_tokens in (1000, 2000):
+        held = spend.reserve_now(request)
+        held.answered(held.sending(), {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1}})
+        held.close()
+    # Killed here: no stage end is recorded. The rerun reads what the stage had spent.
+    expected = (3000 * PRICE_INPUT + 2 * PRICE_OUTPUT) / 1e6
+    assert RunLog.read(path).costs() == {"query": expected}
+    assert RunLog.read(path).stages["query"].status is StageStatus.RUNNING
+
+    throttled = RunCosts(record=lambda stage, usd: calls.append(usd), record_every=3600.0)
+    calls: list[float] = []
+    spend = throttled.spend_for("query", Price(input=PRICE_INPUT, output=PRICE_OUTPUT), limit=1.0)
+    for _ in range(3):
+        held = spend.reserve_now(request)
+        held.answered(held.sending(), {"usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+        held.close()
+    assert len(calls) == 1  # the first close, then no more than one write per record_every
