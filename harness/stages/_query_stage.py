@@ -136,7 +136,10 @@ class QueryStage:
         kind = self.ctx.config.expert_calibration
         content_free = None
         if kind == "contextual":
-            content_free = score_content_free(spec, self.ctx.roots.cache, self._spend(spec))
+            spend = self._spend(spec)
+            before = spend.spent
+            content_free = score_content_free(spec, self.ctx.roots.cache, spend)
+            summary = replace(summary, cost_usd=summary.cost_usd + spend.spent - before)  # in the detail too
         calibration = fit_expert_calibration(kind, read_table(out).columns, content_free)
         write_expert_calibration(self.ctx.layout.query, calibration)
         if kind != "none":
