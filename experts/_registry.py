@@ -164,33 +164,23 @@ def _vllm_entry(name: str, hf_model: str, port: int) -> ExpertSpec:
 
 # The built-in entries are models served on this machine (vLLM or llama.cpp): they keep the
 # default Price, 0 dollars. An entry for a hosted API states its price in experts.toml.
+def _guard_entry(name: str, hf_model: str, port: int, template: str) -> ExpertSpec:
+    """A guard model served by vLLM, asked in the format it was trained on (a pass-through
+    template). Its label tokens carry nearly all of the first token's mass: 10 top logprobs also
+    catch their case and space variants."""
+    return replace(_vllm_entry(name, hf_model, port), template=template, top_logprobs=10)
+
+
 BUILTIN_EXPERTS: dict[str, ExpertSpec] = {
     spec.name: spec
     for spec in (
         _vllm_entry("gemma-27b", "google/gemma-3-27b-it", 8000),
         _vllm_entry("llama-1b", "meta-llama/Llama-3.2-1B-Instruct", 8001),
-        # Guard models, asked in the format they were trained on (pass-through templates). Their
-        # label tokens carry nearly all of the first token's mass: 10 top logprobs also catch
-        # case and space variants.
-        replace(
-            _vllm_entry("llama-guard-3-1b", "meta-llama/Llama-Guard-3-1B", 8002),
-            template="llama-guard-3",
-            top_logprobs=10,
-        ),
-        replace(
-            _vllm_entry("llama-guard-3-8b", "meta-llama/Llama-Guard-3-8B", 8003),
-            template="llama-guard-3",
-            top_logprobs=10,
-        ),
-        replace(
-            _vllm_entry("shieldgemma-2b", "google/shieldgemma-2b", 8004),
-            template="shieldgemma-dangerous",
-            top_logprobs=10,
-        ),
-        replace(
-            _vllm_entry("granite-guardian-2b", "ibm-granite/granite-guardian-3.1-2b", 8005),
-            template="granite-guardian-harm",
-            top_logprobs=10,
+        _guard_entry("llama-guard-3-1b", "meta-llama/Llama-Guard-3-1B", 8002, "llama-guard-3"),
+        _guard_entry("llama-guard-3-8b", "meta-llama/Llama-Guard-3-8B", 8003, "llama-guard-3"),
+        _guard_entry("shieldgemma-2b", "google/shieldgemma-2b", 8004, "shieldgemma-dangerous"),
+        _guard_entry(
+            "granite-guardian-2b", "ibm-granite/granite-guardian-3.1-2b", 8005, "granite-guardian-harm"
         ),
         ExpertSpec(
             name="smollm2",

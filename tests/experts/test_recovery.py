@@ -128,17 +128,24 @@ def test_a_server_that_never_answers_inside_still_fails(tmp_path: Path) -> None:
     assert stats.failure_reasons == {"no-label-mass": 1}
 
 
-def test_an_old_cache_opens_and_its_rows_read_as_plain(tmp_path: Path) -> None:
-    """A cache written before the `how` column (main's schema, ebf8a30) gains it in place."""
-    path = tmp_path / "old.db"
+def _old_cache(path: Path, *, failures: bool = False) -> None:
+    """A cache in main's schema before `how` (ebf8a30): one next-token and one likelihood answer."""
     with sqlite3.connect(path) as connection:
         connection.execute(OLD_SCORES_TABLE)
+        if failures:
+            connection.execute(OLD_FAILURES_TABLE)
         for key, method in (("k1", "next-token"), ("k2", "likelihood")):
             connection.execute(
                 "INSERT INTO scores VALUES (?, 'e', ?, 'u', 'm', ?, 'sha', 1, 0.25, NULL, '{}', 1, 1, 1.0, "
-                "'2026-11-25 10:00:00')",
+                "'2026-11-25 10:00:00.000000')",
                 (key, key, method),
             )
+
+
+def test_an_old_cache_opens_and_its_rows_read_as_plain(tmp_path: Path) -> None:
+    """A cache written before the `how` column (main's schema, ebf8a30) gains it in place."""
+    path = tmp_path / "old.db"
+    _old_cache(path, failures=False)
     cache = ScoreCache(path)
     hits = cache.get_many(["k1", "k2"])
     assert (hits["k1"].how, hits["k2"].how, hits["k1"].score) == ("top-k", "likelihood", 0.25)
@@ -150,15 +157,7 @@ def test_an_old_cache_opens_and_its_rows_read_as_plain(tmp_path: Path) -> None:
 def test_an_old_cache_merged_salvaged_or_exported_keeps_its_rows_how(tmp_path: Path) -> None:
     """The other ways answers enter a cache read an old cache's rows as its migration would."""
     old = tmp_path / "old.db"
-    with sqlite3.connect(old) as connection:
-        connection.execute(OLD_SCORES_TABLE)
-        connection.execute(OLD_FAILURES_TABLE)
-        for key, method in (("k1", "next-token"), ("k2", "likelihood")):
-            connection.execute(
-                "INSERT INTO scores VALUES (?, 'e', ?, 'u', 'm', ?, 'sha', 1, 0.25, NULL, '{}', 1, 1, 1.0, "
-                "'2026-11-25 10:00:00.000000')",
-                (key, key, method),
-            )
+    _old_cache(old, failures=True)
     expected = {"k1": "top-k", "k2": "likelihood"}
     merged = ScoreCache(tmp_path / "merged.db")
     merge_caches(merged, [old])
@@ -198,14 +197,7 @@ def test_an_old_cache_this_process_cannot_migrate_reads_as_migrated(
     SQL of the old rows' `how`, is given here): every reader, the whole-row ones and the JSONL
     export included, reads each row's `how` as a migration would store it."""
     path = tmp_path / "old.db"
-    with sqlite3.connect(path) as connection:
-        connection.execute(OLD_SCORES_TABLE)
-        for key, method in (("k1", "next-token"), ("k2", "likelihood")):
-            connection.execute(
-                "INSERT INTO scores VALUES (?, 'e', ?, 'u', 'm', ?, 'sha', 1, 0.25, NULL, '{}', 1, 1, 1.0, "
-                "'2026-11-25 10:00:00.000000')",
-                (key, key, method),
-            )
+    _old_cache(path, failures=False)
     monkeypatch.setattr(ScoreCache, "_add_how", lambda self: experts._cache.HOW_OF_OLD_ROWS)
     cache = ScoreCache(path)
     expected = {"k1": "top-k", "k2": "likelihood"}
