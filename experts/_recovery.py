@@ -182,14 +182,16 @@ async def recover(
     server: str,
     held: ClientResources,
     reservation: Reservation | None = None,
+    rate_limited: Callable[[], None] | None = None,
 ) -> Scored:
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
     the limiter, each marked on the attempt's `reservation` (which holds their bound since the
     attempt began: the limit never stops the ladder half way), and return the first that has
-    label mass. A rung that gets an error status (refused, 429, 5xx) or no answer (a timeout)
-    is passed over: ending the attempt would send and pay for the plain request again on retry.
-    When no rung answers inside the label set, the item fails with the plain answer's reason and
-    what each rung got; every request was deterministic, so that failure is not retried."""
+    label mass. A rung that gets an error status (refused, 429, 5xx) or no answer (a timeout) is
+    passed over: ending the attempt would send and pay for the plain request again on retry
+    (`rate_limited` is told of each 429). When no rung answers inside the label set, the item
+    fails with the plain answer's reason and what each rung got; every request was
+    deterministic, so that failure is not retried."""
     if failure.reason not in RECOVERABLE:
         raise failure
     received, estimated, seconds = list(payloads), base.tokens, 0.0
@@ -206,6 +208,8 @@ async def recover(
         except HTTPStatusError as exc:
             if reservation is not None:
                 reservation.refused()  # an error status is not billed
+            if exc.status == 429 and rate_limited is not None:
+                rate_limited()
             said.append(f"{rung.how}: HTTP {exc.status}")
             continue
         except ExpertError as exc:  # no answer: it stays in flight on the reservation, charged its bound
