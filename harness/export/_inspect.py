@@ -157,11 +157,15 @@ def _scores(record: ExampleRecord) -> dict[str, Score]:
 
 def _sample(record: ExampleRecord, epoch: int, seen: ExampleInput, arch: str) -> Any:
     from inspect_ai.log import EvalSample
+    from inspect_ai.model import ChatMessageUser
 
+    conversation = _messages(seen.conversation)
     return EvalSample(
         id=sample_id(record.id),
         epoch=epoch,
-        input=_messages(seen.conversation),
+        input=conversation,
+        # The viewer's Messages tab shows these: the conversation the monitor saw.
+        messages=[ChatMessageUser(content=conversation)] if isinstance(conversation, str) else conversation,
         target=TARGETS[record.label],
         scores=_scores(record),
         metadata={

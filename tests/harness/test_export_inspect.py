@@ -240,6 +240,7 @@ def test_one_log_per_probe_configuration_with_plain_ids(two_archs: Path, tmp_pat
         assert log.eval.metadata["arch"] == arch
         assert len(log.samples) == 60 * 2
         assert mismatches(log, two_archs, arch) == []
+        assert all(s.messages and s.messages[-1].text == s.input for s in log.samples)  # the Messages tab
         pairs = [(s.id, s.epoch) for s in log.samples]
         assert len(set(pairs)) == len(pairs)
         assert all(SAFE_ID.fullmatch(str(i)) and len(str(i)) <= 80 for i, _ in pairs)
