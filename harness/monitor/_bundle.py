@@ -87,14 +87,18 @@ class Bundle:
         except (KeyError, TypeError, ValueError) as error:
             raise InputError(f"{self.layout.record}: expert calibration: {error}") from None
 
+    def expert_score(self, answer: float | None) -> float | None:
+        """The expert's score as the cascade uses it: its raw answer through the run's expert
+        calibration, the one place a monitor or `ctd score` turns a live answer into the score
+        the run calibrated on (and reports, as the run's scores.parquet does)."""
+        return None if answer is None else float(self.expert_calibration.apply(answer))
+
     def merged(self, probe: float, expert: float | None) -> float:
-        """The cascade's score: the merge rule's when there is an expert score, else the probe's.
-        `expert` is the expert's raw answer; the run's expert calibration is applied here, the one
-        place a monitor or `ctd score` turns a live answer into the score the run calibrated on."""
+        """The cascade's score: the merge rule's when there is an expert score (`expert_score`
+        of its answer), else the probe's."""
         if expert is None:
             return probe
-        calibrated = float(self.expert_calibration.apply(expert))
-        return float(calibrate.merge_scores(probe, calibrated, self.merge))
+        return float(calibrate.merge_scores(probe, expert, self.merge))
 
     def check_cap(self, max_delegation_rate: float | None) -> None:
         """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation

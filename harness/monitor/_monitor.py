@@ -271,6 +271,7 @@ class Monitor:
             while len(self._paid) > PAID_MEMORY:
                 self._paid.popitem(last=False)
         answered = time.perf_counter()
+        expert = self.bundle.expert_score(expert)
         score = self.bundle.merged(probe, expert)
         decision = Decision(
             request_id=rid,

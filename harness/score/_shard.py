@@ -223,7 +223,8 @@ class ShardScorer:
                     columns[name].append(refused.get(name, f"{REFUSED}: {tok}" if name == "reason" else None))
                 continue
             probe, dv = pair
-            expert, reason = answers.get(i, (None, "not-delegated"))
+            answer, reason = answers.get(i, (None, "not-delegated"))
+            expert = self.bundle.expert_score(answer)
             score = self.bundle.merged(probe, expert)
             for name, value in (
                 ("id", row.item.id),

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 from eval_data import eval_env
-from fault_server import RunningServer
+from fault_server import RunningServer, item_score
 from monitor_bundle import write_untrained_bundle
 
 import calibrate
@@ -186,9 +186,13 @@ def test_a_bundle_with_a_calibration_scores_a_delegated_item_with_the_calibrated
     with RunningServer(model="stand-in") as expert:
         decision = asyncio.run(decide(expert.url))
     assert decision["delegated"] and decision["expert"] is not None
-    # overwrite: the cascade's score is the expert's, calibrated once; the raw answer is logged
-    assert decision["score"] == pytest.approx(float(calibration.apply(decision["expert"])))
-    assert decision["score"] != pytest.approx(decision["expert"])
+    # The stand-in answers P(high) = item_score(-1) for a text naming no item. The decision's
+    # expert score is that answer calibrated once (as the run's scores.parquet holds it), and
+    # with overwrite the cascade's score is that.
+    raw = item_score(-1)
+    assert decision["expert"] == pytest.approx(float(calibration.apply(raw)))
+    assert decision["score"] == pytest.approx(decision["expert"])
+    assert decision["expert"] != pytest.approx(raw)
 
 
 def test_a_damaged_calibration_file_is_one_line_in_the_report(tmp_path: Path) -> None:
