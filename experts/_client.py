@@ -409,7 +409,7 @@ class ExpertClient:
                         reservation.answered(sent, payload)
                     payloads.append(payload)
                     seconds += took
-            scored = await self._scored(payloads, request, held, reservation, stats)
+            scored = await self._scored(payloads, request, held, reservation)
             score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
             seconds += scored.seconds
         except ExpertError as exc:
@@ -443,12 +443,7 @@ class ExpertClient:
         )
 
     async def _scored(
-        self,
-        payloads: list[Any],
-        request: Request,
-        held: ClientResources,
-        reservation: Reservation | None,
-        stats: RunStats,
+        self, payloads: list[Any], request: Request, held: ClientResources, reservation: Reservation | None
     ) -> Scored:
         """The score of an attempt's answers; a next-token answer without label mass goes down
         the recovery ladder (`experts._recovery`) before it counts as a failure."""
@@ -458,12 +453,7 @@ class ExpertClient:
             if self.spec.method != "next-token":
                 raise
 
-            def rate_limited() -> None:
-                stats.rate_limited += 1
-
-            return await recover(
-                exc, payloads, request, self.template, self.spec.server, held, reservation, rate_limited
-            )
+            return await recover(exc, payloads, request, self.template, self.spec.server, held, reservation)
         how = plain_how(self.spec.method)
         return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
 

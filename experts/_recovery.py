@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ExpertError, HTTPStatusError, ResponseError
+from ._errors import HTTPStatusError, ResponseError
 from ._prompts import PromptTemplate
 from ._scoring import Request, Score, parse_response
 
@@ -182,16 +182,16 @@ async def recover(
     server: str,
     held: ClientResources,
     reservation: Reservation | None = None,
-    rate_limited: Callable[[], None] | None = None,
 ) -> Scored:
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
     the limiter, each marked on the attempt's `reservation` (which holds their bound since the
     attempt began: the limit never stops the ladder half way), and return the first that has
-    label mass. A rung that gets an error status (refused, 429, 5xx) or no answer (a timeout) is
-    passed over: ending the attempt would send and pay for the plain request again on retry
-    (`rate_limited` is told of each 429). When no rung answers inside the label set, the item
-    fails with the plain answer's reason and what each rung got; every request was
-    deterministic, so that failure is not retried."""
+    label mass. A rung the server refuses (an HTTP status that no retry changes: 400, 422) is
+    passed over; a retryable error (429, 5xx, a timeout: left in flight on the reservation and
+    charged its bound) ends the attempt like any other, so the retry asks the item's own request
+    again (paid again, as any retry after an answer is). When no rung answers inside the label
+    set, the item fails with the plain answer's reason and what each rung got; every request
+    was deterministic, so that failure is not retried."""
     if failure.reason not in RECOVERABLE:
         raise failure
     received, estimated, seconds = list(payloads), base.tokens, 0.0
@@ -208,12 +208,9 @@ async def recover(
         except HTTPStatusError as exc:
             if reservation is not None:
                 reservation.refused()  # an error status is not billed
-            if exc.status == 429 and rate_limited is not None:
-                rate_limited()
-            said.append(f"{rung.how}: HTTP {exc.status}")
-            continue
-        except ExpertError as exc:  # no answer: it stays in flight on the reservation, charged its bound
-            said.append(f"{rung.how}: {exc.reason}")
+            if exc.retryable:  # a 429, a 5xx: the attempt's error, and its retry asks again
+                raise
+            said.append(f"{rung.how}: refused (HTTP {exc.status})")
             continue
         seconds += took
         received.append(payload)

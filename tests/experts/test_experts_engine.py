@@ -130,18 +130,14 @@ def _predict_next_token(plan: FaultPlan, item: int, max_attempts: int, sent_befo
     """`predict` for next-token scoring with `make_spec`'s expert (20 top logprobs, an external
     server): an answer without label tokens or logprobs is followed, in the same attempt, by the
     recovery ladder's one rung for it (named-labels, experts._recovery). The rung's clean answer
-    scores the item; its answer without label mass, or its HTTP fault (passed over: a retry would
-    pay for the item's own request again), fails it for good with the first answer's reason
-    (deterministic requests: no retry)."""
+    scores the item; its answer without label mass fails it for good with the first answer's
+    reason (deterministic requests: no retry); its HTTP fault is the attempt's error."""
     n, successes, errors = sent_before, 0, []
     for attempt in range(1, max_attempts + 1):
         reason = None
         for _ in range(2):  # the item's own request, then the rung's if it is needed
             n += 1
             fault = plan.fault(item, n)
-            if fault in HTTP_FAULTS and reason is not None:  # the rung's: the ladder ends there
-                errors.append(reason)
-                return Outcome(False, attempt, n - sent_before, successes, errors)
             if fault in HTTP_FAULTS:
                 errors.append(HTTP_FAULTS[fault])
                 break
