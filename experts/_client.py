@@ -362,8 +362,8 @@ class ExpertClient:
         """Every body an attempt at `request` may send: its own and, for next-token scoring, the
         recovery rungs' (reserved up front, so that the limit never stops an attempt between a
         paid answer and its score)."""
-        if self.spend is None or self.spec.method != "next-token":
-            return request
+        if self.spend is None or not self.spend.bounded or self.spec.method != "next-token":
+            return request  # no rung to price: not built on every attempt of a free, unlimited run
         rungs = ladder(request, self.template, self.spec.server)
         return replace(request, bodies=(*request.bodies, *(rung.request.body for rung in rungs)))
 

@@ -144,6 +144,12 @@ class Spend:
         return self.before + self.spent
 
     @property
+    def bounded(self) -> bool:
+        """Whether a request's bound matters: there is a limit to hold, or a price to charge a
+        request left without an answer (free and unlimited, every bound is $0)."""
+        return self.limit is not None or not self.price.free
+
+    @property
     def reserved(self) -> float:
         return self._reserved
 
@@ -184,7 +190,7 @@ class Spend:
     def reserve_now(self, request: Request) -> Reservation:
         """Hold what `request` can cost; CostLimitReached, with nothing held, when the spent
         dollars, the reservations in flight and this one would pass the limit."""
-        bound = self.bound(request) if self.limit is not None or not self.price.free else TokenBound(0, 0)
+        bound = self.bound(request) if self.bounded else TokenBound(0, 0)
         usd = self.price.usd(bound.prompt, bound.completion)
         if self.limit is not None and self.total + self._reserved + usd > self.limit:
             raise CostLimitReached(self.total, self.limit, needed=usd)
