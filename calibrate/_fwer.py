@@ -9,6 +9,9 @@ References
 ----------
 Bauer (1991). Multiple testing in clinical trials. (fixed-sequence testing)
 Holm (1979). A simple sequentially rejective multiple test procedure.
+Wiens (2003). A fixed sequence Bonferroni procedure for testing multiple endpoints. (fallback)
+Bretz, Maurer, Brannath, Posch (2009). A graphical approach to sequentially rejective multiple
+test procedures.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ __all__ = [
     "FWERMethod",
     "FWERProcedure",
     "FWERResult",
+    "Fallback",
     "FixedSequence",
     "Holm",
     "control_fwer",
     "fwer_procedure",
 ]
 
-FWERMethod = Literal["fixed-sequence", "bonferroni", "holm"]
+FWERMethod = Literal["fixed-sequence", "fallback", "bonferroni", "holm"]
 FWER_METHODS: tuple[str, ...] = get_args(FWERMethod)
 
 
@@ -155,6 +159,49 @@ class FixedSequence(_Procedure):
         )
 
 
+class Fallback(_Procedure):
+    """The fallback procedure, a chain graph: H_j gets the initial level delta w_j, w_j = 2^-(j+1)
+    (the last hypothesis of the family also takes the remainder, so the weights sum to 1), plus
+    the whole level of H_{j-1} when H_{j-1} was rejected; reject H_j iff p_j <= its level.
+
+    Unlike fixed-sequence testing it goes on past a failure, at a lower level. Valid: it is the
+    graphical procedure of Bretz et al. (2009) on the chain H_0 -> H_1 -> ... with weights w,
+    a shortcut of closed testing with weighted Bonferroni tests, so the FWER is at most delta
+    for any dependence between the p-values (Wiens 2003; Wiens and Dmitrienko 2005). Fixed
+    sequence is the same chain with w = (1, 0, 0, ...): more power when the order is right.
+    """
+
+    name = "fallback"
+
+    def run_batch(self, p_values: ArrayLike, delta: float) -> FWERBatch:
+        p = _prepare(p_values, delta)
+        in_family = ~np.isnan(p)
+        if (np.diff(in_family.astype(np.int8), axis=1) > 0).any():
+            raise ValueError("fallback testing needs each row's family (non-NaN) to be a prefix")
+        rows, width = p.shape
+        m = in_family.sum(axis=1)
+        position = np.arange(width)
+        weights = np.where(position[None, :] < m[:, None], 0.5 ** (position[None, :] + 1.0), 0.0)
+        last = np.maximum(m - 1, 0)
+        # The last member takes what the halving left, 2^-(m-1) in all: the weights sum to 1.
+        weights[np.arange(rows), last] = np.where(m > 0, 0.5**last, 0.0)
+        levels = np.full(p.shape, np.nan)
+        rejected = np.zeros(p.shape, bool)
+        carried = np.zeros(rows)
+        for j in range(width):
+            level = delta * weights[:, j] + carried
+            levels[:, j] = np.where(in_family[:, j], level, np.nan)
+            rejected[:, j] = in_family[:, j] & (p[:, j] <= level)
+            carried = np.where(rejected[:, j], level, 0.0)
+        return FWERBatch(
+            rejected=rejected,
+            order=np.broadcast_to(position, p.shape).astype(np.int64),
+            n_tested=m.astype(np.int64),
+            levels=levels,
+            stopped_at=_first(in_family & ~rejected),
+        )
+
+
 class Bonferroni(_Procedure):
     """Bonferroni: reject every H_j with p_j <= delta / m."""
 
@@ -204,6 +251,7 @@ class Holm(_Procedure):
 
 _PROCEDURES: dict[str, type[_Procedure]] = {
     FixedSequence.name: FixedSequence,
+    Fallback.name: Fallback,
     Bonferroni.name: Bonferroni,
     Holm.name: Holm,
 }

@@ -1,0 +1,436 @@
+"""Joint control: certify several risks of one threshold at once, the family-wise error at delta.
+
+A deployment asks for "at most 20% of traffic to the expert and an error rate of at most 10%".
+For each candidate lambda_j the hypothesis is H_j: R_m(lambda_j) > alpha_m for SOME risk m, and
+its p-value is the largest of the risks' p-values, p_j = max_m p_jm, each from the integer loss
+count of risk m on D_cal (exact binomial, or Hoeffding-Bentkus). Validity in one paragraph:
+under H_j some m* has R_m* > alpha_m*, so P(p_j <= u) <= P(p_jm* <= u) <= u for every u: p_j
+is a valid p-value of the union H_j (the intersection-union test, Berger 1982). The candidates
+and their order are fixed on D_est, independently of D_cal, so any FWER procedure over the p_j
+(fixed-sequence by default) gives P(some certified lambda has some R_m > alpha_m) <= delta:
+every risk holds at every certified threshold at once, with probability at least 1 - delta.
+
+The family is Pareto-filtered on D_est over the risks (and the selection objective when it is
+not one of them), and tested in increasing order of the same max-p-value computed on D_est's
+counts (Pareto testing's order). Among the certified thresholds the one with the best D_est
+`objective` is chosen: "auroc" (the cascade's AUROC, as budget control), "accuracy" (fewest
+errors) or "budget" (fewest expert calls); none is chosen when nothing is certified.
+
+References
+----------
+Angelopoulos et al. (2021). Learn then Test, section 4 (several risks: max of p-values).
+Berger (1982). Multiparameter hypothesis testing and acceptance sampling. (intersection-union)
+Laufer-Goldshtein et al. (2023). Efficiently controlling multiple risks with Pareto testing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._candidates import CandidateBatch, Candidates
+from ._fwer import fwer_procedure
+from ._metrics import predict
+from ._pareto import pareto_members
+from ._policies import MergeRule, merge_scores
+from ._pvalues import pvalue_table
+from ._quota import count_at_most, count_nearest
+from ._settings import ControlConfig
+from ._splits import Scores, Splits, _rows, counts_above
+
+__all__ = [
+    "JOINT_OBJECTIVES",
+    "JOINT_RISKS",
+    "JointBatch",
+    "JointObjective",
+    "JointResult",
+    "JointRisk",
+    "RiskCounts",
+    "candidate_risks",
+    "joint_control",
+    "joint_control_batch",
+    "joint_empirical_batch",
+    "missed_positives",
+]
+
+JointRisk = Literal["budget", "error", "fnr"]
+"""budget: the delegation rate; error: the cascade's 0-1 error; fnr: the cascade's false-negative
+rate on the high-stakes class (label 1), 1[s < 0.5] among the positives."""
+JOINT_RISKS: tuple[JointRisk, ...] = get_args(JointRisk)
+JointObjective = Literal["auroc", "accuracy", "budget"]
+JOINT_OBJECTIVES: tuple[JointObjective, ...] = get_args(JointObjective)
+
+
+@dataclass(frozen=True)
+class RiskCounts:
+    """One risk of every candidate of R trials (T candidates each), as integer loss counts on
+    D_est (`est_losses`, of `n_est` rows) and on D_cal (`cal_losses`, of `n_cal` rows), with its
+    level `alpha`. The row counts are per trial: the false-negative rate is counted on the
+    positives of each split."""
+
+    name: JointRisk
+    alpha: float
+    est_losses: NDArray[np.int64]
+    n_est: NDArray[np.int64]
+    cal_losses: NDArray[np.int64]
+    n_cal: NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        if self.name not in JOINT_RISKS:
+            raise ValueError(f"unknown risk {self.name!r}; choose from {JOINT_RISKS}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"the {self.name} level must lie in (0, 1), got {self.alpha}")
+        for losses, n in ((self.est_losses, self.n_est), (self.cal_losses, self.n_cal)):
+            if not np.issubdtype(np.asarray(losses).dtype, np.integer):
+                raise ValueError(f"{self.name}: loss counts must be integers")
+            if losses.ndim != 2 or np.shape(n) != losses.shape[:1]:
+                raise ValueError(f"{self.name}: counts must be (trials, candidates), sizes (trials,)")
+            if (losses < 0).any() or (losses > np.asarray(n)[:, None]).any():
+                raise ValueError(f"{self.name}: loss counts must lie in [0, rows]")
+
+    @property
+    def est_rate(self) -> NDArray[np.float64]:
+        """The risk on D_est, (R, T); 0 on a trial with no rows (no evidence either way)."""
+        n = np.maximum(self.n_est, 1)[:, None]
+        return self.est_losses / n
+
+
+def candidate_risks(
+    c: CandidateBatch, *, budget: float | None = None, error: float | None = None
+) -> list[RiskCounts]:
+    """The budget and error risks of the candidates at the levels given (None: not controlled)."""
+    trials = len(c)
+    est_n = np.full(trials, c.n_est, dtype=np.int64)
+    cal_n = np.full(trials, c.n_cal, dtype=np.int64)
+    out = []
+    for name, alpha, est, cal in (
+        ("budget", budget, c.est_budget, c.cal_delegated),
+        ("error", error, c.est_error, c.cal_errors),
+    ):
+        if alpha is not None:
+            # D_est's rates are integer counts over n_est: rounding recovers each count exactly.
+            est_losses = count_nearest(est, c.n_est).astype(np.int64)
+            out.append(RiskCounts(name, float(alpha), est_losses, est_n, np.asarray(cal, np.int64), cal_n))  # type: ignore[arg-type]
+    return out
+
+
+def missed_positives(
+    scores: Scores,
+    signal: NDArray[np.float64],
+    splits: Splits,
+    thresholds: NDArray[np.float64],
+    *,
+    merge: MergeRule,
+    alpha: float,
+) -> RiskCounts:
+    """The false-negative risk of the cascade delegating where signal > thresholds[r, j]: per
+    trial and candidate, the positives of D_est and D_cal it scores below 0.5."""
+    positive = scores.label.astype(bool)
+    missed_probe = (positive & ~predict(scores.probe)).astype(np.int64)
+    missed_merged = (positive & ~predict(merge_scores(scores.probe, scores.expert, merge))).astype(np.int64)
+    step = missed_merged - missed_probe
+
+    def on(index: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        _, change = counts_above(_rows(signal, index), step[index], thresholds)
+        return (missed_probe[index].sum(axis=1)[:, None] + change).astype(np.int64), positive[index].sum(
+            axis=1
+        )
+
+    est_losses, n_est = on(splits.est)
+    cal_losses, n_cal = on(splits.cal)
+    return RiskCounts(
+        "fnr", float(alpha), est_losses, n_est.astype(np.int64), cal_losses, n_cal.astype(np.int64)
+    )
+
+
+def _tails(method: str, losses: NDArray[np.int64], n: NDArray[np.int64], alpha: float) -> NDArray[np.float64]:
+    """p-values of H: R > alpha for counts (R, T) over n (R,) rows, from one table per distinct n
+    (the same function the single-risk controllers tabulate). No rows: p = 1."""
+    out = np.ones(losses.shape)
+    for size in np.unique(n):
+        rows = n == size
+        if size > 0:
+            out[rows] = pvalue_table(method, int(size), alpha)[losses[rows]]  # type: ignore[arg-type]
+    return out
+
+
+def _combined(method: str, risks: Sequence[RiskCounts], on: Literal["est", "cal"]) -> NDArray[np.float64]:
+    """The per-risk p-values of every trial and candidate on D_est or D_cal, (R, T, M)."""
+    return np.stack(
+        [_tails(method, getattr(r, f"{on}_losses"), getattr(r, f"n_{on}"), r.alpha) for r in risks], axis=2
+    )
+
+
+@dataclass(frozen=True)
+class JointResult:
+    """What joint control certified and chose for one calibration split. `order` lists the
+    candidate indices tested, in order; `pvalues` (the max over risks) and `risk_pvalues`
+    (one column per risk of `levels`) are aligned with it; `certified` holds candidate indices.
+    `threshold` and `selected` are None when nothing was certified."""
+
+    levels: dict[str, float]
+    delta: float
+    fwer: str
+    pvalue_method: str
+    pareto: bool
+    objective: str
+    threshold: float | None
+    selected: int | None
+    order: NDArray[np.int64]
+    pvalues: NDArray[np.float64]
+    risk_pvalues: NDArray[np.float64]
+    cal_losses: NDArray[np.int64]
+    n_cal: dict[str, int]
+    certified: NDArray[np.int64]
+    stopped_at: int | None
+    n_est: int
+
+    @property
+    def has_policy(self) -> bool:
+        return self.threshold is not None
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready record (lists for arrays, +inf as 'inf')."""
+        threshold = self.threshold
+        return {
+            "mode": "joint",
+            "levels": dict(self.levels),
+            "delta": self.delta,
+            "fwer": self.fwer,
+            "pvalue_method": self.pvalue_method,
+            "pareto": self.pareto,
+            "objective": self.objective,
+            "threshold": "inf" if threshold is not None and np.isinf(threshold) else threshold,
+            "selected": self.selected,
+            "order": self.order.tolist(),
+            "pvalues": self.pvalues.tolist(),
+            "risk_pvalues": {name: self.risk_pvalues[:, m].tolist() for m, name in enumerate(self.levels)},
+            "cal_losses": {name: self.cal_losses[:, m].tolist() for m, name in enumerate(self.levels)},
+            "n_cal": dict(self.n_cal),
+            "certified": self.certified.tolist(),
+            "stopped_at": self.stopped_at,
+            "n_est": self.n_est,
+        }
+
+
+@dataclass(frozen=True)
+class JointBatch:
+    """Joint control of R trials. `order` (R, T) candidate indices in testing order, the first
+    n_candidates[r] tested; `pvalues` (R, T) and `risk_pvalues` (R, T, M) aligned with `order`
+    (NaN beyond the family; NaN everywhere for the empirical selector); `cal_losses` (R, T, M)
+    and `certified` (R, T) in candidate index space; `selected` -1 and `threshold` NaN where
+    nothing was certified; `stopped_at` -1 where nothing failed."""
+
+    levels: dict[str, float]
+    delta: float
+    fwer: str
+    pvalue_method: str
+    pareto: bool
+    objective: str
+    n_est: int
+    n_cal: NDArray[np.int64]
+    order: NDArray[np.int64]
+    n_candidates: NDArray[np.int64]
+    pvalues: NDArray[np.float64]
+    risk_pvalues: NDArray[np.float64]
+    cal_losses: NDArray[np.int64]
+    certified: NDArray[np.bool_]
+    stopped_at: NDArray[np.int64]
+    selected: NDArray[np.int64]
+    threshold: NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return self.selected.size
+
+    def trial(self, r: int) -> JointResult:
+        n = int(self.n_candidates[r])
+        order = self.order[r, :n]
+        selected, stop = int(self.selected[r]), int(self.stopped_at[r])
+        return JointResult(
+            levels=dict(self.levels),
+            delta=self.delta,
+            fwer=self.fwer,
+            pvalue_method=self.pvalue_method,
+            pareto=self.pareto,
+            objective=self.objective,
+            threshold=None if selected < 0 else float(self.threshold[r]),
+            selected=None if selected < 0 else selected,
+            order=order,
+            pvalues=self.pvalues[r, :n],
+            risk_pvalues=self.risk_pvalues[r, :n],
+            cal_losses=self.cal_losses[r, order],
+            n_cal={name: int(self.n_cal[r, m]) for m, name in enumerate(self.levels)},
+            certified=order[self.certified[r, order]],
+            stopped_at=None if stop < 0 else stop,
+            n_est=self.n_est,
+        )
+
+
+def _check(c: CandidateBatch, risks: Sequence[RiskCounts], objective: str) -> None:
+    names = [r.name for r in risks]
+    if not names:
+        raise ValueError("joint control needs at least one risk level")
+    if len(set(names)) != len(names):
+        raise ValueError(f"each risk may be named once, got {names}")
+    for r in risks:
+        if r.cal_losses.shape != c.thresholds.shape:
+            raise ValueError(
+                f"{r.name}: counts have shape {r.cal_losses.shape}, candidates {c.thresholds.shape}"
+            )
+    if objective not in JOINT_OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {JOINT_OBJECTIVES}")
+    if objective == "auroc" and np.isnan(c.est_objective).any():
+        raise ValueError("selecting by AUROC needs candidates computed with objective 'auroc'")
+
+
+def _objective_keys(c: CandidateBatch, objective: str) -> tuple[NDArray[np.float64], ...]:
+    """What selection minimises, lexicographically (then the index)."""
+    if objective == "auroc":
+        return (c.est_objective, c.est_budget)
+    if objective == "accuracy":
+        return (c.est_error, c.est_budget)
+    return (c.est_budget, c.est_error)
+
+
+def _members(
+    c: CandidateBatch, risks: Sequence[RiskCounts], objective: str, pareto: bool
+) -> NDArray[np.bool_]:
+    """The tested family: the Pareto front of D_est over the risks (and the objective when it is
+    not a risk), or every candidate."""
+    if not pareto:
+        return np.ones(c.thresholds.shape, bool)
+    names = {r.name for r in risks}
+    coordinates = [r.est_rate for r in risks]
+    if objective == "auroc":
+        coordinates.append(c.est_objective)
+    elif {"accuracy": "error", "budget": "budget"}[objective] not in names:
+        coordinates.append(_objective_keys(c, objective)[0])
+    if len(coordinates) == 1:
+        coordinates.append(np.zeros(c.thresholds.shape))
+    return pareto_members(np.stack(coordinates, axis=2))
+
+
+def _order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
+    """Per row: the masked-in indices first, each part sorted by `keys` then the index."""
+    index = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
+    masked = [np.where(mask, key, np.inf) for key in reversed(keys)]
+    return np.lexsort((index, *masked), axis=1).astype(np.int64)
+
+
+def _select(
+    c: CandidateBatch, certified: NDArray[np.bool_], objective: str
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    best = _order(certified, _objective_keys(c, objective))[:, 0]
+    selected = np.where(certified.any(axis=1), best, -1).astype(np.int64)
+    rows = np.arange(selected.size)
+    return selected, np.where(selected >= 0, c.thresholds[rows, np.maximum(selected, 0)], np.nan)
+
+
+def joint_control_batch(
+    c: CandidateBatch,
+    risks: Sequence[RiskCounts],
+    *,
+    objective: JointObjective = "auroc",
+    control: ControlConfig | None = None,
+) -> JointBatch:
+    """Certify P(R_m(lambda) <= alpha_m for every risk m and every certified lambda) >= 1 - delta
+    with p_j = max_m p_jm, then pick the certified lambda with the best D_est `objective`.
+
+    The family (Pareto-optimal on D_est unless `control.pareto` is False) is tested in
+    increasing order of its D_est max-p-value, ties by D_est budget, then threshold
+    (descending) and index; `control.fwer` runs over the D_cal max-p-values at `control.delta`.
+    """
+    control = control or ControlConfig()
+    _check(c, risks, objective)
+    method = control.pvalue
+    est_p = _combined(method, risks, "est").max(axis=2)
+    cal_risk_p = _combined(method, risks, "cal")
+    members = _members(c, risks, objective, control.pareto)
+    order = _order(members, (est_p, c.est_budget, -c.thresholds))
+    n_candidates = members.sum(axis=1).astype(np.int64)
+    tested = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
+    risk_p = np.where(tested[:, :, None], np.take_along_axis(cal_risk_p, order[:, :, None], axis=1), np.nan)
+    pvalues = risk_p.max(axis=2)
+    procedure = fwer_procedure(control.fwer)
+    outcome = procedure.run_batch(pvalues, control.delta)
+    certified = np.zeros(outcome.rejected.shape, bool)
+    np.put_along_axis(certified, order, outcome.rejected, axis=1)
+    selected, threshold = _select(c, certified, objective)
+    return JointBatch(
+        levels={r.name: r.alpha for r in risks},
+        delta=float(control.delta),
+        fwer=procedure.name,
+        pvalue_method=method,
+        pareto=control.pareto,
+        objective=objective,
+        n_est=c.n_est,
+        n_cal=np.stack([r.n_cal for r in risks], axis=1),
+        order=order,
+        n_candidates=n_candidates,
+        pvalues=pvalues,
+        risk_pvalues=risk_p,
+        cal_losses=np.stack([r.cal_losses for r in risks], axis=2),
+        certified=certified,
+        stopped_at=outcome.stopped_at,
+        selected=selected,
+        threshold=threshold,
+    )
+
+
+def joint_empirical_batch(
+    c: CandidateBatch,
+    risks: Sequence[RiskCounts],
+    *,
+    objective: JointObjective = "auroc",
+    control: ControlConfig | None = None,
+) -> JointBatch:
+    """The plug-in baseline: accept every candidate of the family whose D_cal loss count is at
+    most floor(alpha_m n_m) for every risk (no test), then pick by the D_est `objective`.
+    Of `control` it reads `pareto` only."""
+    pareto = (control or ControlConfig()).pareto
+    _check(c, risks, objective)
+    members = _members(c, risks, objective, pareto)
+    accepted = members.copy()
+    for r in risks:
+        accepted &= r.cal_losses <= count_at_most(r.alpha, r.n_cal)[:, None]
+    order = _order(members, (c.est_budget, -c.thresholds))
+    selected, threshold = _select(c, accepted, objective)
+    return JointBatch(
+        levels={r.name: r.alpha for r in risks},
+        delta=float("nan"),
+        fwer="none",
+        pvalue_method="none",
+        pareto=pareto,
+        objective=objective,
+        n_est=c.n_est,
+        n_cal=np.stack([r.n_cal for r in risks], axis=1),
+        order=order,
+        n_candidates=members.sum(axis=1).astype(np.int64),
+        pvalues=np.full(order.shape, np.nan),
+        risk_pvalues=np.full((*order.shape, len(risks)), np.nan),
+        cal_losses=np.stack([r.cal_losses for r in risks], axis=2),
+        certified=accepted,
+        stopped_at=np.full(len(c), -1, dtype=np.int64),
+        selected=selected,
+        threshold=threshold,
+    )
+
+
+def joint_control(
+    c: Candidates,
+    *,
+    budget: float | None = None,
+    error: float | None = None,
+    extra: Sequence[RiskCounts] = (),
+    objective: JointObjective = "auroc",
+    control: ControlConfig | None = None,
+) -> JointResult:
+    """`joint_control_batch` for one calibration split, at the budget and error levels given
+    (and any `extra` risk, e.g. `missed_positives` on the same split)."""
+    batch = CandidateBatch.stack([c])
+    risks = [*candidate_risks(batch, budget=budget, error=error), *extra]
+    return joint_control_batch(batch, risks, objective=objective, control=control).trial(0)
