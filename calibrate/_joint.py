@@ -72,7 +72,7 @@ class RiskCounts:
     level `alpha`. The row counts are per trial: the false-negative rate is counted on the
     positives of each split."""
 
-    name: JointRisk
+    name: str  # one of JOINT_RISKS, or a K-stage cascade's (calibrate._cascade)
     alpha: float
     est_losses: NDArray[np.int64]
     n_est: NDArray[np.int64]
@@ -80,8 +80,8 @@ class RiskCounts:
     n_cal: NDArray[np.int64]
 
     def __post_init__(self) -> None:
-        if self.name not in JOINT_RISKS:
-            raise ValueError(f"unknown risk {self.name!r}; choose from {JOINT_RISKS}")
+        if not self.name:
+            raise ValueError("a risk needs a name")
         if not 0 < self.alpha < 1:
             raise ValueError(f"the {self.name} level must lie in (0, 1), got {self.alpha}")
         for losses, n in ((self.est_losses, self.n_est), (self.cal_losses, self.n_cal)):
@@ -330,6 +330,44 @@ def _select(
     return selected, np.where(selected >= 0, c.thresholds[rows, np.maximum(selected, 0)], np.nan)
 
 
+@dataclass(frozen=True)
+class JointTests:
+    """The max-p-value tests of a family of R trials: `order` (R, T) indices in testing order,
+    the first n_candidates[r] tested; `pvalues` (R, T) and `risk_pvalues` (R, T, M) aligned with
+    `order` (NaN beyond the family); `certified` (R, T) in index space; `stopped_at` (R,)."""
+
+    fwer: str
+    order: NDArray[np.int64]
+    n_candidates: NDArray[np.int64]
+    pvalues: NDArray[np.float64]
+    risk_pvalues: NDArray[np.float64]
+    certified: NDArray[np.bool_]
+    stopped_at: NDArray[np.int64]
+
+
+def run_joint_tests(
+    risks: Sequence[RiskCounts],
+    members: NDArray[np.bool_],
+    tie_keys: tuple[NDArray, ...],
+    control: ControlConfig,
+) -> JointTests:
+    """Test H_j: some R_m(j) > alpha_m for the `members` (R, T) of each trial with p_j = max_m p_jm
+    on D_cal, in increasing order of the same max-p-value on D_est, ties by `tie_keys` then the
+    index, with `control.fwer` at `control.delta`. The order depends on D_est only."""
+    est_p = _combined(control.pvalue, risks, "est").max(axis=2)
+    cal_risk_p = _combined(control.pvalue, risks, "cal")
+    order = _order(members, (est_p, *tie_keys))
+    n_candidates = members.sum(axis=1).astype(np.int64)
+    tested = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
+    risk_p = np.where(tested[:, :, None], np.take_along_axis(cal_risk_p, order[:, :, None], axis=1), np.nan)
+    pvalues = risk_p.max(axis=2)
+    procedure = fwer_procedure(control.fwer)
+    outcome = procedure.run_batch(pvalues, control.delta)
+    certified = np.zeros(outcome.rejected.shape, bool)
+    np.put_along_axis(certified, order, outcome.rejected, axis=1)
+    return JointTests(procedure.name, order, n_candidates, pvalues, risk_p, certified, outcome.stopped_at)
+
+
 def joint_control_batch(
     c: CandidateBatch,
     risks: Sequence[RiskCounts],
@@ -346,36 +384,25 @@ def joint_control_batch(
     """
     control = control or ControlConfig()
     _check(c, risks, objective)
-    method = control.pvalue
-    est_p = _combined(method, risks, "est").max(axis=2)
-    cal_risk_p = _combined(method, risks, "cal")
     members = _members(c, risks, objective, control.pareto)
-    order = _order(members, (est_p, c.est_budget, -c.thresholds))
-    n_candidates = members.sum(axis=1).astype(np.int64)
-    tested = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
-    risk_p = np.where(tested[:, :, None], np.take_along_axis(cal_risk_p, order[:, :, None], axis=1), np.nan)
-    pvalues = risk_p.max(axis=2)
-    procedure = fwer_procedure(control.fwer)
-    outcome = procedure.run_batch(pvalues, control.delta)
-    certified = np.zeros(outcome.rejected.shape, bool)
-    np.put_along_axis(certified, order, outcome.rejected, axis=1)
-    selected, threshold = _select(c, certified, objective)
+    tested = run_joint_tests(risks, members, (c.est_budget, -c.thresholds), control)
+    selected, threshold = _select(c, tested.certified, objective)
     return JointBatch(
         levels={r.name: r.alpha for r in risks},
         delta=float(control.delta),
-        fwer=procedure.name,
-        pvalue_method=method,
+        fwer=tested.fwer,
+        pvalue_method=control.pvalue,
         pareto=control.pareto,
         objective=objective,
         n_est=c.n_est,
         n_cal=np.stack([r.n_cal for r in risks], axis=1),
-        order=order,
-        n_candidates=n_candidates,
-        pvalues=pvalues,
-        risk_pvalues=risk_p,
+        order=tested.order,
+        n_candidates=tested.n_candidates,
+        pvalues=tested.pvalues,
+        risk_pvalues=tested.risk_pvalues,
         cal_losses=np.stack([r.cal_losses for r in risks], axis=2),
-        certified=certified,
-        stopped_at=outcome.stopped_at,
+        certified=tested.certified,
+        stopped_at=tested.stopped_at,
         selected=selected,
         threshold=threshold,
     )
