@@ -254,31 +254,55 @@ def cascade_risks(
     levels: CascadeLevels,
 ) -> list[RiskCounts]:
     """The controlled risks of every configuration, as integer counts on D_est and D_cal."""
+    return configuration_risks(scores, grid, est, cal, levels)[0]
+
+
+def configuration_risks(
+    scores: CascadeScores,
+    grid: CascadeGrid,
+    est: NDArray[np.int64],
+    cal: NDArray[np.int64],
+    levels: CascadeLevels,
+) -> tuple[list[RiskCounts], dict[str, NDArray[np.int64]]]:
+    """`cascade_risks`, and the D_est counts of every configuration (selection reads them)."""
     if len(levels.budgets) != scores.stages:
         raise ValueError(f"{len(levels.budgets)} budgets for a cascade of {scores.stages} experts")
     if levels.abstain is not None and grid.margins.size < 2:
         raise ValueError("an abstention level needs abstention margins beyond 0")
-    on = {"est": (est, _counts(scores, grid, est)), "cal": (cal, _counts(scores, grid, cal))}
+    counts = {"est": _counts(scores, grid, est), "cal": _counts(scores, grid, cal)}
+    rows = {"est": est.shape, "cal": cal.shape}
 
-    def losses(name: str, counts: dict[str, NDArray[np.int64]], n: int) -> NDArray[np.int64]:
+    def losses(name: str, part: str) -> NDArray[np.int64]:
         if name.startswith("budget-"):
-            return counts[f"calls-{name.removeprefix('budget-')}"]
-        return counts["wrong"] if name == "error" else n - counts["kept"]
+            return counts[part][f"calls-{name.removeprefix('budget-')}"]
+        return counts[part]["wrong"] if name == "error" else rows[part][1] - counts[part]["kept"]
 
-    out = []
-    for name, level in levels.named():
-        rows = {part: np.full(index.shape[0], index.shape[1], np.int64) for part, (index, _) in on.items()}
-        out.append(
-            RiskCounts(
-                name,
-                float(level),
-                losses(name, on["est"][1], est.shape[1]),
-                rows["est"],
-                losses(name, on["cal"][1], cal.shape[1]),
-                rows["cal"],
-            )
-        )
-    return out
+    def n(part: str) -> NDArray[np.int64]:
+        return np.full(rows[part][0], rows[part][1], np.int64)
+
+    risks = [
+        RiskCounts(name, float(level), losses(name, "est"), n("est"), losses(name, "cal"), n("cal"))
+        for name, level in levels.named()
+    ]
+    return risks, counts["est"]
+
+
+def selection_keys(
+    est_counts: dict[str, NDArray[np.int64]], stages: int, n_est: int
+) -> list[NDArray[np.float64]]:
+    """What the choice among certified configurations minimises, in order: the D_est error,
+    the calls to the last expert, ..., to the first, the abstentions."""
+    calls = [est_counts[f"calls-{k}"] for k in range(stages, 0, -1)]
+    return [a.astype(np.float64) for a in (est_counts["wrong"], *calls, n_est - est_counts["kept"])]
+
+
+def choose(accepted: NDArray[np.bool_], keys: list[NDArray[np.float64]]) -> NDArray[np.int64]:
+    """Per trial, the accepted configuration minimising `keys` lexicographically, then the
+    index; -1 where none is accepted."""
+    masked = [np.where(accepted, key, np.inf) for key in keys]
+    index = np.broadcast_to(np.arange(accepted.shape[1]), accepted.shape)
+    best = np.lexsort((index, *reversed(masked)), axis=1)[:, 0]
+    return np.where(accepted.any(axis=1), best, -1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -312,17 +336,11 @@ def cascade_control_batch(
     in D_est order by default) and choose the certified one with the smallest D_est error, then
     the fewest calls to the last expert, ..., the first, then the fewest abstentions."""
     control = control or ControlConfig()
-    risks = cascade_risks(scores, grid, est, cal, levels)
-    counts = _counts(scores, grid, est)
-    error_key = counts["wrong"].astype(np.float64)
-    call_keys = [counts[f"calls-{k}"].astype(np.float64) for k in range(scores.stages, 0, -1)]
-    abstain_key = (est.shape[1] - counts["kept"]).astype(np.float64)
-    members = np.ones(error_key.shape, bool)  # no Pareto filter: G^K M points, ordered by D_est
-    tested = run_joint_tests(risks, members, (error_key, *call_keys), control)
-    keys = [np.where(tested.certified, key, np.inf) for key in (error_key, *call_keys, abstain_key)]
-    index = np.broadcast_to(np.arange(error_key.shape[1]), error_key.shape)
-    best = np.lexsort((index, *reversed(keys)), axis=1)[:, 0]
-    selected = np.where(tested.certified.any(axis=1), best, -1).astype(np.int64)
+    risks, est_counts = configuration_risks(scores, grid, est, cal, levels)
+    keys = selection_keys(est_counts, scores.stages, est.shape[1])
+    members = np.ones(keys[0].shape, bool)  # no Pareto filter: G^K M points, ordered by D_est
+    tested = run_joint_tests(risks, members, tuple(keys[:-1]), control)
+    selected = choose(tested.certified, keys)
     thresholds, margin = grid.config(np.maximum(selected, 0))
     none = selected < 0
     return CascadeBatch(
