@@ -5,6 +5,20 @@ Pure numpy functions over arrays; no I/O. Every decision is made from integer co
 """
 
 from ._candidates import Candidates
+from ._cascade import (
+    ABSTAIN_MARGINS,
+    CASCADE_GRID,
+    CascadeBatch,
+    CascadeGrid,
+    CascadeLevels,
+    CascadeOutcome,
+    CascadeScores,
+    cascade_control_batch,
+    cascade_grid,
+    cascade_outcome,
+    cascade_risks,
+)
+from ._cascade_validate import CascadeValidation, validate_cascade
 from ._expert_prior import (
     CONTENT_FREE_INPUTS,
     EXPERT_CALIBRATIONS,
@@ -121,9 +135,11 @@ from ._validation_results import (
 )
 
 __all__ = [
+    "ABSTAIN_MARGINS",
     "ANY_BATCH_SIZE",
     "ANY_OBJECTIVE",
     "CAL_FRACTION",
+    "CASCADE_GRID",
     "CERTIFIED_MODES",
     "CONTENT_FREE_INPUTS",
     "DECISION_COLUMNS",
@@ -155,6 +171,12 @@ __all__ = [
     "CalibratedPolicyName",
     "CalibrationSize",
     "Candidates",
+    "CascadeBatch",
+    "CascadeGrid",
+    "CascadeLevels",
+    "CascadeOutcome",
+    "CascadeScores",
+    "CascadeValidation",
     "CertifiedMode",
     "ControlConfig",
     "ControlMode",
@@ -196,6 +218,10 @@ __all__ = [
     "budget_control",
     "calibration_size",
     "candidate_risks",
+    "cascade_control_batch",
+    "cascade_grid",
+    "cascade_outcome",
+    "cascade_risks",
     "cascade_scores",
     "clopper_pearson",
     "contextual_calibration",
@@ -225,5 +251,6 @@ __all__ = [
     "topk_mask",
     "uncertainty_signal",
     "validate",
+    "validate_cascade",
     "validate_levels",
 ]

@@ -26,6 +26,8 @@ LIMITS: dict[str, int] = {
     "--n-dev": 10_000_000,
     "--cal-size": 100_000_000,
     "rows": 100_000_000,  # synthetic rows in all (seeds x (n + n_dev)): 8 float columns, ~7 GB
+    # Experts of a cascade: every configuration of the product grid is tested, (grid + 1)^K of them.
+    "stages": 3,
     "--concurrency": 4_096,  # requests in flight to one expert
     "values": 10_000,  # entries of one list option (--budgets START:STOP:COUNT, --seeds, ...)
 }

@@ -114,13 +114,28 @@ def simulate_command(
     random_state: Annotated[
         int, typer.Option("--random-state", help="Seed of the generator.")
     ] = DEFAULT_RANDOM_STATE,
+    stages: Annotated[
+        int,
+        typer.Option(
+            "--stages",
+            min=1,
+            max=LIMITS["stages"],
+            help=(
+                "Experts in the cascade: above 1, each later expert is larger (better on hard inputs) and "
+                "has its columns expert_K and dv_K (its DV score: its value over the stage before)."
+            ),
+        ),
+    ] = 1,
 ) -> None:
     """Write a synthetic scores table: four groups, a strong or weak expert, a noisy DV score."""
     rows = seeds * (n + (n if n_dev is None else n_dev))
     if rows > LIMITS["rows"]:
         raise InputError(f"--n/--n-dev x --seeds: {rows:,} rows in all, at most {LIMITS['rows']:,}")
-    path = simulate(scenario, n, seeds, out, n_dev=n_dev, random_state=random_state)
-    stdout.print(f"wrote {path} ({seeds} seeds x {n} test + {n if n_dev is None else n_dev} dev rows)")
+    path = simulate(scenario, n, seeds, out, n_dev=n_dev, random_state=random_state, stages=stages)
+    cascade = f", {stages} experts" if stages > 1 else ""
+    stdout.print(
+        f"wrote {path} ({seeds} seeds x {n} test + {n if n_dev is None else n_dev} dev rows{cascade})"
+    )
 
 
 @clean_errors

@@ -10,6 +10,7 @@ from ._scores import (
     binary_twin,
     read_scores,
     scores_from_columns,
+    stage_columns,
     write_scores,
 )
 from ._simulate import DEFAULT_RANDOM_STATE, SCENARIOS, Scenario, simulate_scores
@@ -52,6 +53,7 @@ __all__ = [
     "row_label",
     "scores_from_columns",
     "simulate_scores",
+    "stage_columns",
     "stream_rows",
     "write_json",
     "write_jsonl",

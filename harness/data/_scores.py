@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +22,15 @@ __all__ = [
     "binary_twin",
     "read_scores",
     "scores_from_columns",
+    "stage_columns",
     "write_scores",
 ]
 
 SCORES_COLUMNS: tuple[str, ...] = ("id", "group", "split", "label", "probe", "expert", "dv", "seed", "arch")
 SPLITS: tuple[str, ...] = ("dev", "test")
+# A K-stage cascade's table adds, for each expert after the first (stage k = 2..K), its scores and
+# its stage's DV scores under these names; a table without them is one expert's, as always.
+_STAGE_COLUMNS = ("expert_{k}", "dv_{k}")
 BINARY_SUFFIX = "-binary"
 """An arch "<arch>-binary" in a scores table holds a DV probe trained on v_bin; it pairs with "<arch>"."""
 
@@ -33,6 +38,13 @@ BINARY_SUFFIX = "-binary"
 def binary_twin(arch: str) -> str:
     """The arch name of `arch`'s binary-target DV probe in a scores table."""
     return arch + BINARY_SUFFIX
+
+
+def stage_columns(k: int) -> tuple[str, str]:
+    """The names of stage k's expert and DV columns (k >= 2; stage 1's are 'expert' and 'dv')."""
+    if k < 2:
+        raise ValueError(f"stage {k}: the first stage's columns are 'expert' and 'dv'")
+    return tuple(name.format(k=k) for name in _STAGE_COLUMNS)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,14 @@ class ScoresTable:
     dv: NDArray[np.float64]
     seed: NDArray[np.int64]
     arch: NDArray[np.str_]
+    # Stages 2..K of a cascade (K - 1, rows): the later experts' scores and their DV scores.
+    later_experts: NDArray[np.float64] | None = None
+    later_dv: NDArray[np.float64] | None = None
+
+    @property
+    def stages(self) -> int:
+        """How many experts the table's cascade has (1: the paper's)."""
+        return 1 + (0 if self.later_experts is None else self.later_experts.shape[0])
 
     @property
     def seeds(self) -> list[int]:
@@ -58,9 +78,9 @@ class ScoresTable:
     def archs(self) -> list[str]:
         return sorted(str(a) for a in np.unique(self.arch))
 
-    def test_scores(self, arch: str | None = None) -> dict[int, calibrate.Scores]:
-        """The test split of every seed for one probe configuration, ready for calibration.
-        `arch` may be left out when the table holds a single one."""
+    def _test_rows(self, arch: str | None) -> dict[int, NDArray[np.bool_]]:
+        """The test rows of every seed of one probe configuration (`arch` may be left out when
+        the table holds a single one)."""
         if arch is None:
             if len(self.archs) > 1:
                 raise InputError(
@@ -74,17 +94,46 @@ class ScoresTable:
         for seed in self.seeds:
             rows = (self.seed == seed) & (self.split == "test") & (self.arch == arch)
             if rows.any():
-                out[seed] = calibrate.Scores(
-                    label=self.label[rows],
-                    probe=self.probe[rows],
-                    expert=self.expert[rows],
-                    dv=self.dv[rows],
-                    group=self.group[rows],
-                )
+                out[seed] = rows
+        return out
+
+    def test_scores(self, arch: str | None = None) -> dict[int, calibrate.Scores]:
+        """The test split of every seed for one probe configuration, ready for calibration.
+        `arch` may be left out when the table holds a single one."""
+        return {
+            seed: calibrate.Scores(
+                label=self.label[rows],
+                probe=self.probe[rows],
+                expert=self.expert[rows],
+                dv=self.dv[rows],
+                group=self.group[rows],
+            )
+            for seed, rows in self._test_rows(arch).items()
+        }
+
+    def cascade_scores(self, arch: str | None = None) -> dict[int, calibrate.CascadeScores]:
+        """The test split of every seed as a K-stage cascade (stage 1: 'expert' and 'dv')."""
+        out = {}
+        rows_by_seed = self._test_rows(arch)
+        for seed, rows in rows_by_seed.items():
+            later = (np.zeros((0, self.label.size)), np.zeros((0, self.label.size)))
+            if self.later_experts is not None and self.later_dv is not None:
+                later = (self.later_experts, self.later_dv)
+            out[seed] = calibrate.CascadeScores(
+                label=self.label[rows],
+                probe=self.probe[rows],
+                experts=np.concatenate([self.expert[None, rows], later[0][:, rows]]),
+                dv=np.concatenate([self.dv[None, rows], later[1][:, rows]]),
+            )
         return out
 
     def columns(self) -> dict[str, NDArray]:
-        return {name: getattr(self, name) for name in SCORES_COLUMNS}
+        out = {name: getattr(self, name) for name in SCORES_COLUMNS}
+        for k in range(2, self.stages + 1):
+            expert, dv = stage_columns(k)
+            out[expert] = self.later_experts[k - 2]  # type: ignore[index]
+            out[dv] = self.later_dv[k - 2]  # type: ignore[index]
+        return out
 
 
 def _strings(raw: RawTable, name: str) -> NDArray[np.str_]:
@@ -182,6 +231,7 @@ def _checked(raw: RawTable, purpose: str = "calibrate on") -> ScoresTable:
     if np.isinf(dv).any():
         i = int(np.flatnonzero(np.isinf(dv))[0])
         raise InputError(f"{raw.path}: column 'dv', {raw.where(i)}: infinite value")
+    later = _later_stages(raw, split)
     seed = _integers(raw, "seed")
     ids = _strings(raw, "id")
     table = ScoresTable(
@@ -195,11 +245,50 @@ def _checked(raw: RawTable, purpose: str = "calibrate on") -> ScoresTable:
         dv=dv,
         seed=seed,
         arch=_strings(raw, "arch"),
+        later_experts=later[0],
+        later_dv=later[1],
     )
     _check_unique_ids(raw, table)
     if not (split == "test").any():
         raise InputError(f"{raw.path}: column 'split': no 'test' rows, so there is nothing to {purpose}")
     return table
+
+
+def _score_column(raw: RawTable, name: str) -> NDArray[np.float64]:
+    values = _numbers(raw, name)
+    outside = (values < 0) | (values > 1)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: {values[i]:g} is outside [0, 1]")
+    return values
+
+
+def _dv_column(raw: RawTable, name: str, split: NDArray[np.str_]) -> NDArray[np.float64]:
+    dv = _numbers(raw, name, allow_empty=split == "dev")
+    if np.isinf(dv).any():
+        i = int(np.flatnonzero(np.isinf(dv))[0])
+        raise InputError(f"{raw.path}: column '{name}', {raw.where(i)}: infinite value")
+    return dv
+
+
+def _later_stages(
+    raw: RawTable, split: NDArray[np.str_]
+) -> tuple[NDArray[np.float64] | None, NDArray[np.float64] | None]:
+    """The columns of stages 2..K, which come in pairs and in order (expert_2, dv_2, expert_3, ...)."""
+    names = [c for c in raw.columns if re.fullmatch(r"(expert|dv)_\d+", c)]
+    stages = sorted({int(c.rsplit("_", 1)[1]) for c in names})
+    if not stages:
+        return None, None
+    for k in range(2, max(stages) + 1):
+        for name in stage_columns(k):
+            if name not in raw.columns:
+                raise InputError(
+                    f"{raw.path}: missing column '{name}' (a cascade of {max(stages)} experts has "
+                    f"{', '.join(c for j in range(2, max(stages) + 1) for c in stage_columns(j))})"
+                )
+    experts = [_score_column(raw, stage_columns(k)[0]) for k in range(2, max(stages) + 1)]
+    dvs = [_dv_column(raw, stage_columns(k)[1], split) for k in range(2, max(stages) + 1)]
+    return np.stack(experts), np.stack(dvs)
 
 
 def _check_unique_ids(raw: RawTable, table: ScoresTable) -> None:
@@ -222,5 +311,7 @@ def _check_unique_ids(raw: RawTable, table: ScoresTable) -> None:
 
 
 def write_scores(path: Path | str, columns: dict[str, NDArray]) -> Path:
-    """Write a scores table (Parquet, or CSV when the name ends .csv)."""
-    return write_table(Path(path), {name: columns[name] for name in SCORES_COLUMNS})
+    """Write a scores table (Parquet, or CSV when the name ends .csv), with the later stages'
+    columns of a cascade when `columns` has them."""
+    later = [name for k in range(2, 2 + len(columns)) for name in stage_columns(k) if name in columns]
+    return write_table(Path(path), {name: columns[name] for name in (*SCORES_COLUMNS, *later)})

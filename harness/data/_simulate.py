@@ -6,6 +6,12 @@ noisy label signal; its noise has a per-example part (the input) and a per-seed 
 training). The expert is a sharper, LLM-like read-out whose quality per group sets the
 scenario; it does not depend on the probe seed. The DV score is a shrunk, noisy view of the
 true delegation value: informative but noisy, as a trained DV probe is.
+
+A cascade of K experts (`stages`) adds, per stage k = 2..K, a larger expert: more separation and
+less hurt by the difficulty, so it is worth asking about what the one before found hard; its DV
+score is a noisy view of its value over the stage before, v_k = (2y - 1)(e_k - e_{k-1}). The
+later stages draw from generators of their own: the first stage's columns are the same whatever
+the number of stages.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
+
+from ._scores import stage_columns
 
 __all__ = ["DEFAULT_RANDOM_STATE", "SCENARIOS", "Scenario", "simulate_scores"]
 
@@ -45,6 +53,7 @@ _EXPERT_SHARPNESS = 2.5  # LLM judges answer near 0 or 1
 _DIFFICULTY = 0.6  # weight of the shared difficulty in both models' evidence
 _SEED_NOISE = 0.35  # share of the probe's noise that changes with the training seed
 _DV_NOISE = {"strong": 0.8, "weak": 0.5}  # noise of the DV probe's view of v, per scenario
+_STAGE_GAIN = 0.5  # each later expert's extra separation over the one before
 
 
 _REFERENCE_SIZE = 200_000
@@ -76,6 +85,35 @@ def _expert(
     return expit(_EXPERT_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty) + noise))
 
 
+def _later_expert(
+    scenario: Scenario, k: int, group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray
+) -> NDArray:
+    """Stage k's expert (k >= 2): separation grows by _STAGE_GAIN a stage, the difficulty's weight
+    shrinks as 1/k."""
+    from scipy.special import expit  # scipy loads on first use, not with the command line
+
+    separation = np.array([g.expert_signal[scenario] for g in _GROUPS])[group_index] + _STAGE_GAIN * (k - 1)
+    return expit(_EXPERT_SHARPNESS * (sign * (separation - _DIFFICULTY * difficulty / k) + noise))
+
+
+@functools.cache
+def _stage_value_moments(scenario: Scenario, stages: int) -> tuple[tuple[float, float], ...]:
+    """Mean and variance of v_k = (2y - 1)(e_k - e_{k-1}) for k = 2..`stages`, from a fixed
+    reference draw (as `_value_moments`): one DV map per stage for every table of a scenario."""
+    rng = np.random.default_rng([2**32 - 2, SCENARIOS.index(scenario)])
+    g = rng.choice(len(_GROUPS), size=_REFERENCE_SIZE, p=_WEIGHTS / _WEIGHTS.sum())
+    sign = rng.choice([-1.0, 1.0], size=_REFERENCE_SIZE)
+    difficulty = np.abs(rng.normal(size=_REFERENCE_SIZE))
+    before = _expert(scenario, g, sign, difficulty, rng.normal(size=_REFERENCE_SIZE))
+    out = []
+    for k in range(2, stages + 1):
+        expert = _later_expert(scenario, k, g, sign, difficulty, rng.normal(size=_REFERENCE_SIZE))
+        value = sign * (expert - before)
+        out.append((float(value.mean()), float(value.var())))
+        before = expert
+    return tuple(out)
+
+
 def _probe(group_index: NDArray, sign: NDArray, difficulty: NDArray, noise: NDArray) -> NDArray:
     from scipy.special import expit  # scipy loads on first use, not with the command line
 
@@ -90,13 +128,15 @@ def simulate_scores(
     *,
     n_dev: int | None = None,
     random_state: int = DEFAULT_RANDOM_STATE,
+    stages: int = 1,
 ) -> dict[str, NDArray]:
     """A scores table (SPEC section 2) as columns: `n` test and `n_dev` (default `n`) dev
-    examples, each scored under `seeds` probe seeds. DV scores are given on test rows only."""
+    examples, each scored under `seeds` probe seeds. DV scores are given on test rows only.
+    `stages` > 1 adds a cascade's later experts and their DV scores (expert_k, dv_k)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {SCENARIOS}")
-    if n < 1 or seeds < 1:
-        raise ValueError("n and seeds must be at least 1")
+    if n < 1 or seeds < 1 or stages < 1:
+        raise ValueError("n, seeds and stages must be at least 1")
     n_dev = n if n_dev is None else n_dev
     rng = np.random.default_rng([random_state, SCENARIOS.index(scenario)])
     total = n + n_dev
@@ -139,4 +179,18 @@ def simulate_scores(
         columns["dv"].append(dv)
         columns["seed"].append(np.full(total, seed, dtype=np.int64))
         columns["arch"].append(np.full(total, "simulated"))
+        before = expert
+        for k, (mean_k, var_k) in enumerate(_stage_value_moments(scenario, stages), start=2):
+            expert_k, dv_k = stage_columns(k)
+            stage_rng = np.random.default_rng([random_state, SCENARIOS.index(scenario), 1000 + k])
+            later = _later_expert(scenario, k, group_index, sign, difficulty, stage_rng.normal(size=total))
+            value_k = sign * (later - before)
+            shrink_k = var_k / (var_k + noise_sd**2)
+            view = np.random.default_rng([random_state, SCENARIOS.index(scenario), seed + 1, k]).normal(
+                size=total
+            )
+            dv_later = mean_k + shrink_k * (value_k - mean_k + noise_sd * view)
+            columns.setdefault(expert_k, []).append(later)
+            columns.setdefault(dv_k, []).append(np.where(split == "test", dv_later, np.nan))
+            before = later
     return {k: np.concatenate(v) for k, v in columns.items()}

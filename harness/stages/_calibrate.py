@@ -106,10 +106,12 @@ def simulate(
     *,
     n_dev: int | None = None,
     random_state: int = DEFAULT_RANDOM_STATE,
+    stages: int = 1,
 ) -> Path:
-    """Write a synthetic scores table (see `harness.data._simulate`)."""
+    """Write a synthetic scores table (see `harness.data._simulate`); `stages` > 1: a cascade's."""
     check_writable(out, "--out")
-    return write_scores(out, simulate_scores(scenario, n, seeds, n_dev=n_dev, random_state=random_state))
+    columns = simulate_scores(scenario, n, seeds, n_dev=n_dev, random_state=random_state, stages=stages)
+    return write_scores(out, columns)
 
 
 def _mean_by(table: dict[str, np.ndarray], keys: tuple[str, ...], values: tuple[str, ...]) -> dict:
