@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 # Per-stage thresholds of the product grid: quantiles of dv_k on D_est (the grid has G^K cells).
-CASCADE_GRID = 20
+CASCADE_GRID = 10
 # Abstention margins: tau = 0 (never abstain) and up to 0.25 (abstain on scores in (0.25, 0.75)).
 ABSTAIN_MARGINS: tuple[float, ...] = tuple(round(0.025 * m, 3) for m in range(11))
 # Trials counted together: bounds the (trials, configurations) work arrays.
