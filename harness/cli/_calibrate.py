@@ -232,7 +232,7 @@ def _means_table(summary: dict, batch_size: int) -> Table:
         title += f"; joint with error <= {summary['error_level']:g}, over the budgets with a policy"
     table = Table(title=title)
     for column in ("objective", "policy", "AUROC", "accuracy", "realised") + (
-        ("with policy",) if found else ()
+        ("with policy",) if found is not None else ()
     ):
         table.add_column(column)
     for objective, by_policy in summary["mean_over_budgets"].items():
