@@ -184,7 +184,8 @@ class Fallback(_Procedure):
         weights = np.where(position[None, :] < m[:, None], 0.5 ** (position[None, :] + 1.0), 0.0)
         last = np.maximum(m - 1, 0)
         # The last member takes what the halving left, 2^-(m-1) in all: the weights sum to 1.
-        weights[np.arange(rows), last] = np.where(m > 0, 0.5**last, 0.0)
+        if width:  # an empty family (no column) has no last member
+            weights[np.arange(rows), last] = np.where(m > 0, 0.5**last, 0.0)
         levels = np.full(p.shape, np.nan)
         rejected = np.zeros(p.shape, bool)
         carried = np.zeros(rows)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ._candidates import Candidates
 from ._fwer import FWER_METHODS, FWERMethod
 from ._groups import GROUP_COLUMNS, concat_groups, group_delegation, tidy_groups
+from ._joint import joint_control
 from ._ltt import budget_control
 from ._policies import (
     DEFAULT_POLICIES,
@@ -98,7 +100,9 @@ ANY_BATCH_SIZE = 0
 class SweepConfig:
     """What to compare. `merge="default"` uses each policy's own rule (overwrite for DV and
     oracle policies, average for uncertainty ones); "overwrite"/"average" impose one rule on all
-    (the score-merging controls)."""
+    (the score-merging controls). `accuracy` B: every calibrated row certifies its budget and
+    the error level round(1 - B, 12) jointly (`joint_control`, selecting by the row's
+    objective) instead of its budget alone; None: budget control, as the paper."""
 
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     policies: tuple[str, ...] = DEFAULT_POLICIES
@@ -113,6 +117,7 @@ class SweepConfig:
     pvalue: PValueMethod = DEFAULT_PVALUE
     pareto: bool = DEFAULT_PARETO
     split_seed: int = DEFAULT_SPLIT_SEED
+    accuracy: float | None = None
 
     def __post_init__(self) -> None:
         if not self.budgets or not all(0 < b < 1 for b in self.budgets):
@@ -134,6 +139,13 @@ class SweepConfig:
             raise ValueError(f"pvalue must be one of {PVALUE_METHODS}, got {self.pvalue!r}")
         if self.n_grid < 1:
             raise ValueError(f"n_grid must be at least 1, got {self.n_grid}")
+        if self.accuracy is not None and not 0 < self.accuracy < 1:
+            raise ValueError(f"accuracy must lie in (0, 1), got {self.accuracy}")
+
+    @property
+    def error_level(self) -> float | None:
+        """The certified error level 1 - accuracy (rounded, so that 1 - 0.9 reads 0.1), or None."""
+        return None if self.accuracy is None else round(1.0 - self.accuracy, 12)
 
     @property
     def control(self) -> ControlConfig:
@@ -149,7 +161,10 @@ class SweepResult:
     """`table`: tidy columns (SWEEP_COLUMNS), one row per policy x budget x batch size x seed x
     objective; calibrated policies do not depend on the batch size and top-k policies not on
     the objective, so their rows repeat across those axes. `ltt`: one audit record per
-    calibrated (policy, objective, seed, budget). `baselines`: probe-only and expert-only
+    calibrated (policy, objective, seed, budget). With `config.accuracy`, a calibrated row
+    whose budget and error level no threshold certified jointly has no policy: threshold, auroc,
+    accuracy and realised are NaN and n_certified is 0, and it has no decision or group rows
+    (there is no mask). `baselines`: probe-only and expert-only
     metrics on each seed's evaluation half. `groups`: the group-conditional table
     (GROUP_COLUMNS), one row per policy x budget x batch size x seed x objective x group of the
     evaluation half, made from the same delegation masks as `table` (repeating across the same
@@ -255,6 +270,41 @@ def _groups_for(
     )
 
 
+def _calibrate_budgets(
+    candidates: Candidates, objective: Objective, config: SweepConfig
+) -> tuple[NDArray[np.float64], NDArray[np.int64], list[dict[str, object]]]:
+    """Every budget's threshold (NaN: no policy), certified count and audit record: budget
+    control, or with `config.accuracy` joint control of the budget and the error level."""
+    if config.accuracy is None:
+        results = [budget_control(candidates, alpha=float(a), control=config.control) for a in config.budgets]
+    else:
+        results = [
+            joint_control(
+                candidates,
+                budget=float(a),
+                error=config.error_level,
+                objective=objective,
+                control=config.control,
+            )
+            for a in config.budgets
+        ]
+    thresholds = np.array([np.nan if r.threshold is None else r.threshold for r in results], dtype=np.float64)
+    n_certified = np.array([r.certified.size for r in results], dtype=np.int64)
+    return thresholds, n_certified, [r.to_dict() for r in results]
+
+
+def _without(metrics: SplitMetrics, has_policy: NDArray[np.bool_]) -> SplitMetrics:
+    """The metrics with NaN where a budget has no policy (nothing to measure)."""
+    if has_policy.all():
+        return metrics
+    return replace(
+        metrics,
+        auroc=np.where(has_policy, metrics.auroc, np.nan),
+        accuracy=np.where(has_policy, metrics.accuracy, np.nan),
+        realised=np.where(has_policy, metrics.realised, np.nan),
+    )
+
+
 def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = None) -> SweepResult:
     """Compare the policies on every seed's test split: one random calibration/evaluation split
     per seed (seeded by (split_seed, seed)), calibrated policies by budget control on the
@@ -310,33 +360,36 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                 signal = policy_signal(scores, policy, splits)
                 signal_eval = signal[0][evaluation]  # one split: row 0
                 for objective in config.objectives:
-                    # Budget-only LTT never looks at the objective: skip computing it.
+                    # Budget-only LTT never looks at the objective: skip computing it (joint
+                    # control selects by it, Pareto or not).
                     (candidates,) = threshold_candidates(
                         scores,
                         signal,
                         splits,
                         merge=merge,
-                        objective=objective if config.pareto else None,
+                        objective=objective if config.pareto or config.accuracy is not None else None,
                         n_grid=config.n_grid,
                     )
-                    results = [
-                        budget_control(candidates, alpha=float(a), control=config.control) for a in budgets
-                    ]
-                    thresholds = np.array([r.threshold for r in results], dtype=np.float64)
-                    for r in results:
-                        ltt.append({"seed": seed, "policy": name, "objective": objective, **r.to_dict()})
+                    thresholds, n_certified, records = _calibrate_budgets(candidates, objective, config)
+                    for record in records:
+                        ltt.append({"seed": seed, "policy": name, "objective": objective, **record})
+                    # A budget without a policy (joint control only) has no mask: NaN metrics.
+                    has_policy = ~np.isnan(thresholds)
                     delegated = signal_eval[None, :] > thresholds[:, None]
-                    metrics = evaluate_delegation(scores, evaluation[None], delegated, merge)
+                    metrics = _without(
+                        evaluate_delegation(scores, evaluation[None], delegated, merge), has_policy
+                    )
+                    kept = tuple(b for b, keep in zip(config.budgets, has_policy, strict=True) if keep)
                     _decisions_for(
-                        **on_decisions,
+                        **{**on_decisions, "budgets": kept},
                         objective=objective,
                         batch_size=ANY_BATCH_SIZE,
                         signal=signal_eval,
-                        delegated=delegated,
+                        delegated=delegated[has_policy],
                     )
                     _groups_for(
-                        **on_groups,
-                        delegated=delegated,
+                        **{**on_groups, "budgets": kept},
+                        delegated=delegated[has_policy],
                         objectives=(objective,),
                         batch_sizes=config.batch_sizes,
                     )
@@ -346,7 +399,7 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
                         batch_sizes=config.batch_sizes,
                         metrics=metrics,
                         thresholds=thresholds,
-                        n_certified=np.array([r.certified.size for r in results]),
+                        n_certified=n_certified,
                     )
             elif policy.mechanism == "topk":
                 signal_eval = policy_signal(scores, policy, splits)[0][evaluation]

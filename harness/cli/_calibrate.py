@@ -178,6 +178,18 @@ def calibrate_command(
     split_seed: Annotated[
         int, typer.Option("--split-seed", help="Seed of the calibration/evaluation split.")
     ] = _SWEEP.split_seed,
+    accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--accuracy",
+            help=(
+                "Also certify accuracy >= this, in (0, 1): every calibrated row's threshold is certified "
+                "jointly (delegation rate <= its budget and error <= 1 - accuracy, family-wise error "
+                "delta) and chosen by its objective; a budget where none is certified has no policy "
+                "(empty metrics, n_certified 0)."
+            ),
+        ),
+    ] = _SWEEP.accuracy,
     arch: ArchOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -209,6 +221,7 @@ def calibrate_command(
             pvalue=pvalue,
             pareto=pareto,
             split_seed=split_seed,
+            accuracy=None if accuracy is None else _unit(accuracy, "--accuracy"),
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -216,21 +229,35 @@ def calibrate_command(
     if json_output:
         print_json(summary)
         return
-    table = Table(title=f"Mean over budgets and seeds, batch size {max(config.batch_sizes)}")
-    for column in ("objective", "policy", "AUROC", "accuracy", "realised"):
-        table.add_column(column)
-    for objective, by_policy in summary["mean_over_budgets"].items():
-        for policy, m in by_policy.items():
-            table.add_row(
-                objective, policy, f"{m['auroc']:.3f}", f"{m['accuracy']:.3f}", f"{m['realised']:.3f}"
-            )
-    stdout.print(table)
+    stdout.print(_means_table(summary, max(config.batch_sizes)))
     b = summary["baselines"]
     stdout.print(
         f"probe only: AUROC {b['probe_auroc']:.3f}, accuracy {b['probe_accuracy']:.3f}; "
         f"expert only: AUROC {b['expert_auroc']:.3f}, accuracy {b['expert_accuracy']:.3f}"
     )
     stdout.print(f"wrote {summary['rows']} rows to {summary['table']} in {summary['elapsed_s']:.2f} s")
+
+
+def _means_table(summary: dict, batch_size: int) -> Table:
+    """The summary's means per objective and policy; with --accuracy, over the rows that have a
+    policy, and how many of the (budget, seed) rows that is."""
+    found = summary.get("policies_found")
+    title = f"Mean over budgets and seeds, batch size {batch_size}"
+    if found is not None:
+        title += f"; joint with error <= {summary['error_level']:g}, over the budgets with a policy"
+    table = Table(title=title)
+    for column in ("objective", "policy", "AUROC", "accuracy", "realised") + (
+        ("with policy",) if found is not None else ()
+    ):
+        table.add_column(column)
+    for objective, by_policy in summary["mean_over_budgets"].items():
+        for policy, m in by_policy.items():
+            cells = [objective, policy, f"{m['auroc']:.3f}", f"{m['accuracy']:.3f}", f"{m['realised']:.3f}"]
+            if found is not None:
+                count = found.get(objective, {}).get(policy)
+                cells.append("-" if count is None else f"{count['with_policy']}/{count['rows']}")
+            table.add_row(*cells)
+    return table
 
 
 _VALIDATE_TEXT = """Check a guarantee empirically over many random calibration samples.

@@ -181,11 +181,12 @@ class Sweep:
 
 
 def _sweep_config(summary: dict[str, Any], source: Path) -> SweepConfig:
-    """The SweepConfig from summary.json, which `calibrate_scores` writes with every field."""
-    missing = [f.name for f in fields(SweepConfig) if f.name not in summary]
+    """The SweepConfig from summary.json, which `calibrate_scores` writes with every field (a
+    setting whose default is None, such as `accuracy`, only when it is set)."""
+    missing = [f.name for f in fields(SweepConfig) if f.name not in summary and f.default is not None]
     if missing:
         raise InputError(f"{source}: no {missing[0]!r} setting (run `ctd calibrate` for this run again)")
-    values = {f.name: summary[f.name] for f in fields(SweepConfig)}
+    values = {f.name: summary[f.name] for f in fields(SweepConfig) if f.name in summary}
     try:
         return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     except (TypeError, ValueError) as exc:

@@ -126,12 +126,47 @@ def _mean_by(table: dict[str, np.ndarray], keys: tuple[str, ...], values: tuple[
         leaf = out
         for part in combo[:-1]:
             leaf = leaf.setdefault(part, {})
-        leaf[combo[-1]] = {v: float(np.nanmean(table[v][rows])) for v in values}
+        leaf[combo[-1]] = {v: _finite_mean(table[v][rows]) for v in values}
     return out
+
+
+def _finite_mean(values: np.ndarray) -> float:
+    """The mean of the numbers that are not NaN (a budget without a policy has NaN metrics);
+    NaN, without numpy's warning, when there are none."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if kept.size else float("nan")
 
 
 def _plain(value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
+
+
+def _settings(config: SweepConfig) -> dict[str, object]:
+    """Every SweepConfig field, tuples as lists; a None setting added after the first release
+    (`accuracy`) is left out, so that a budget-only sweep's summary is what it always was."""
+    return {
+        f.name: _plain(getattr(config, f.name))
+        for f in fields(SweepConfig)
+        if not (f.default is None and getattr(config, f.name) is None)
+    }
+
+
+def _joint_counts(config: SweepConfig, at_largest: dict[str, np.ndarray]) -> dict[str, object]:
+    """With --accuracy, how many (budget, seed) rows of each calibrated curve have a policy:
+    mean_over_budgets averages those rows only, and `policies_found` says over how many."""
+    if config.accuracy is None:
+        return {}
+    found: dict[str, dict[str, dict[str, int]]] = {}
+    for objective in config.objectives:
+        for policy in config.policies:
+            if not calibrate.POLICIES[policy].calibrated:
+                continue
+            rows = (at_largest["objective"] == objective) & (at_largest["policy"] == policy)
+            found.setdefault(objective, {})[policy] = {
+                "with_policy": int((~np.isnan(at_largest["threshold"][rows])).sum()),
+                "rows": int(rows.sum()),
+            }
+    return {"error_level": config.error_level, "policies_found": found}
 
 
 def _with_ids(decisions: dict[str, np.ndarray], table: ScoresTable, arch: str) -> dict[str, np.ndarray]:
@@ -171,6 +206,16 @@ def calibrate_scores(
         cal_fraction=config.cal_fraction,
         est_fraction=config.est_fraction,
     )
+    if config.error_level is not None:
+        check_calibration_size(
+            by_seed,
+            table.source,
+            config.error_level,
+            config.delta,
+            option=f"--accuracy {config.accuracy:g}: the error level",
+            cal_fraction=config.cal_fraction,
+            est_fraction=config.est_fraction,
+        )
     result = calibrate.sweep(by_seed, config)
     elapsed = time.perf_counter() - started
     largest = max(config.batch_sizes)
@@ -185,7 +230,7 @@ def calibrate_scores(
         "group_rows": int(result.groups["seed"].size),
         "seeds": table.seeds,
         # Every SweepConfig field (tuples as lists): the report rebuilds the config from these.
-        **{f.name: _plain(getattr(config, f.name)) for f in fields(SweepConfig)},
+        **_settings(config),
         "baselines": {
             k: float(np.mean(v)) for k, v in result.baselines.items() if k not in ("seed", "n_eval")
         },
@@ -197,6 +242,7 @@ def calibrate_scores(
         },
         # Means over budgets and seeds at the largest batch size: one number per curve.
         "mean_over_budgets": _mean_by(at_largest, ("objective", "policy"), ("auroc", "accuracy", "realised")),
+        **_joint_counts(config, at_largest),
         "elapsed_s": round(elapsed, 3),
     }
     write_table(files.table, result.table)

@@ -1,4 +1,6 @@
-"""FWER procedures against their definitions and against MAPIE; Pareto filter against brute force."""
+"""FWER procedures against their definitions and against MAPIE; the fallback procedure against the
+graphical algorithm it is a shortcut of, and its family-wise error on simulated true nulls; Pareto
+filters (2-d and D-d) against brute force."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ from hypothesis import strategies as st
 from mapie.risk_control.fwer_control import control_fwer as mapie_control_fwer
 from numpy.typing import NDArray
 
-from calibrate import FWERResult, binomial_pvalue, control_fwer
+from calibrate import FWER_METHODS, FWERResult, binomial_pvalue, clopper_pearson, control_fwer
 
-# Private: the procedures and the Pareto filter, unit-tested one by one.
-from calibrate._fwer import Bonferroni, FixedSequence, Holm
-from calibrate._pareto import pareto_front
+# Private: the procedures and the Pareto filters, unit-tested one by one.
+from calibrate._fwer import Bonferroni, Fallback, FixedSequence, Holm, fwer_procedure
+from calibrate._pareto import pareto_front, pareto_members, pareto_rows
 
 SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -229,3 +231,206 @@ def test_pareto_front_edges() -> None:
         pareto_front([0.1, 0.2], [np.nan, 0.2])
     with pytest.raises(ValueError):
         pareto_front([0.1, 0.2], [0.1])
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+def chain_weights(m: int) -> list[float]:
+    """The fallback's initial weights: 1/2, 1/4, ..., the last taking the remainder (sum 1)."""
+    weights = [2.0 ** -(j + 1) for j in range(m)]
+    if m:
+        weights[-1] = 2.0 ** -(m - 1)
+    return weights
+
+
+def graphical_procedure(
+    p: list[float], delta: float, weights: list[float], edges: list[list[float]]
+) -> tuple[list[bool], list[float]]:
+    """Bretz et al. (2009), Algorithm 1, in plain loops: while some active H_j has p_j <= its
+    level, reject the smallest such j, give its level to the others along the edges, and reroute
+    the edges around it. Returns the rejections and each hypothesis's level (at rejection, or
+    at the end)."""
+    m = len(p)
+    level = [delta * w for w in weights]
+    g = [row[:] for row in edges]
+    active = list(range(m))
+    rejected = [False] * m
+    final = [float("nan")] * m
+    while True:
+        ready = [j for j in active if p[j] <= level[j]]
+        if not ready:
+            break
+        j = ready[0]
+        rejected[j], final[j] = True, level[j]
+        active.remove(j)
+        for other in active:
+            if g[j][other]:
+                level[other] = level[other] + level[j] * g[j][other]
+        rerouted = [[0.0] * m for _ in range(m)]
+        for a in active:
+            for b in active:
+                denominator = 1.0 - g[a][j] * g[j][a]
+                if a != b and denominator > 0:
+                    rerouted[a][b] = (g[a][b] + g[a][j] * g[j][b]) / denominator
+        g = rerouted
+    for j in active:
+        final[j] = level[j]
+    return rejected, final
+
+
+def chain_edges(m: int) -> list[list[float]]:
+    """H_j -> H_{j+1} with weight 1; the last hypothesis passes its level nowhere."""
+    return [[1.0 if k == j + 1 else 0.0 for k in range(m)] for j in range(m)]
+
+
+def fallback_pvalues(rng: np.random.Generator, delta: float) -> NDArray[np.float64]:
+    """Families with p-values exactly on the fallback's levels (sums of delta / 2^k), ties, and
+    continuous values."""
+    m = int(rng.integers(1, 16))
+    boundaries = [delta * x for x in (1 / 2, 1 / 4, 3 / 4, 1 / 8, 7 / 8, 3 / 8, 1.0)]
+    grid = np.array([0.0, *boundaries, 0.5, 1.0])
+    p = np.where(rng.uniform(size=m) < 0.6, rng.choice(grid, m), rng.uniform(0, 2 * delta, m))
+    return p.astype(np.float64)
+
+
+def test_fallback_is_the_chain_graph() -> None:
+    """Exact agreement of rejections and levels with the graphical algorithm on the chain, one
+    family at a time and in a NaN-padded batch."""
+    rng = np.random.default_rng(14)
+    families, deltas, partial = [], [], 0
+    for _ in range(600):
+        delta = float(rng.choice([0.05, 0.1, 0.2, rng.uniform(0.01, 0.5)]))
+        p = fallback_pvalues(rng, delta)
+        rejected, levels = graphical_procedure(p.tolist(), delta, chain_weights(p.size), chain_edges(p.size))
+        ours = control_fwer(p, delta, "fallback")
+        np.testing.assert_array_equal(ours.rejected, rejected)
+        np.testing.assert_array_equal(ours.tested, np.arange(p.size))  # it goes on past a failure
+        assert ours.levels.tolist() == levels  # the same floats, not merely close
+        failures = np.flatnonzero(~ours.rejected)
+        assert ours.stopped_at == (int(failures[0]) if failures.size else None)
+        partial += (
+            bool(ours.rejected.any()) and bool(failures.size) and bool(ours.rejected[failures[0] :].any())
+        )
+        if delta == 0.1:
+            families.append(p)
+            deltas.append(delta)
+    assert partial >= 50  # rejections after a failure: what fixed-sequence testing cannot do
+    width = max(f.size for f in families)
+    batch = np.full((len(families), width), np.nan)
+    for r, f in enumerate(families):
+        batch[r, : f.size] = f
+    found = Fallback().run_batch(batch, 0.1)
+    for r, f in enumerate(families):
+        one = Fallback().run(f, 0.1)
+        row = found.row(r)
+        np.testing.assert_array_equal(row.rejected[: f.size], one.rejected)
+        assert not row.rejected[f.size :].any()
+        assert row.levels.tolist() == one.levels.tolist() and row.stopped_at == one.stopped_at
+
+
+def test_fallback_by_name_and_edges() -> None:
+    assert "fallback" in FWER_METHODS and isinstance(fwer_procedure("fallback"), Fallback)
+    r = control_fwer([0.2, 0.05, 0.1], 0.2, "fallback")  # levels 0.1, 0.05 (no carry), 0.05 + 0.05
+    np.testing.assert_array_equal(r.rejected, [False, True, True])
+    assert r.levels.tolist() == [0.1, 0.05, 0.1] and r.stopped_at == 0
+    one = control_fwer([0.1], 0.1, "fallback")  # one hypothesis: the whole level
+    assert one.rejected.tolist() == [True] and one.levels.tolist() == [0.1]
+    empty = control_fwer(np.zeros(0), 0.1, "fallback")
+    assert empty.rejected.size == 0 and empty.stopped_at is None
+
+
+def passing_on_after_failure(p: NDArray[np.float64], delta: float) -> NDArray[np.bool_]:
+    """Broken: H_j's level goes on to H_{j+1} whether or not H_j was rejected."""
+    rejected = np.zeros(p.shape, bool)
+    for r in range(p.shape[0]):
+        carried = 0.0
+        for j, w in enumerate(chain_weights(p.shape[1])):
+            level = delta * w + carried
+            rejected[r, j] = p[r, j] <= level
+            carried = level
+    return rejected
+
+
+def weights_summing_to_two(p: NDArray[np.float64], delta: float) -> NDArray[np.bool_]:
+    """Broken: the chain graph with every initial weight doubled."""
+    rejected = np.zeros(p.shape, bool)
+    weights = [2 * w for w in chain_weights(p.shape[1])]
+    edges = chain_edges(p.shape[1])
+    for r in range(p.shape[0]):
+        rejected[r] = graphical_procedure(p[r].tolist(), delta, weights, edges)[0]
+    return rejected
+
+
+def family_wise_error(procedure, delta: float) -> tuple[int, int]:
+    """Families of 8 hypotheses, a random 0 to 3 of them false (p-values near 0), the rest true
+    nulls with independent uniform p-values: how many families reject a true null."""
+    rng = np.random.default_rng(15)
+    families, m = 8000, 8
+    false = rng.uniform(size=(families, m)) < rng.integers(0, 4, families)[:, None] / m
+    p = np.where(false, rng.uniform(size=(families, m)) ** 8, rng.uniform(size=(families, m)))
+    rejected = procedure(p, delta)
+    return int((rejected & ~false).any(axis=1).sum()), families
+
+
+# The issue's acceptance rule for a guarantee: the 95% Clopper-Pearson upper bound of the
+# simulated violation rate at most delta + 0.02.
+SLACK = 0.02
+
+
+def test_fallback_family_wise_error_at_most_delta() -> None:
+    delta = 0.1
+    errors, families = family_wise_error(lambda p, d: Fallback().run_batch(p, d).rejected, delta)
+    assert clopper_pearson(errors, families).high <= delta + SLACK
+    assert errors / families > delta / 2  # the simulation is close to the bound, so it can catch a breach
+
+
+@pytest.mark.parametrize("broken", [passing_on_after_failure, weights_summing_to_two])
+def test_broken_fallbacks_are_caught(broken) -> None:
+    errors, families = family_wise_error(broken, 0.1)
+    assert clopper_pearson(errors, families).high > 0.1 + SLACK
+
+
+# --------------------------------------------------------------------------- Pareto in D dimensions
+
+
+def members_brute_force(x: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Per row: not dominated (another point <= everywhere, < somewhere), and no exact
+    duplicate at a smaller index."""
+    rows, n, _ = x.shape
+    keep = np.zeros((rows, n), bool)
+    for r in range(rows):
+        for i in range(n):
+            dominated = any(np.all(x[r, j] <= x[r, i]) and np.any(x[r, j] < x[r, i]) for j in range(n))
+            duplicate_before = any(np.array_equal(x[r, j], x[r, i]) for j in range(i))
+            keep[r, i] = not dominated and not duplicate_before
+    return keep
+
+
+@pytest.mark.parametrize("dimensions", [1, 3, 4])
+def test_pareto_members_match_brute_force(dimensions: int) -> None:
+    """Points on a coarse grid (many ties and exact duplicates); 150 rows span several chunks."""
+    rng = np.random.default_rng(16 + dimensions)
+    for n in (0, 1, 2, 7, 30):
+        x = rng.integers(0, 4, (150, n, dimensions)) / 4.0
+        np.testing.assert_array_equal(pareto_members(x), members_brute_force(x))
+    continuous = rng.uniform(size=(20, 25, dimensions))
+    np.testing.assert_array_equal(pareto_members(continuous), members_brute_force(continuous))
+
+
+def test_pareto_members_in_two_dimensions_are_pareto_rows() -> None:
+    rng = np.random.default_rng(17)
+    x = rng.integers(0, 5, (200, 20, 2)) / 5.0
+    order, keep = pareto_rows(x[:, :, 0], x[:, :, 1])
+    expected = np.zeros(x.shape[:2], bool)
+    np.put_along_axis(expected, order, keep, axis=1)
+    found = pareto_members(x)
+    np.testing.assert_array_equal(found, expected)
+    np.testing.assert_array_equal(found, members_brute_force(x))
+
+
+def test_pareto_members_bad_input() -> None:
+    with pytest.raises(ValueError, match="3-d"):
+        pareto_members(np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="NaN"):
+        pareto_members(np.array([[[0.1, np.nan, 0.2]]]))

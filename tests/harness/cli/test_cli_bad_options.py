@@ -44,6 +44,13 @@ def test_validate_level_outside_unit_interval(tmp_path: Path, scores: Path, opti
         ("--objectives", "auroc,f1", "'f1'"),
         ("--batch-sizes", "0", "positive integers"),
         ("--batch-sizes", "32,x", "expected integers"),
+        ("--accuracy", "0", "0 is outside (0, 1)"),
+        ("--accuracy", "1", "1 is outside (0, 1)"),
+        ("--accuracy", "1.5", "1.5 is outside (0, 1)"),
+        ("--accuracy", "-0.1", "-0.1 is outside (0, 1)"),
+        ("--accuracy", "nan", "nan is outside (0, 1)"),
+        # 140 D_cal rows of 400 x 0.5 x 0.7 cannot certify an error of 0.01 at delta 0.1 (needs 230).
+        ("--accuracy", "0.99", "the error level 0.01"),
     ],
 )
 def test_calibrate_bad_option(tmp_path: Path, scores: Path, option: str, value: str, fragment: str):

@@ -112,3 +112,27 @@ def test_calibrate_prints_a_table_without_json(scores: Path, tmp_path: Path):
         assert word in result.stdout, word
     assert "wrote 16 rows" in result.stdout  # 2 policies x 2 budgets x 1 batch size x 2 seeds x 2 objectives
     assert (out / "sweep.csv").is_file()
+
+
+def test_calibrate_with_accuracy_certifies_jointly(scores: Path, tmp_path: Path):
+    """--accuracy: ltt.jsonl holds joint records at (budget, 1 - accuracy); a row without a
+    certified threshold has empty metrics and n_certified 0; the summary and the printed table
+    say over how many rows the means run."""
+    out = tmp_path / "cal"
+    args = ("calibrate", "--scores", scores, "--out", out, *FAST_CALIBRATE, "--accuracy", "0.7")
+    summary = one_json_object(ctd(*args, "--fwer", "fallback", "--json"))
+    assert summary["accuracy"] == 0.7 and summary["error_level"] == 0.3 and summary["fwer"] == "fallback"
+    records = [json.loads(line) for line in (out / "ltt.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 1 * 2 * 2 * 2  # ctd x objectives x seeds x budgets
+    assert {r["mode"] for r in records} == {"joint"} and {r["fwer"] for r in records} == {"fallback"}
+    assert {(r["levels"]["budget"], r["levels"]["error"]) for r in records} == {(0.2, 0.3), (0.5, 0.3)}
+    rows = [r for r in read_csv(out / "sweep.csv") if r["policy"] == "ctd"]
+    empty = [r for r in rows if r["threshold"] == ""]
+    assert 0 < len(empty) < len(rows)  # both kinds of row (3 of the 4 budget x seed cells certify)
+    assert all(r["n_certified"] == "0" and r["auroc"] == r["realised"] == "" for r in empty)
+    assert all(int(r["n_certified"]) > 0 and 0 <= float(r["realised"]) <= 1 for r in rows if r not in empty)
+    found = summary["policies_found"]
+    assert sum(found[o]["ctd"]["with_policy"] for o in found) == len(rows) - len(empty)
+    printed = ctd(*args)
+    assert_ok(printed)
+    assert "with policy" in printed.stdout and "joint with error <= 0.3" in printed.stdout
