@@ -15,8 +15,8 @@ import numpy as np
 from .._errors import InputError
 from ..data import dumps, read_json
 from ..run import BundleLayout, RunLayout, file_sha256
-from ._bundle_record import BUNDLE_VERSION, BundleRecord, json_number
-from ._certify import PROBE_SUFFIXES, certify, deploy_splits, test_rows
+from ._bundle_record import BUNDLE_VERSION, JOINT_BUNDLE_VERSION, BundleRecord, json_number
+from ._certify import PROBE_SUFFIXES, certify, certify_joint, deploy_splits, test_rows
 
 __all__ = ["Audit", "AuditCheck", "audit_bundle"]
 
@@ -76,14 +76,23 @@ def _recompute(record: BundleRecord, layout: RunLayout) -> AuditCheck:
             False,
             f"its D_est/D_cal examples are not the cut of split seed {record.split_seed}",
         )
-    candidates, result = certify(
-        rows.scores,
-        splits,
-        mode=record.mode,
-        alpha=record.alpha,
-        delta=record.delta,
-        objective=record.objective,
-    )
+    if record.mode == "joint":  # every risk at the levels the record names (a changed level differs)
+        candidates, result = certify_joint(
+            rows.scores,
+            splits,
+            levels=record.certified_levels,
+            delta=record.delta,
+            objective=record.objective,
+        )
+    else:
+        candidates, result = certify(
+            rows.scores,
+            splits,
+            mode=record.mode,
+            alpha=record.alpha,  # type: ignore[arg-type]
+            delta=record.delta,
+            objective=record.objective,
+        )
     recomputed = {
         "ltt": result.to_dict(),
         "candidates": {
@@ -98,10 +107,11 @@ def _recompute(record: BundleRecord, layout: RunLayout) -> AuditCheck:
         if _as_json(value) != recorded[key]:
             return AuditCheck("LTT record", False, f"recomputed {key!r} differs from the bundle's")
     ltt = record.ltt
+    n_cal = ltt["n_cal"] if record.mode != "joint" else len(record.cal_ids)
     return AuditCheck(
         "LTT record",
         True,
-        f"recomputed on {ltt['n_est']} D_est and {ltt['n_cal']} D_cal examples: {len(ltt['certified'])} "
+        f"recomputed on {ltt['n_est']} D_est and {n_cal} D_cal examples: {len(ltt['certified'])} "
         f"of {len(ltt['order'])} thresholds certified, threshold {json_number(record.threshold)}",
     )
 
@@ -112,7 +122,7 @@ def audit_bundle(folder: Path, run: RunLayout | None = None) -> Audit:
     if not bundle.record.is_file():
         raise InputError(f"{folder}: not a monitor bundle (no {bundle.record.name})")
     record = read_json(bundle.record)
-    if record.get("version") != BUNDLE_VERSION or "sources" not in record:
+    if record.get("version") not in (BUNDLE_VERSION, JOINT_BUNDLE_VERSION) or "sources" not in record:
         raise InputError(
             f"{bundle.record}: bundle version {record.get('version')!r} records no content hashes to audit "
             f"(version {BUNDLE_VERSION} does): recalibrate it with `ctd monitor calibrate --force`"
