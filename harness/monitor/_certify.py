@@ -215,7 +215,11 @@ def calibrate_bundle(
             raise InputError(f"levels {dict(levels)}: name one or more of {', '.join(calibrate.JOINT_RISKS)}")
         # calibrate's order (budget, error, fnr): the order joint control records them in.
         levels = {risk: float(levels[risk]) for risk in calibrate.JOINT_RISKS if risk in levels}
-        checked = [(f"--{RISK_OPTION[risk]}", level) for risk, level in levels.items()]
+        # Each level as its option gives it: the error's as the accuracy 1 - level.
+        checked = [
+            (f"--{RISK_OPTION[risk]}", round(1.0 - level, 12) if risk == "error" else level)
+            for risk, level in levels.items()
+        ]
     else:
         checked = [("--budget" if mode == "budget" else "--accuracy", alpha)]
     for option, value in (*checked, ("--delta", delta)):

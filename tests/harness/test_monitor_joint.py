@@ -189,6 +189,8 @@ def test_either_level_alone_is_as_before_and_bad_combinations_are_one_line(made:
         (["--budget", "0", "--accuracy", "0.3"], "--budget 0: must lie in (0, 1)"),
         (["--budget", "0.5", "--accuracy", "0.3", "--fnr", "1"], "--fnr 1: must lie in (0, 1)"),
         (["--budget", "0.5", "--fnr", "nan"], "--fnr nan: must lie in (0, 1)"),
+        # The false-negative rate is counted on D_cal's positives: too few for a level of 0.05.
+        (["--budget", "0.5", "--fnr", "0.05"], "positives (label 1); fnr level 0.05 at --delta 0.1 needs"),
         (["--budget", "0.5", "--accuracy", "0.3", "--delta", "2"], "--delta 2: must lie in (0, 1)"),
         (["--budget", "0.5", "--accuracy", "0.3", "--name", "../x"], "--name '../x'"),
     ):
