@@ -19,6 +19,7 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd
 from monitor_run import conversations_of, replay, serve, stop
 from prometheus_client.parser import text_string_to_metric_families
 
+import calibrate
 from harness.data import read_table
 
 # The small run's cascade is weak (see test_monitor_bundle's accuracy bundle), and its probe
@@ -90,6 +91,13 @@ def test_a_joint_bundle_records_every_level_and_the_run_s_counts_at_its_threshol
             "fnr": int((positive & ~decided).sum()),
         }
         assert {risk: ltt["cal_losses"][risk][position] for risk in counted} == counted, position
+        # Each risk's p-value is the exact binomial tail of its count; the threshold's is their max.
+        tails = [
+            float(calibrate.binomial_pvalue(counted[risk], ltt["n_cal"][risk], record["levels"][risk]))
+            for risk in counted
+        ]
+        assert [ltt["risk_pvalues"][risk][position] for risk in counted] == pytest.approx(tails, rel=1e-12)
+        assert ltt["pvalues"][position] == max(ltt["risk_pvalues"][risk][position] for risk in counted)
     assert ltt["n_cal"] == {
         "budget": len(record["cal_ids"]),
         "error": len(record["cal_ids"]),
