@@ -45,6 +45,14 @@ def monitor_calibrate(
     accuracy: Annotated[
         float | None, typer.Option("--accuracy", help="Certify a cascade accuracy of at least LEVEL.")
     ] = None,
+    fnr: Annotated[
+        float | None,
+        typer.Option(
+            "--fnr",
+            help="With --budget and/or --accuracy: also certify a false-negative rate on the "
+            "high-stakes class of at most RATE (joint).",
+        ),
+    ] = None,
     delta: Annotated[
         float, typer.Option("--delta", help="Failure probability of the guarantee.")
     ] = calibrate.DEFAULT_DELTA,
@@ -56,7 +64,11 @@ def monitor_calibrate(
         int, typer.Option("--split-seed", help="Seed of the D_est/D_cal cut.")
     ] = calibrate.DEFAULT_SPLIT_SEED,
     name: Annotated[
-        str | None, typer.Option("--name", help="Bundle name under runs/RUN/monitor/ (default: MODE-LEVEL).")
+        str | None,
+        typer.Option(
+            "--name",
+            help="Bundle name under runs/RUN/monitor/ (default: MODE-LEVEL, e.g. budget-0.3-accuracy-0.85).",
+        ),
     ] = None,
     force: Annotated[
         bool,
@@ -69,19 +81,46 @@ def monitor_calibrate(
     ] = None,
 ) -> None:
     """Calibrate a deployment threshold on the run's whole test split (Pareto filtering on D_est,
-    LTT on D_cal) and write a monitor bundle; its path is the last line printed."""
+    LTT on D_cal) and write a monitor bundle; its path is the last line printed. --budget and
+    --accuracy together (and --fnr with either) certify every level at once (joint control)."""
     from ..monitor import calibrate_bundle, check_bundle_name
 
-    if (budget is None) == (accuracy is None):
-        raise InputError("give exactly one of --budget ALPHA and --accuracy LEVEL")
-    if accuracy is not None and not 0 < accuracy < 1:
-        raise InputError(f"--accuracy {accuracy:g}: must lie in (0, 1)")
+    given = {
+        option: value
+        for option, value in (("--budget", budget), ("--accuracy", accuracy), ("--fnr", fnr))
+        if value is not None
+    }
+    if budget is None and accuracy is None:
+        raise InputError(
+            "give --budget ALPHA or --accuracy LEVEL, or both (and --fnr RATE) to certify them jointly"
+            if fnr is None
+            else f"--fnr {fnr:g}: give it with --budget ALPHA and/or --accuracy LEVEL (a joint certification)"
+        )
+    for option, value in given.items():
+        if not 0 < value < 1:  # NaN fails too
+            raise InputError(f"{option} {value:g}: must lie in (0, 1)")
+    error = None if accuracy is None else round(1.0 - accuracy, 12)
+    layout = Roots.resolve(runs_dir).run(run)
+    if len(given) > 1:
+        levels = {
+            risk: level
+            for risk, level in (("budget", budget), ("error", error), ("fnr", fnr))
+            if level is not None
+        }
+        name = check_bundle_name(
+            name or "-".join(f"{option[2:]}-{value:g}" for option, value in given.items())
+        )
+        written = calibrate_bundle(
+            layout, name=name, mode="joint", levels=levels, delta=delta, arch=arch, seed=seed,
+            split_seed=split_seed, force=force,
+        )  # fmt: skip
+        _print_joint(written, given, delta)
+        return
     mode = "budget" if budget is not None else "performance"
-    alpha = budget if budget is not None else round(1.0 - float(accuracy), 12)  # type: ignore[arg-type]
+    alpha = budget if budget is not None else error
     name = check_bundle_name(
         name or (f"budget-{budget:g}" if budget is not None else f"accuracy-{accuracy:g}")
     )
-    layout = Roots.resolve(runs_dir).run(run)
     written = calibrate_bundle(
         layout,
         name=name,
@@ -111,6 +150,50 @@ def monitor_calibrate(
     if written.replaced is not None:
         print(f"the bundle it replaces is kept as {written.replaced}")
     print(folder)
+
+
+# What each joint risk counts on D_cal, for the output lines.
+_COUNTED = {"budget": ("delegated", "rows"), "error": ("wrong", "rows"), "fnr": ("missed", "positives")}
+
+
+def _print_joint(written: Any, given: dict[str, float], delta: float) -> None:
+    """What joint control certified: each risk's level with its D_cal count and p-value at the
+    chosen threshold (or at the first one tested, when nothing was certified: which risk held it
+    back), then the threshold and the bundle; exit 1 without a bundle when nothing was."""
+    result = written.result
+    levels = ", ".join(f"{option[2:]} {value:g}" for option, value in given.items())
+    stop = "every one rejected" if result.stopped_at is None else f"stopped at position {result.stopped_at}"
+    n_cal = max(result.n_cal.values())  # every D_cal row (the false-negative rate counts positives only)
+    print(
+        f"joint control of {levels} at delta {delta:g}: {result.certified.size} of {len(result.order)} "
+        f"thresholds certified ({stop}); n_est {result.n_est}, n_cal {n_cal}"
+    )
+    if len(result.order):
+        position = 0 if result.selected is None else int(list(result.order).index(result.selected))
+        at = "the chosen threshold" if result.selected is not None else "the first threshold tested"
+        for m, (risk, level) in enumerate(result.levels.items()):
+            what, rows = _COUNTED[risk]
+            k, n = int(result.cal_losses[position, m]), result.n_cal[risk]
+            print(
+                f"  {risk} <= {level:g}: {k} of {n} D_cal {rows} {what} at {at}, "
+                f"p-value {result.risk_pvalues[position, m]:.3g}"
+            )
+    if written.folder is None:
+        held = " and ".join(f"{risk} <= {level:g}" for risk, level in result.levels.items())
+        print(
+            f"error: nothing certified: no threshold holds {held} "
+            f"at once with probability {1 - delta:g} on this run's D_cal; no bundle written (loosen a level "
+            "or raise --delta)",
+            file=sys.stderr,
+        )
+        raise typer.Exit(code=1)
+    print(
+        f"threshold {result.threshold:g} (delegate when DV > threshold): every level holds there with "
+        f"probability at least {1 - delta:g}"
+    )
+    if written.replaced is not None:
+        print(f"the bundle it replaces is kept as {written.replaced}")
+    print(written.folder)
 
 
 @monitor_app.command("audit")

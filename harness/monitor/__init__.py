@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "BundleRecord": "._bundle_record",
     "BundleWritten": "._certify",
     "ControlMode": "._bundle",
+    "JOINT_BUNDLE_VERSION": "._bundle_record",
     "DEFAULT_MTFA": "._drift",
     "Decision": "._monitor",
     "DelegationCap": "._drift",

@@ -39,12 +39,16 @@ __all__ = [
 # bundle from before it): `calibrate.ExpertCalibration.to_json()`, applied to every live answer.
 EXPERT_CALIBRATION_KEY = "calibration"
 POLICY = calibrate.POLICIES["ctd"]  # the DV signal, calibrated, its own merge rule (overwrite)
+# What each certified risk is, in words (calibrate.JOINT_RISKS).
+RISK_TEXT = {"budget": "a delegation rate", "error": "an error", "fnr": "a false-negative rate"}
 # One plain folder name: no separator, no '.'/'..', nothing hidden (staging folders start with '.').
 BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-# What each mode tests in order and selects by (calibrate's budget_control / performance_control).
+# What each mode tests in order and selects by (calibrate's budget_control / performance_control,
+# and joint_control: the D_est max over the risks of their p-values, Pareto testing's order).
 PROCEDURE: dict[str, dict[str, str]] = {
     "budget": {"test_order": "est_budget", "selection": "est_objective"},
     "performance": {"test_order": "est_error", "selection": "est_budget"},
+    "joint": {"test_order": "est_max_pvalue", "selection": "est_objective"},
 }
 
 
@@ -69,8 +73,14 @@ class Bundle:
         return self.record.mode
 
     @property
-    def alpha(self) -> float:
+    def alpha(self) -> float | None:
+        """A single-risk bundle's level (None in a joint bundle: see `levels`)."""
         return self.record.alpha
+
+    @property
+    def levels(self) -> dict[str, float]:
+        """Every certified risk ("budget", "error", "fnr") and its level."""
+        return self.record.certified_levels
 
     def delegates(self, dv: float) -> bool:
         """The cascade's delegation rule: DV strictly above the threshold."""
@@ -102,14 +112,25 @@ class Bundle:
 
     def check_cap(self, max_delegation_rate: float | None) -> None:
         """A cap on expert calls keeps a budget bundle's guarantee (it only lowers the delegation
-        rate) but voids an accuracy bundle's: the certified error is the uncapped cascade's."""
+        rate) but voids an accuracy bundle's: the certified error is the uncapped cascade's.
+        A joint bundle's budget part would survive a cap as a budget bundle's does, but its
+        error and false-negative parts are the uncapped cascade's, and a cap voids them: a cap is
+        refused for every bundle that certifies anything beside the delegation rate."""
         if max_delegation_rate is None:
             return
-        if self.mode != "budget":
+        if self.mode == "performance":
             raise InputError(
                 f"--max-delegation-rate: {self.layout.root.name} certifies accuracy (error at most "
                 f"{self.alpha:g}) for the uncapped cascade, and a cap on expert calls would void that; "
                 "the cap is for budget bundles (or calibrate one with --budget)"
+            )
+        others = {risk: level for risk, level in self.levels.items() if risk != "budget"}
+        if others:
+            held = " and ".join(f"{RISK_TEXT[risk]} at most {level:g}" for risk, level in others.items())
+            raise InputError(
+                f"--max-delegation-rate: {self.layout.root.name} certifies {held} for the uncapped "
+                "cascade, and a cap on expert calls would void that; the cap is for budget bundles "
+                "(or calibrate one with --budget alone)"
             )
         if not 0 < max_delegation_rate <= 1:
             raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")

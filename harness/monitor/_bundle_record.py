@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import calibrate
 
@@ -19,6 +19,7 @@ from .._errors import InputError
 __all__ = [
     "BUNDLE_VERSION",
     "CONTROL_MODES",
+    "JOINT_BUNDLE_VERSION",
     "BundleCandidates",
     "BundleRecord",
     "BundleSources",
@@ -29,9 +30,17 @@ __all__ = [
 ]
 
 BUNDLE_VERSION = 2  # 2: content hashes of what was certified, and the test order and selection named
-# A bundle holds a certified policy: calibrate's modes that certify (not its empirical selector).
-ControlMode = calibrate.CertifiedMode
-CONTROL_MODES: tuple[str, ...] = calibrate.CERTIFIED_MODES
+# 3: a joint bundle (mode "joint", a level per risk in `levels`). A bundle is written at the oldest
+# version that holds it: a single-risk bundle stays version 2, byte for byte what tools from before
+# joint control write and read, while those tools refuse a joint one in one line rather than serve
+# it as something else. Both versions are read.
+JOINT_BUNDLE_VERSION = 3
+# A bundle holds a certified policy: calibrate's modes that certify (not its empirical selector),
+# and joint control of several risks at once.
+ControlMode = Literal["budget", "performance", "joint"]
+CONTROL_MODES: tuple[str, ...] = (*calibrate.CERTIFIED_MODES, "joint")
+# The risk a single-risk mode certifies, by calibrate's joint names (budget: the delegation rate).
+SINGLE_RISK = {"budget": "budget", "performance": "error"}
 
 
 def json_number(value: float) -> float | str:
@@ -95,7 +104,7 @@ class BundleCandidates:
 
 @dataclass(frozen=True)
 class BundleRecord:
-    """bundle.json (version BUNDLE_VERSION)."""
+    """bundle.json (version BUNDLE_VERSION, or JOINT_BUNDLE_VERSION for mode "joint")."""
 
     version: int
     run: str  # the run folder, absolute
@@ -104,7 +113,10 @@ class BundleRecord:
     signal: str
     merge: calibrate.MergeRule
     mode: ControlMode
-    alpha: float  # the budget, or the error level
+    alpha: float | None  # the budget, or the error level; None in a joint bundle
+    # A joint bundle's level of each risk it certifies (calibrate.JOINT_RISKS: "budget", "error",
+    # "fnr"); absent from a single-risk bundle's file (version 2).
+    levels: Mapping[str, float] | None = field(default=None, kw_only=True)
     delta: float
     # Budget control: Pareto over (budget, objective), tested by D_est budget, selected by the
     # objective. Performance control: over (budget, error), tested by D_est error, selected by
@@ -127,8 +139,20 @@ class BundleRecord:
     cal_ids: tuple[str, ...]  # the test examples that tested the thresholds
     est_ids: tuple[str, ...]  # and those that chose them: the audit can be redone
 
+    @property
+    def certified_levels(self) -> dict[str, float]:
+        """Every certified risk and its level, by calibrate's joint names ("budget", "error",
+        "fnr"): a single-risk bundle's one, or a joint bundle's `levels`."""
+        if self.mode == "joint":
+            return dict(self.levels or {})
+        return {SINGLE_RISK[self.mode]: float(self.alpha)}  # type: ignore[arg-type]
+
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.levels is None:
+            del out["levels"]  # a single-risk bundle: version 2's keys exactly
+        else:
+            out["levels"] = dict(self.levels)
         out |= {
             "threshold": json_number(self.threshold),
             "expert": dict(self.expert),
@@ -144,22 +168,36 @@ class BundleRecord:
     def from_json(cls, record: Mapping[str, Any], source: Path) -> BundleRecord:
         """The record of a bundle.json; a wrong version, a missing key or a bad entry is one
         InputError line naming `source`."""
-        if record.get("version") != BUNDLE_VERSION:
+        version = record.get("version")
+        if version not in (BUNDLE_VERSION, JOINT_BUNDLE_VERSION):
             raise InputError(
-                f"{source}: bundle version {record.get('version')!r}, expected {BUNDLE_VERSION} "
-                "(recalibrate it with `ctd monitor calibrate --force`)"
+                f"{source}: bundle version {version!r}, expected {BUNDLE_VERSION} or "
+                f"{JOINT_BUNDLE_VERSION} (recalibrate it with `ctd monitor calibrate --force`)"
             )
-        missing = [f.name for f in fields(cls) if f.name not in record]
+        joint = version == JOINT_BUNDLE_VERSION
+        missing = [f.name for f in fields(cls) if f.name not in record and (joint or f.name != "levels")]
         if missing:
             raise InputError(f"{source}: missing key {missing[0]!r}")
         if record["merge"] not in calibrate.MERGE_RULES or record["mode"] not in CONTROL_MODES:
             raise InputError(f"{source}: merge {record['merge']!r} / mode {record['mode']!r} unknown")
+        if (
+            joint != (record["mode"] == "joint")
+            or ("levels" in record) != joint
+            or (joint and record["alpha"] is not None)
+        ):
+            raise InputError(
+                f"{source}: mode {record['mode']!r} in a version {version} bundle (a joint bundle is "
+                f"version {JOINT_BUNDLE_VERSION} with `levels` and no `alpha`, a single-risk one version "
+                f"{BUNDLE_VERSION})"
+            )
+        levels = _levels(record["levels"], source) if joint else None
         try:
             sources, candidates = record["sources"], record["candidates"]
             return cls(
                 **{
-                    **{f.name: record[f.name] for f in fields(cls)},
-                    "alpha": float(record["alpha"]),
+                    **{f.name: record[f.name] for f in fields(cls) if f.name != "levels"},
+                    "alpha": None if joint else float(record["alpha"]),
+                    "levels": levels,
                     "delta": float(record["delta"]),
                     "threshold": _threshold(record["threshold"]),
                     "expert": dict(record["expert"]),
@@ -180,3 +218,19 @@ class BundleRecord:
             )
         except (TypeError, ValueError, KeyError) as error:  # a field missing or of the wrong kind
             raise InputError(f"{source}: not a bundle record ({type(error).__name__}: {error})") from None
+
+
+def _levels(value: object, source: Path) -> dict[str, float]:
+    """A joint bundle's `levels`: each of calibrate's joint risks at most once, each in (0, 1)."""
+    if not isinstance(value, Mapping) or not value:
+        raise InputError(f"{source}: levels {value!r}: not a mapping of risks to levels")
+    levels: dict[str, float] = {}
+    for risk, level in value.items():
+        if risk not in calibrate.JOINT_RISKS:
+            raise InputError(
+                f"{source}: levels: unknown risk {risk!r} (risks: {', '.join(calibrate.JOINT_RISKS)})"
+            )
+        if isinstance(level, bool) or not isinstance(level, int | float) or not 0 < level < 1:
+            raise InputError(f"{source}: levels: {risk} {level!r} must lie in (0, 1)")
+        levels[risk] = float(level)
+    return levels

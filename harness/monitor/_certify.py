@@ -4,13 +4,15 @@ the bundle; `certify`: the LTT step itself, shared with `ctd monitor audit`, whi
 Calibration follows the paper and SPEC section 4 with no evaluation half: the test split of one
 probe seed is cut at random into D_est (30%: the threshold grid, the Pareto filter and the
 selection) and D_cal (70%: fixed-sequence testing from integer counts), by calibrate's own
-`threshold_candidates` and `budget_control` / `performance_control`.
+`threshold_candidates` and `budget_control` / `performance_control`, or `joint_control` when
+several risks are certified at once (`certify_joint`).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,8 @@ from ._bundle import (
 from ._bundle_record import (
     BUNDLE_VERSION,
     CONTROL_MODES,
+    JOINT_BUNDLE_VERSION,
+    SINGLE_RISK,
     BundleCandidates,
     BundleRecord,
     BundleSources,
@@ -50,12 +54,15 @@ __all__ = [
     "TestRows",
     "calibrate_bundle",
     "certify",
+    "certify_joint",
     "deploy_splits",
     "queried_expert",
     "test_rows",
 ]
 
 PROBE_SUFFIXES = (".safetensors", ".json")
+# The `ctd monitor calibrate` option that sets each risk's level (the error's as 1 - accuracy).
+RISK_OPTION = {"budget": "budget", "error": "accuracy", "fnr": "fnr"}
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,11 @@ class TestRows:
 
 @dataclass(frozen=True)
 class BundleWritten:
-    """What `calibrate_bundle` did: the LTT result, the bundle folder (None when performance
-    control certified nothing, and then nothing is written) and where a replaced bundle was kept."""
+    """What `calibrate_bundle` did: the LTT result (joint control's for a joint bundle), the
+    bundle folder (None when nothing was certified, and then nothing is written) and where a
+    replaced bundle was kept."""
 
-    result: calibrate.ControlResult
+    result: calibrate.ControlResult | calibrate.JointResult
     folder: Path | None
     replaced: Path | None = None
 
@@ -124,6 +132,50 @@ def certify(
     return candidates, control(candidates, alpha=alpha, control=calibrate.ControlConfig(delta=delta))
 
 
+def certify_joint(
+    scores: calibrate.Scores,
+    splits: calibrate.Splits,
+    *,
+    levels: Mapping[str, float],
+    delta: float,
+    objective: calibrate.Objective,
+) -> tuple[calibrate.Candidates, calibrate.JointResult]:
+    """The candidates on D_est and joint control's result on D_cal: every risk of `levels`
+    ("budget", "error", "fnr") certified at the chosen threshold at once, the family-wise error
+    at `delta`, selected by the D_est `objective` (the candidates carry it, as budget control's)."""
+    signal = calibrate.policy_signal(scores, POLICY, splits)
+    (candidates,) = calibrate.threshold_candidates(
+        scores, signal, splits, merge=POLICY.merge, objective=objective
+    )
+    extra = []
+    if "fnr" in levels:
+        extra.append(
+            calibrate.missed_positives(
+                scores,
+                signal,
+                splits,
+                candidates.thresholds[None, :],
+                merge=POLICY.merge,
+                alpha=levels["fnr"],
+            )
+        )
+    result = calibrate.joint_control(
+        candidates,
+        budget=levels.get("budget"),
+        error=levels.get("error"),
+        extra=extra,
+        objective=objective,
+        control=calibrate.ControlConfig(delta=delta),
+    )
+    return candidates, result
+
+
+def cal_rows(scores: calibrate.Scores, splits: calibrate.Splits, risk: str) -> int:
+    """The D_cal rows a risk is counted on: every row, or the positives for the false-negative
+    rate (label 1)."""
+    return int(scores.label[splits.cal[0]].sum()) if risk == "fnr" else splits.cal.shape[1]
+
+
 def queried_expert(layout: RunLayout, config: RunConfig) -> ExpertSpec:
     """The expert the run's query stage asked, as it wrote it (query/expert.json), whatever the
     registry says now. A run made before the query stage wrote that file has none: its expert
@@ -137,7 +189,8 @@ def calibrate_bundle(
     *,
     name: str,
     mode: ControlMode,
-    alpha: float,
+    alpha: float | None = None,
+    levels: Mapping[str, float] | None = None,
     delta: float = calibrate.DEFAULT_DELTA,
     arch: str | None = None,
     seed: int | None = None,
@@ -146,14 +199,31 @@ def calibrate_bundle(
     force: bool = False,
 ) -> BundleWritten:
     """Calibrate the CTD policy of the run for deployment and write the bundle `monitor/NAME/`,
-    replacing one already there only with `force` (the old one is kept beside it)."""
+    replacing one already there only with `force` (the old one is kept beside it). Mode "budget"
+    or "performance" certifies the one level `alpha`; mode "joint" every risk of `levels`
+    ("budget", "error", "fnr": each risk's level, the error's 1 - accuracy) at once."""
     target = layout.bundle(check_bundle_name(name))
     if not layout.root.is_dir():
         raise InputError(f"--run {layout.name}: no run folder {layout.root}")
     if mode not in CONTROL_MODES:
         raise InputError(f"mode {mode!r}: choose from {', '.join(CONTROL_MODES)}")
-    for option, value in (("--budget" if mode == "budget" else "--accuracy", alpha), ("--delta", delta)):
-        if not 0 < value < 1:
+    if (mode == "joint") != (levels is not None) or (mode == "joint") == (alpha is not None):
+        raise InputError(f"mode {mode!r}: give `levels` for joint control, `alpha` otherwise")
+    if levels is not None:
+        unknown = set(levels) - set(calibrate.JOINT_RISKS)
+        if unknown or not levels:
+            raise InputError(f"levels {dict(levels)}: name one or more of {', '.join(calibrate.JOINT_RISKS)}")
+        # calibrate's order (budget, error, fnr): the order joint control records them in.
+        levels = {risk: float(levels[risk]) for risk in calibrate.JOINT_RISKS if risk in levels}
+        # Each level as its option gives it: the error's as the accuracy 1 - level.
+        checked = [
+            (f"--{RISK_OPTION[risk]}", round(1.0 - level, 12) if risk == "error" else level)
+            for risk, level in levels.items()
+        ]
+    else:
+        checked = [("--budget" if mode == "budget" else "--accuracy", alpha)]
+    for option, value in (*checked, ("--delta", delta)):
+        if not 0 < value < 1:  # type: ignore[operator]
             raise InputError(f"{option} {value:g}: must lie in (0, 1)")
     check_replaceable(target, force=force)
     if not layout.config.is_file():
@@ -172,12 +242,15 @@ def calibrate_bundle(
             f"--run {layout.name}: {layout.scores} changed while it was read; run the command again"
         )
     splits = deploy_splits(rows.scores.n, split_seed)
-    size = calibrate.calibration_size(splits.cal.shape[1], alpha, delta)
-    if not size.enough:
-        raise InputError(
-            f"--run {layout.name}: the test split of seed {rows.seed} has {rows.scores.n} rows, so D_cal "
-            f"holds {size.n}; level {alpha:g} at --delta {delta:g} needs at least {size.need}"
-        )
+    for risk, level in (levels or {SINGLE_RISK[mode]: alpha}).items():
+        size = calibrate.calibration_size(cal_rows(rows.scores, splits, risk), level, delta)
+        if not size.enough:
+            counted = "positives (label 1)" if risk == "fnr" else "rows"
+            raise InputError(
+                f"--run {layout.name}: the test split of seed {rows.seed} has {rows.scores.n} rows, so D_cal "
+                f"holds {size.n} {counted}; {risk} level {level:g} at --delta {delta:g} needs at least "
+                f"{size.need}"
+            )
     sources = {
         "safety": layout.probe.artifact(base, rows.seed),
         "dv": layout.dv.artifact(target_kind, base, rows.seed),
@@ -189,9 +262,14 @@ def calibrate_bundle(
                     f"--run {layout.name}: {source.with_suffix(suffix)} is missing (run `ctd eval` again: "
                     "runs from before probes were saved retrain them)"
                 )
-    candidates, result = certify(
-        rows.scores, splits, mode=mode, alpha=alpha, delta=delta, objective=objective
-    )
+    if levels is not None:
+        candidates, result = certify_joint(
+            rows.scores, splits, levels=levels, delta=delta, objective=objective
+        )
+    else:
+        candidates, result = certify(
+            rows.scores, splits, mode=mode, alpha=alpha, delta=delta, objective=objective
+        )
     if not result.has_policy:
         return BundleWritten(result, None)
 
@@ -209,7 +287,7 @@ def calibrate_bundle(
         for part, stem in sources.items()
     }
     record = BundleRecord(
-        version=BUNDLE_VERSION,
+        version=BUNDLE_VERSION if levels is None else JOINT_BUNDLE_VERSION,
         run=str(layout.root.resolve()),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         policy=POLICY.name,
@@ -217,11 +295,13 @@ def calibrate_bundle(
         merge=POLICY.merge,
         mode=mode,
         alpha=alpha,
+        levels=levels,
         delta=delta,
         # Budget control: Pareto over (budget, objective), test by D_est budget, select by the
         # objective. Performance control: Pareto over (budget, error), test by D_est error,
-        # select by D_est budget; its objective is the error.
-        objective=objective if mode == "budget" else "accuracy",
+        # select by D_est budget; its objective is the error. Joint control: Pareto over the
+        # risks and the objective, test by the D_est max-p-value, select by the objective.
+        objective=objective if mode != "performance" else "accuracy",
         test_order=PROCEDURE[mode]["test_order"],
         selection=PROCEDURE[mode]["selection"],
         threshold=float(result.threshold),

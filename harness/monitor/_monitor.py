@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +45,8 @@ PAID_MEMORY = 10_000  # expert answers of refused requests kept for their retry
 # Threads that render chat templates and tokenise: two, so that one huge conversation does not hold
 # up the others, and no more, since on a small machine they compete with the forward pass for CPU.
 TOKENIZER_THREADS = 2
+# The `risk` label of each certified risk's gauges (the bundle's risk names: calibrate.JOINT_RISKS).
+GAUGE_RISK = {"budget": "delegation", "error": "error", "fnr": "fnr"}
 
 
 @dataclass(frozen=True)
@@ -113,13 +115,12 @@ class Monitor:
         self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
             self._forward, max_batch=max_batch, max_wait=max_wait
         )
-        # The certified risk is watched: the delegation rate in budget mode, the cascade's error
-        # (from labels posted back) in performance mode; the other is counted and shown.
-        # The uncertified one gets a target of 1, which no rate exceeds: it only counts.
-        alpha = bundle.alpha
-        budget = bundle.mode == "budget"
-        self.delegation = RateWatch("delegation", alpha if budget else 1.0, mtfa=drift_mtfa)
-        self.errors = RateWatch("error", 1.0 if budget else alpha, mtfa=drift_mtfa)
+        # Each certified risk is watched: the delegation rate (budget or joint mode), the cascade's
+        # error (from labels posted back; performance or joint mode); the other is counted and
+        # shown. The uncertified one gets a target of 1, which no rate exceeds: it only counts.
+        levels = bundle.levels
+        self.delegation = RateWatch("delegation", levels.get("budget", 1.0), mtfa=drift_mtfa)
+        self.errors = RateWatch("error", levels.get("error", 1.0), mtfa=drift_mtfa)
         # request id -> (the label decided, whether the certified cascade decided it, labelled yet)
         self._labels: OrderedDict[str, tuple[int, bool, bool]] = OrderedDict()
         # request id -> the expert's answer, kept until its decision is logged: a request refused
@@ -359,10 +360,10 @@ class Monitor:
 
     def _gauges(self) -> Iterator[GaugeValue]:
         """The gauges computed at scrape time (the metrics' collector calls this)."""
-        certified = "delegation" if self.bundle.mode == "budget" else "error"
-        yield GaugeValue(
-            "certified_alpha", "The level LTT certified.", self.bundle.alpha, {"risk": certified}
-        )
+        # One gauge per certified risk (a joint bundle certifies several), named as the rates are.
+        certified = {GAUGE_RISK[risk]: level for risk, level in self.bundle.levels.items()}
+        for risk, level in certified.items():
+            yield GaugeValue("certified_alpha", "The level LTT certified.", level, {"risk": risk})
         yield GaugeValue("threshold", "Delegate when DV is above this.", self.bundle.threshold)
         for watch in (self.delegation, self.errors):
             if watch.seen:
@@ -398,10 +399,11 @@ class Monitor:
         if self.gate is not None:
             yield GaugeValue("expert_down", "1 while the expert is considered down.", float(self.gate.down))
 
-    def _drift_gauges(self, certified: str) -> Iterator[GaugeValue]:
-        """The e-detector's evidence for the certified risk (harness/monitor/_drift.py)."""
+    def _drift_gauges(self, certified: Mapping[str, float]) -> Iterator[GaugeValue]:
+        """The e-detector's evidence for each certified risk it watches (harness/monitor/_drift.py;
+        the false-negative rate is certified but not watched)."""
         for watch in (self.delegation, self.errors):
-            if watch.risk != certified:
+            if watch.risk not in certified:
                 continue
             now, risk = watch.last, {"risk": watch.risk}
             yield GaugeValue(

@@ -13,7 +13,8 @@ from ctd_cli import assert_one_line_error, run_ctd
 from monitor_bundle import stand_in_record
 from window_alarm import window_alarms
 
-from harness.monitor import DEFAULT_MTFA, Bundle, BundleRecord, Monitor, RateWatch
+from harness import InputError
+from harness.monitor import DEFAULT_MTFA, JOINT_BUNDLE_VERSION, Bundle, BundleRecord, Monitor, RateWatch
 from harness.run import BundleLayout
 
 STREAM = 100_000  # requests per false-alarm stream
@@ -141,6 +142,26 @@ def test_metrics_show_the_certified_watch_evidence_threshold_and_latched_alarm(
     assert f'ctd_monitor_drift_requests_since_restart{{risk="{risk}"}} {float(watch.since)!r}' in after
     other = "error" if risk == "delegation" else "delegation"  # the uncertified watch only counts
     assert not any(line.startswith("ctd_monitor_drift_") and other in line for line in after)
+
+
+def test_a_joint_bundle_watches_and_shows_each_certified_risk_and_refuses_a_cap(tmp_path: Path) -> None:
+    """A joint record (version 3): each level is a `certified_alpha` gauge, the delegation and
+    error watches run at their own levels, and a cap on expert calls is refused (it would void
+    the error and false-negative parts)."""
+    levels = {"budget": 0.3, "error": 0.15, "fnr": 0.1}
+    joint = stand_in_record(version=JOINT_BUNDLE_VERSION, mode="joint", alpha=None, levels=levels)
+    bundle = Bundle(BundleLayout(tmp_path), BundleRecord.from_json(joint, tmp_path / "bundle.json"))
+    monitor = Monitor(bundle, None, gate=None, drift_mtfa=150)  # type: ignore[arg-type]
+    assert (monitor.delegation.target, monitor.errors.target) == (0.3, 0.15)
+    shown = monitor.prometheus().splitlines()
+    for risk, level in (("delegation", 0.3), ("error", 0.15), ("fnr", 0.1)):
+        assert f'ctd_monitor_certified_alpha{{risk="{risk}"}} {level!r}' in shown
+    for risk in ("delegation", "error"):  # both certified risks the monitor observes are watched
+        assert f'ctd_monitor_drift_threshold{{risk="{risk}"}} 150.0' in shown
+    with pytest.raises(
+        InputError, match=r"--max-delegation-rate: .* certifies an error at most 0\.15 and a "
+    ):
+        Monitor(bundle, None, gate=None, max_delegation_rate=0.2)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", ["10", "nan"])  # the bounds themselves: test_monitor_parts.py

@@ -69,7 +69,7 @@ def test_calibrate_writes_a_bundle_with_its_audit_record_or_says_why_not(made: d
     for bad, fragment in (
         (["--run", "nope", "--budget", "0.3"], "--run nope: no run folder"),
         (["--run", "t", "--budget", "1.5"], "--budget 1.5: must lie in (0, 1)"),
-        (["--run", "t"], "exactly one of --budget ALPHA and --accuracy LEVEL"),
+        (["--run", "t"], "give --budget ALPHA or --accuracy LEVEL, or both"),
         (["--run", "t", "--budget", "0.3", "--arch", "mlp"], "--arch mlp: not in"),
     ):
         assert_one_line_error(

@@ -14,7 +14,7 @@ import pytest
 
 from harness import InputError, read_summary
 from harness.data import dumps, read_json, write_json, write_table
-from harness.monitor import BundleRecord
+from harness.monitor import JOINT_BUNDLE_VERSION, BundleRecord
 
 # Private: the bundle record's parts, built by hand to write bundles of each shape.
 from harness.monitor._bundle_record import BundleCandidates, BundleSources, ProbeSource, ScoresSource
@@ -272,7 +272,7 @@ def test_a_bundle_record_round_trips_with_the_keys_bundle_json_has_always_had(tm
 def test_a_bundle_record_of_another_version_or_shape_is_one_line(tmp_path: Path) -> None:
     record = _bundle_record().to_json()
     source = tmp_path / "bundle.json"
-    with pytest.raises(InputError, match=r"bundle version 1, expected 2 \(recalibrate it"):
+    with pytest.raises(InputError, match=r"bundle version 1, expected 2 or 3 \(recalibrate it"):
         BundleRecord.from_json({**record, "version": 1}, source)
     with pytest.raises(InputError, match=r"bundle\.json: missing key 'candidates'"):
         BundleRecord.from_json({k: v for k, v in record.items() if k != "candidates"}, source)
@@ -280,3 +280,54 @@ def test_a_bundle_record_of_another_version_or_shape_is_one_line(tmp_path: Path)
         BundleRecord.from_json({**record, "sources": {**record["sources"], "dv": {"path": "x"}}}, source)
     with pytest.raises(InputError, match=r"mode 'both' unknown"):
         BundleRecord.from_json({**record, "mode": "both"}, source)
+
+
+def _joint_record() -> BundleRecord:
+    return replace(
+        _bundle_record(),
+        version=JOINT_BUNDLE_VERSION,
+        mode="joint",
+        alpha=None,
+        levels={"budget": 0.2, "error": 0.15, "fnr": 0.1},
+        test_order="est_max_pvalue",
+    )
+
+
+def test_a_joint_bundle_record_is_version_3_with_a_level_per_risk_beside_version_2(tmp_path: Path) -> None:
+    record = _joint_record()
+    path = write_json(tmp_path / "bundle.json", record.to_json())
+    read = read_json(path)
+    assert BundleRecord.from_json(read, path) == record
+    single = list(_bundle_record().to_json())  # version 2's keys, unchanged
+    assert list(read) == [
+        *single[: single.index("alpha") + 1],
+        "levels",
+        *single[single.index("alpha") + 1 :],
+    ]
+    assert (read["version"], read["alpha"], read["levels"]) == (
+        3,
+        None,
+        {"budget": 0.2, "error": 0.15, "fnr": 0.1},
+    )
+    assert record.certified_levels == {"budget": 0.2, "error": 0.15, "fnr": 0.1}
+    assert _bundle_record().certified_levels == {"budget": 0.2}
+    assert replace(_bundle_record(), mode="performance").certified_levels == {"error": 0.2}
+    assert dumps(BundleRecord.from_json(read, path).to_json()) == dumps(read)
+
+
+def test_a_joint_bundle_record_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    joint, single = _joint_record().to_json(), _bundle_record().to_json()
+    source = tmp_path / "bundle.json"
+    for record, message in (
+        ({**single, "mode": "joint"}, r"mode 'joint' in a version 2 bundle"),  # an old reader's shape
+        ({**single, "levels": {"budget": 0.2}}, r"mode 'budget' in a version 2 bundle"),
+        ({**joint, "mode": "budget"}, r"mode 'budget' in a version 3 bundle"),
+        ({**joint, "alpha": 0.2}, r"mode 'joint' in a version 3 bundle .* no `alpha`"),
+        ({k: v for k, v in joint.items() if k != "levels"}, r"missing key 'levels'"),
+        ({**joint, "levels": {}}, r"levels \{\}: not a mapping of risks to levels"),
+        ({**joint, "levels": {"latency": 0.2}}, r"levels: unknown risk 'latency'"),
+        ({**joint, "levels": {"budget": 1.2}}, r"levels: budget 1\.2 must lie in \(0, 1\)"),
+        ({**joint, "levels": {"error": True}}, r"levels: error True must lie in \(0, 1\)"),
+    ):
+        with pytest.raises(InputError, match=r"bundle\.json: " + message):
+            BundleRecord.from_json(record, source)
