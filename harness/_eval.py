@@ -38,6 +38,7 @@ from .run import (
 )
 from .stages import (
     CalibrateStage,
+    CascadeStage,
     DVStage,
     ProbeStage,
     QueryStage,
@@ -179,6 +180,8 @@ def run_eval(
         ProbeStage(ctx),
         query,
         DVStage(ctx),
+        # Later experts of a cascade: a run of one expert has no such stage and is as it was.
+        *([CascadeStage(ctx)] if config.cascade else []),
         CalibrateStage(ctx),
         ValidateStage(ctx),
         ReportStage(ctx),

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,9 +114,16 @@ class Counts:
 
 
 class FaultServer:
-    def __init__(self, plan: FaultPlan | None = None, *, model: str = "fault-model") -> None:
+    def __init__(
+        self,
+        plan: FaultPlan | None = None,
+        *,
+        model: str = "fault-model",
+        score: Callable[[int], float] = item_score,
+    ) -> None:
         self.plan = plan or FaultPlan()
         self.model = model
+        self.score = score  # an item's clean P(high): another function is another expert
         self.counts = Counts()
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -164,7 +171,7 @@ class FaultServer:
         self.counts.bodies.setdefault(item, []).append(body)
         if item in self.plan.recover_on:
             fault = None if rung_of(body) == self.plan.recover_on[item] else self.plan.outside
-        p = item_score(item)
+        p = self.score(item)
         if fault == "no-logprobs" or not self.plan.logprobs:
             return web.json_response({"choices": [{"message": {"content": "high"}}]})
         if fault == "no-labels":
@@ -201,7 +208,7 @@ class FaultServer:
         response = await self._fault(request, item)
         if response is not None:
             return response
-        p = item_score(item)
+        p = self.score(item)
         fault = self.plan.fault(item, self.counts.requests[item])
         if not self.plan.logprobs:
             fault = "no-logprobs"

@@ -127,7 +127,13 @@ def eval_command(
     expert: Annotated[
         str | None,
         typer.Option(
-            "--expert", help="A registered expert (ctd experts list) or a base URL" + _d("expert") + "."
+            "--expert",
+            help=(
+                "A registered expert (ctd experts list) or a base URL"
+                + _d("expert")
+                + ". A cascade: several, in order, comma-separated (small,large): each later one, a "
+                "registered name, is asked only about what the stage before escalates (its own DV probe)."
+            ),
         ),
     ] = None,
     expert_model: Annotated[
@@ -253,7 +259,8 @@ def eval_command(
         "archs": parse_names(arch, "--arch", ARCHS) if arch else None,
         "seeds": parse_seeds(seeds, "--seeds") if seeds else None,
         "epochs": epochs,
-        "expert": expert,
+        "expert": _first_expert(expert),
+        "cascade": _later_experts(expert),
         "expert_model": expert_model,
         "serve": serve,
         "expert_calibration": expert_calibration,
@@ -376,3 +383,19 @@ def report_command(
 def register(app: typer.Typer) -> None:
     app.command("eval", help=EVAL_HELP)(clean_errors(eval_command))
     app.command("report")(clean_errors(report_command))
+
+
+def _first_expert(expert: str | None) -> str | None:
+    """--expert small,large: the first stage's expert (a URL or a name)."""
+    return None if expert is None else expert.split(",")[0].strip()
+
+
+def _later_experts(expert: str | None) -> tuple[str, ...] | None:
+    """--expert small,large: the cascade's later experts; None: the option names one (a config
+    file's `cascade` stands)."""
+    if expert is None or "," not in expert:
+        return None
+    later = tuple(part.strip() for part in expert.split(",")[1:])
+    if not all(later):
+        raise InputError(f"--expert {expert!r}: an empty name between commas")
+    return later

@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 import calibrate
 from probes import ARCHS, Arch
 
-from .._bounds import check_count, check_counts, check_levels, check_list_length
+from .._bounds import LIMITS, check_count, check_counts, check_levels, check_list_length
 from .._errors import MAX_FAILED, InputError, check_cost_limit, check_max_failed
 from ..expert import check_expert_url, is_url
 from ._sections import ExpertSettings, ProbeSettings, Serve
@@ -64,6 +64,9 @@ class RunConfig:
     expert_model: str | None = _EXPERT.expert_model
     serve: Serve = _EXPERT.serve  # start a local llama.cpp expert when it is not already answering
     expert_calibration: calibrate.ExpertCalibrationKind = _EXPERT.expert_calibration  # none, contextual, dev
+    # Later experts of a cascade (`--expert small,large`): registered names, asked in this order
+    # about what the stage before escalated; empty: the paper's one expert.
+    cascade: tuple[str, ...] = ()
     # the DV stage
     dv_target: DVTargetChoice = calibrate.DV_TARGETS[0]  # "both" also trains the binary variant
     # calibration and validation
@@ -125,6 +128,16 @@ class RunConfig:
             raise InputError(f"--dv-target {self.dv_target}: choose from {', '.join(DV_TARGET_CHOICES)}")
         if is_url(self.expert):  # written to config.toml, run.json and the report: no secrets in it
             check_expert_url(self.expert, option="--expert", model=self.expert_model)
+        stages = (self.expert, *self.cascade)
+        if len(stages) > LIMITS["stages"]:
+            raise InputError(f"--expert: {len(stages)} experts in the cascade, at most {LIMITS['stages']}")
+        for before, later in zip(stages, self.cascade, strict=False):
+            if is_url(later):
+                raise InputError(
+                    f"--expert: {later!r}: a later expert of a cascade must be a registered name"
+                )
+            if later == before:
+                raise InputError(f"--expert: {later!r} follows itself: it would answer as it did")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
             raise InputError(f"--name {self.name!r}: use letters, digits, '.', '_' and '-'")
 
@@ -144,6 +157,8 @@ class RunConfig:
         """The resolved configuration, as a TOML file `load_run_config` reads back."""
         lines = ["# ctd eval: the resolved configuration of this run", "[run]"]
         for key, value in asdict(self).items():
+            if key == "cascade" and not value:  # one expert: the file as it always was
+                continue
             if value is None:
                 lines.append(f"# {key} = (default)")
             else:

@@ -28,6 +28,8 @@ class RunCosts:
     _recorded_at: dict[str, float] = field(default_factory=dict)
 
     def spend_for(self, stage: str, price: Price, limit: float | None) -> Spend:
+        # `stage` may be "STAGE/PART" (a stage that pays several experts at several prices, e.g.
+        # each later expert of a cascade): run.json records the stage's sum.
         """The stage's spend, counting against `limit` what the run spent before it, in this
         invocation's other stages included; the same one when the stage asks again (a stage that
         goes on after replacing its expert's server keeps counting)."""
@@ -36,7 +38,7 @@ class RunCosts:
         others = sum(spend.spent for name, spend in self.spends.items() if name != stage)
         spend = Spend(price, limit=limit, before=self.before + others)
         if self.record is not None and not price.free:
-            spend.on_close = lambda: self._record(stage)
+            spend.on_close = lambda: self._record(_stage_of(stage))
         self.spends[stage] = spend
         return spend
 
@@ -45,9 +47,14 @@ class RunCosts:
         if self.record is None or now - self._recorded_at.get(stage, -math.inf) < self.record_every:
             return
         self._recorded_at[stage] = now
-        self.record(stage, self.spends[stage].spent)
+        self.record(stage, self.spent(stage) or 0.0)
 
     def spent(self, stage: str) -> float | None:
-        """Dollars `stage` spent in this invocation; None if it pays no expert."""
-        spend = self.spends.get(stage)
-        return None if spend is None else spend.spent
+        """Dollars `stage` spent in this invocation (all its parts); None if it pays no expert."""
+        parts = [spend.spent for key, spend in self.spends.items() if _stage_of(key) == stage]
+        return sum(parts) if parts else None
+
+
+def _stage_of(key: str) -> str:
+    """The stage a spend's key belongs to: "STAGE" or "STAGE/PART"."""
+    return key.split("/", 1)[0]

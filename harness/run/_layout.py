@@ -19,6 +19,9 @@ A run folder `runs/NAME/` holds:
     dv/                    scores-TARGET.parquet, dv_metrics.json
     dv/probes/             every trained DV probe: TARGET-ARCH-seedS.safetensors and .json
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
+    cascade/               with later experts (`--expert small,large`): query-K/ and dv-K/ of each
+                           stage K >= 2 (as query/ and dv/), and scores.parquet, the scores table
+                           with every stage's columns (expert_K, dv_K)
     calibrate/ARCH/        sweep.csv, groups.csv, decisions.parquet, ltt.jsonl, baselines.csv,
                            summary.json (merge-RULE/ for merge controls)
     validate/ARCH/         one record per validation job, with its per-trial table
@@ -41,6 +44,7 @@ from .._errors import InputError
 
 __all__ = [
     "BundleLayout",
+    "CascadeLayout",
     "DVLayout",
     "ProbeLayout",
     "QueryLayout",
@@ -170,6 +174,15 @@ class RunLayout:
         return self.root / "scores.parquet"
 
     @property
+    def cascade(self) -> CascadeLayout:
+        return CascadeLayout(self.root / "cascade")
+
+    def at_stage(self, k: int) -> RunLayout:
+        """This run's layout with stage k's query folder as its `query` (k = 1: itself): what the
+        query stage writes for a later expert of a cascade."""
+        return self if k == 1 else _StageLayout(self.root, k)
+
+    @property
     def calibrate(self) -> Path:
         """The folder of every sweep of the run."""
         return self.root / "calibrate"
@@ -265,6 +278,35 @@ class QueryLayout:
         """How the expert's raw scores were recalibrated (`calibrate.ExpertCalibration`, JSON): the
         DV stage and `ctd monitor calibrate` read the calibrated scores, a bundle carries this."""
         return self.root / "expert_calibration.json"
+
+
+@dataclass(frozen=True)
+class _StageLayout(RunLayout):
+    """A run's layout seen from stage `stage` of its cascade: `query` is that stage's folder."""
+
+    stage: int = 2
+
+    @property
+    def query(self) -> QueryLayout:
+        return self.cascade.query(self.stage)
+
+
+@dataclass(frozen=True)
+class CascadeLayout:
+    """cascade/: the later stages of a cascade of experts (stage K >= 2): each one's query and DV
+    folders, and the scores table with every stage's columns."""
+
+    root: Path
+
+    def query(self, k: int) -> QueryLayout:
+        return QueryLayout(self.root / f"query-{k}")
+
+    def dv(self, k: int) -> DVLayout:
+        return DVLayout(self.root / f"dv-{k}")
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "scores.parquet"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ _EXPORTS: dict[str, str] = {
     "BatchInSummary": "._query_batch",
     "BatchOutSummary": "._query_batch",
     "CalibrateStage": "._calibrate",
+    "CascadeStage": "._cascade_stage",
     "DVMetrics": "._dv_metrics",
     "DVStage": "._dv",
     "ProbeSettings": "._probe",

@@ -73,12 +73,16 @@ def dv_stage(
     training: ProbeConfig | None = None,
     progress: ProgressFn | None = None,
     artifacts: tuple[Callable[[str, int], Path], Callable[[str, int], Path]] | None = None,
+    baseline: dict[tuple[str, str], float] | None = None,
 ) -> DVStageResult:
     """Train one DV probe per (arch, seed) of the probe stage in `probe_dir` and write the scores
     table to `out` (and `dv_metrics.json` beside it). `expert` maps (split, id) to the expert's
     P(y=1), NaN where it failed: ids are unique within a split only. With `artifacts` (where the
     safety probe of (arch, seed) was saved, where to save its DV probe) every DV probe is saved,
-    with the safety probe's record of what it reads (model, layer, template, token limit)."""
+    with the safety probe's record of what it reads (model, layer, template, token limit).
+    `baseline` maps (split, id) to the score the expert would replace (a cascade's stage before;
+    None: the probe's), against which the delegation value is counted; an example without it
+    (NaN) is left out as one the expert failed on."""
     # torch loads when the stage runs, not when a rerun skips it
     from probes import predict, read_artifact, save_probe, train_probe
 
@@ -106,6 +110,13 @@ def dv_stage(
             position[(name, example_id)] = row
     label = np.asarray(table["label"]).astype(np.int64)
     probe = np.asarray(table["probe"]).astype(np.float64)
+    if baseline is None:
+        replaced = probe
+    else:
+        lacking = [k for k in keys if k not in baseline]
+        if lacking:
+            raise InputError(f"the stage before: no score for {lacking[0][0]} example {lacking[0][1]!r}")
+        replaced = np.array([baseline[k] for k in keys], dtype=np.float64)
     dv = np.full(len(ids), np.nan)
     runs: list[DVRun] = []
     pairs = list(dict.fromkeys(zip(table["arch"], table["seed"], strict=True)))
@@ -113,14 +124,19 @@ def dv_stage(
     for number, (arch, seed) in enumerate(pairs):
         if progress is not None:
             progress("DV probes", number, len(pairs), unit="trained")
-        rows = (table["arch"] == arch) & (table["seed"] == seed) & np.isfinite(expert_col)
+        rows = (
+            (table["arch"] == arch)
+            & (table["seed"] == seed)
+            & np.isfinite(expert_col)
+            & np.isfinite(replaced)
+        )
         dev_rows, test_rows = (
             np.flatnonzero(rows & (split == "dev")),
             np.flatnonzero(rows & (split == "test")),
         )
         dev_index = np.array([position[("dev", i)] for i in ids[dev_rows]], dtype=np.int64)
         test_index = np.array([position[("test", i)] for i in ids[test_rows]], dtype=np.int64)
-        v_dev = value_fn(label[dev_rows], probe[dev_rows], expert_col[dev_rows])
+        v_dev = value_fn(label[dev_rows], replaced[dev_rows], expert_col[dev_rows])
         config = replace(training, arch=str(arch))
         if len(dev_rows) < 2:
             raise InputError(
@@ -134,7 +150,7 @@ def dv_stage(
             raise InputError(f"DV probe {arch} seed {seed} on the dev split: {error}") from None
         d_test = predict(result.probe, acts["test"].subset(test_index), task="dv")
         dv[test_rows] = d_test
-        v_test = calibrate.delegation_value(label[test_rows], probe[test_rows], expert_col[test_rows])
+        v_test = calibrate.delegation_value(label[test_rows], replaced[test_rows], expert_col[test_rows])
         quality = calibrate.dv_quality(d_test, v_test)
         runs.append(
             DVRun(
@@ -163,7 +179,7 @@ def dv_stage(
             )
     if progress is not None:
         progress("DV probes", len(pairs), len(pairs), unit="trained")
-    keep = np.isfinite(expert_col)
+    keep = np.isfinite(expert_col) & np.isfinite(replaced)
     columns = {
         "id": ids[keep],
         "group": np.asarray(table["group"]).astype(str)[keep],

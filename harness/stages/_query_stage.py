@@ -52,6 +52,9 @@ class QueryStage:
     start_server: bool = False
     may_serve: bool = False
     checked: bool = True
+    # Whose dollars these are in the run's costs: the query stage's, or a later stage's part
+    # ("cascade/2": the cascade stage asks each later expert through this stage's code).
+    spend_key: str = "query"
     name: ClassVar[str] = "query"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
@@ -151,7 +154,7 @@ class QueryStage:
 
     def _spend(self, spec: ExpertSpec) -> experts.Spend:
         """The stage's dollars, counted against --cost-limit with the run's earlier spending."""
-        return self.ctx.costs.spend_for(self.name, spec.price, self.ctx.config.cost_limit)
+        return self.ctx.costs.spend_for(self.spend_key, spec.price, self.ctx.config.cost_limit)
 
     def _query_examples(self, examples: list[Example], out: Path, spec: ExpertSpec) -> QuerySummary:
         """Every example through the expert (`spec`, where requests go) and the cache into `out`,
