@@ -85,11 +85,13 @@ def main() -> None:
                 f"{ci(result.violation['empirical']['fresh'])} |"
             )
         print(
-            f"\n{scenario}: {len(results)} levels x {args.trials} trials in {time.perf_counter() - started:.1f} s\n"
+            f"\n{scenario}: {len(results)} levels x {args.trials} trials "
+            f"in {time.perf_counter() - started:.1f} s\n"
         )
     verdict = "holds" if worst <= DELTA + 0.02 else "FAILS"
     print(
-        f"largest 95% upper bound of the tested selector's violation rate: {worst:.3f} ({verdict}: <= {DELTA + 0.02:g})"
+        f"largest 95% upper bound of the tested selector's violation rate: {worst:.3f} "
+        f"({verdict}: <= {DELTA + 0.02:g})"
     )
 
 
