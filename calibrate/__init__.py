@@ -111,6 +111,7 @@ from ._sweep import (
     sweep,
 )
 from ._validate import ValidationConfig, validate, validate_levels
+from ._validate_joint import JointLevel, validate_joint
 from ._validation_results import (
     MEASUREMENTS,
     Measurement,
@@ -167,6 +168,7 @@ __all__ = [
     "FWERResult",
     "GroupRow",
     "JointBatch",
+    "JointLevel",
     "JointObjective",
     "JointResult",
     "JointRisk",
@@ -225,5 +227,6 @@ __all__ = [
     "topk_mask",
     "uncertainty_signal",
     "validate",
+    "validate_joint",
     "validate_levels",
 ]
