@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,6 +33,7 @@ from ._joint import (
 )
 from ._policies import MergeRule
 from ._quota import count_at_most
+from ._settings import ControlConfig
 from ._splits import Scores, Splits, policy_signal, threshold_candidates
 from ._validate import ValidationConfig, _chunks, _measure, _selector, _split_sizes
 from ._validation_results import JOINT_MODE, ValidationResult
@@ -39,6 +41,19 @@ from ._validation_results import JOINT_MODE, ValidationResult
 __all__ = ["JointLevel", "validate_joint"]
 
 _SELECTORS = ("", "empirical_")  # LTT, then the plug-in selector
+
+
+class JointSelector(Protocol):
+    """What picks a threshold per trial: `joint_control_batch`'s signature."""
+
+    def __call__(
+        self,
+        c: CandidateBatch,
+        risks: Sequence[RiskCounts],
+        *,
+        objective: JointObjective = ...,
+        control: ControlConfig | None = ...,
+    ) -> JointBatch: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ def _trials(
     merge: MergeRule,
     selection: JointObjective,
     fresh: Scores | None,
+    procedure: JointSelector,
 ) -> list[dict[str, NDArray]]:
     """Calibrate every trial of `splits` at every joint level with both selectors (on one set
     of candidates and counts) and measure the returned policies: per level, the per-trial
@@ -105,7 +121,7 @@ def _trials(
     )
     chosen: list[JointBatch] = []  # selector-major: every level of LTT, then of the empirical one
     for prefix in _SELECTORS:
-        select = joint_empirical_batch if prefix else joint_control_batch
+        select = joint_empirical_batch if prefix else procedure
         for level in levels:
             chosen.append(
                 select(candidates, _risks(candidates, level, missed), objective=selection, control=control)
@@ -154,6 +170,7 @@ def validate_joint(
     config: ValidationConfig | None = None,
     fresh: Mapping[int, Scores] | None = None,
     selection: JointObjective = "auroc",
+    procedure: JointSelector = joint_control_batch,
 ) -> tuple[ValidationResult, ...]:
     """Joint control validated at every joint level of `levels` (one result each, in order),
     on the same random splits, candidates and counts as `validate_levels` draws them.
@@ -163,6 +180,8 @@ def validate_joint(
     selector picks from the thresholds whose D_cal counts meet every level. A trial violates when
     any one risk exceeds its level on the rows measured; `by_risk` of each result splits that up.
     `config.objective` is not used: candidates carry the AUROC when selection needs it.
+    `procedure` replaces the tested selector (a test passes an anti-conservative one to show
+    that the check catches it).
     """
     levels = tuple(levels)
     if not levels:
@@ -184,6 +203,7 @@ def validate_joint(
             merge=merge_rule,
             selection=selection,
             fresh=fresh_scores,
+            procedure=procedure,
         )
         for probe_seed, scores, splits, fresh_scores in _chunks(scores_by_seed, config, fresh)
     ]
