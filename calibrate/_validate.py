@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
+from ._joint import JOINT_OBJECTIVES, JointObjective
 from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
 from ._policies import POLICIES, CalibratedPolicyName, MergeRule, Policy
 from ._pvalues import PValueMethod
@@ -33,6 +34,7 @@ from ._settings import (
     CERTIFIED_MODES,
     DEFAULT_DELTA,
     DEFAULT_FWER,
+    DEFAULT_JOINT_OBJECTIVE,
     DEFAULT_PARETO,
     DEFAULT_PVALUE,
     DEFAULT_SPLIT_SEED,
@@ -82,7 +84,8 @@ class ValidationConfig:
     one) is calibrated with its own merge rule unless `merge` names one, on `n_grid` + 1
     thresholds; budget mode optimises `objective` among the Pareto candidates. `delta`, `fwer`,
     `pareto` and `pvalue` are the tests' settings (`ControlConfig`): P(every certified threshold
-    has R <= alpha) >= 1 - delta.
+    has R <= alpha) >= 1 - delta. `selection` is what joint control (`validate_joint`) picks its
+    certified threshold by.
     """
 
     trials: int = DEFAULT_TRIALS
@@ -97,6 +100,7 @@ class ValidationConfig:
     est_fraction: float = EST_FRACTION
     n_grid: int = N_GRID
     seed: int | tuple[int, ...] = DEFAULT_SPLIT_SEED
+    selection: JointObjective = DEFAULT_JOINT_OBJECTIVE
 
     def __post_init__(self) -> None:
         spec = POLICIES.get(self.policy)
@@ -108,6 +112,8 @@ class ValidationConfig:
         if self.trials < 1:
             raise ValueError(f"trials must be at least 1, got {self.trials}")
         self.control  # checks delta, fwer and pvalue  # noqa: B018
+        if self.selection not in JOINT_OBJECTIVES:
+            raise ValueError(f"unknown selection {self.selection!r}; choose one of {JOINT_OBJECTIVES}")
         if self.cal_size is not None and self.cal_size < 2:
             raise ValueError(f"cal_size must be at least 2, got {self.cal_size}")
 

@@ -22,7 +22,6 @@ from numpy.typing import NDArray
 from ._candidates import CandidateBatch
 from ._fwer import fwer_procedure
 from ._joint import (
-    JOINT_OBJECTIVES,
     JointBatch,
     JointObjective,
     RiskCounts,
@@ -169,14 +168,13 @@ def validate_joint(
     levels: Sequence[JointLevel],
     config: ValidationConfig | None = None,
     fresh: Mapping[int, Scores] | None = None,
-    selection: JointObjective = "auroc",
     procedure: JointSelector = joint_control_batch,
 ) -> tuple[ValidationResult, ...]:
     """Joint control validated at every joint level of `levels` (one result each, in order),
     on the same random splits, candidates and counts as `validate_levels` draws them.
 
     Per trial, `joint_control_batch` certifies the levels at `config.delta` with `config.fwer`
-    and picks by `selection` ("auroc", "accuracy" or "budget" on D_est), and the empirical
+    and picks by `config.selection` ("auroc", "accuracy" or "budget" on D_est), and the empirical
     selector picks from the thresholds whose D_cal counts meet every level. A trial violates when
     any one risk exceeds its level on the rows measured; `by_risk` of each result splits that up.
     `config.objective` is not used: candidates carry the AUROC when selection needs it.
@@ -188,9 +186,8 @@ def validate_joint(
         raise ValueError("give at least one joint level")
     if not all(isinstance(level, JointLevel) for level in levels):
         raise ValueError("levels must be JointLevel values")
-    if selection not in JOINT_OBJECTIVES:
-        raise ValueError(f"unknown selection {selection!r}; choose one of {JOINT_OBJECTIVES}")
     config = config or ValidationConfig()
+    selection = config.selection
     merge_rule: MergeRule = config.merge or config.spec.merge
     sizes = _split_sizes(scores_by_seed, config)
     parts = [

@@ -14,6 +14,7 @@ from calibrate import (
     POLICIES,
     CalibratedPolicyName,
     FWERMethod,
+    JointObjective,
     MergeChoice,
     MergeRule,
     Objective,
@@ -27,7 +28,7 @@ from .._bounds import LIMITS, check_levels
 from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
-from ..stages import calibrate_scores, resolve_scores, simulate, validate_scores
+from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,
@@ -85,6 +86,7 @@ _SWEEP = SweepConfig()
 _VALIDATION = ValidationConfig()
 # ValidationConfig's, typed as the option takes it: a method's name (the field also takes a procedure).
 _VALIDATION_FWER = cast(FWERMethod, _VALIDATION.fwer)
+_DEFAULT_ALPHA = 0.3  # ctd validate's risk level when neither --alpha nor a risk option is given
 
 
 def _unit(value: float, option: str) -> float:
@@ -261,13 +263,52 @@ def validate_command(
     scores: ScoresOption = None,
     run: RunOption = None,
     mode: Annotated[
-        ValidationMode,
+        ValidationMode | None,
         typer.Option(
             "--mode",
-            help="budget: certify the delegation rate <= alpha; performance: certify the 0-1 error <= alpha.",
+            help=(
+                "budget: certify the delegation rate <= alpha; performance: certify the 0-1 error <= alpha "
+                "[default: budget]."
+            ),
         ),
-    ] = "budget",
-    alpha: Annotated[float, typer.Option("--alpha", help="Risk target in (0, 1).")] = 0.3,
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option("--alpha", help=f"Risk target in (0, 1) [default: {_DEFAULT_ALPHA:g}].")
+    ] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help=(
+                "Certify the delegation rate <= BUDGET. With --accuracy (or --fnr): joint control, every "
+                "risk at one threshold; alone: --mode budget --alpha BUDGET."
+            ),
+        ),
+    ] = None,
+    accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--accuracy",
+            help=(
+                "Certify the cascade's accuracy >= ACCURACY (error <= 1 - ACCURACY). With --budget (or "
+                "--fnr): joint control; alone: --mode performance --alpha 1-ACCURACY."
+            ),
+        ),
+    ] = None,
+    fnr: Annotated[
+        float | None,
+        typer.Option(
+            "--fnr",
+            help="Joint control also certifies the false-negative rate on the positives (label 1) <= FNR.",
+        ),
+    ] = None,
+    selection: Annotated[
+        JointObjective,
+        typer.Option(
+            "--selection",
+            help="Joint control: pick among the certified thresholds by D_est AUROC, accuracy or budget.",
+        ),
+    ] = _VALIDATION.selection,
     delta: DeltaOption = _VALIDATION.delta,
     trials: Annotated[
         int,
@@ -320,6 +361,14 @@ def validate_command(
     json_output: JsonOption = False,
 ) -> None:
     scores_path = resolve_scores(scores, run)
+    joint = _joint_level(mode, alpha, budget, accuracy, fnr)
+    if joint is None:
+        if budget is not None:
+            mode, alpha = "budget", _unit(budget, "--budget")
+        elif accuracy is not None:
+            mode, alpha = "performance", _error_level(accuracy)
+    mode = mode or "budget"
+    alpha = _DEFAULT_ALPHA if alpha is None else alpha
     alphas = (_unit(alpha, "--alpha"),)
     config = ValidationConfig(
         trials=trials,
@@ -332,7 +381,19 @@ def validate_command(
         pvalue=pvalue,
         cal_size=cal_size,
         seed=seed,
+        selection=selection,
     )
+    if joint is not None:
+        result = validate_joint_scores(
+            scores_path,
+            level=joint,
+            config=config,
+            arch=arch,
+            eval_scores=eval_scores,
+            out=out,
+        )
+        _print_joint(result, scores_path, eval_scores, trials=trials, json_output=json_output)
+        return
     (result,) = validate_scores(
         scores_path,
         mode=mode,
@@ -370,6 +431,91 @@ def validate_command(
         "Violation rates with 95% Clopper-Pearson intervals; realised delegation and accuracy are means "
         "over the trials that returned a policy. The population (and fresh) rates measure the guarantee "
         f"and should stay at or below delta = {delta:g}; the paper protocol over-reads it (see --help)."
+    )
+
+
+def _error_level(accuracy: float) -> float:
+    """The error level that --accuracy certifies, 1 - ACCURACY without float noise."""
+    _unit(accuracy, "--accuracy")
+    return round(1.0 - accuracy, 12)
+
+
+def _joint_level(
+    mode: str | None, alpha: float | None, budget: float | None, accuracy: float | None, fnr: float | None
+) -> calibrate.JointLevel | None:
+    """The joint level asked for (None: one risk, as --mode/--alpha). --budget and --accuracy
+    are the risk levels themselves, so --mode or --alpha beside them is an error."""
+    given = [
+        name
+        for name, value in (("--budget", budget), ("--accuracy", accuracy), ("--fnr", fnr))
+        if value is not None
+    ]
+    if given and (mode is not None or alpha is not None):
+        old = "--mode" if mode is not None else "--alpha"
+        raise InputError(f"{old} cannot be combined with {given[0]}: give --mode/--alpha, or the risk levels")
+    if fnr is None and (budget is None or accuracy is None):
+        return None
+    return calibrate.JointLevel(
+        budget=None if budget is None else _unit(budget, "--budget"),
+        error=None if accuracy is None else _error_level(accuracy),
+        fnr=None if fnr is None else _unit(fnr, "--fnr"),
+    )
+
+
+def _print_joint(
+    result: calibrate.ValidationResult,
+    scores_path: Path,
+    eval_scores: Path | None,
+    *,
+    trials: int,
+    json_output: bool,
+) -> None:
+    record = {"scores": str(scores_path), **result.to_dict()}
+    if eval_scores is not None:
+        record["eval_scores"] = str(eval_scores)
+    if json_output:
+        print_json(record)
+        return
+    levels = result.levels or {}
+    named = ", ".join(f"{name}<={alpha:g}" for name, alpha in levels.items())
+    title = (
+        f"joint control, {named}, delta={result.delta:g}, {trials} trials ({result.policy}, {result.fwer})"
+    )
+    table = Table(title=title)
+    risks = list(levels)
+    columns = ("selector", "measured", "violation rate", *(f"{r} violated" for r in risks))
+    for column in (*columns, "selected", "realised", "accuracy"):
+        table.add_column(column, no_wrap=True)
+    by_risk = result.by_risk or {}
+
+    def rate(s: calibrate.SelectorSummary) -> str:
+        return f"{s.violation_rate:.1%} [{100 * s.violation.low:.1f}, {100 * s.violation.high:.1f}]"
+
+    for key, name, selector in (
+        ("tested", "LTT", result.tested),
+        ("empirical", "empirical", result.empirical),
+    ):
+        if selector is None:
+            continue
+        for measurement in calibrate.MEASUREMENTS:
+            s = selector.measured(measurement)
+            if s is None:
+                continue
+            per_risk = [by_risk[r][key].measured(measurement) for r in risks]
+            table.add_row(
+                name,
+                measurement,
+                rate(s),
+                *(rate(p) if p is not None else "" for p in per_risk),
+                f"{s.selection_rate:.1%}",
+                f"{s.mean_realised_budget:.3f}",
+                f"{s.mean_accuracy:.3f}",
+            )
+    stdout.print(table)
+    stdout.print(
+        "A trial violates when its policy exceeds any level on the rows measured; violation rates with 95% "
+        "Clopper-Pearson intervals, realised delegation and accuracy are means over the trials that returned "
+        f"a policy. The population (and fresh) rates should stay at or below delta = {result.delta:g}."
     )
 
 
