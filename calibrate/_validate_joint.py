@@ -141,6 +141,7 @@ def _trials(
             j = s * len(levels) + a
             part[f"{prefix}threshold"] = thresholds[:, j]
             part[f"{prefix}selected"] = selected[:, j]
+            part[f"{prefix}certified"] = chosen[j].certified.sum(axis=1)  # thresholds certified (accepted)
             for measurement, counts in measured.items():
                 name = prefix + ("" if measurement == "paper" else f"{measurement}_")
                 losses = {"budget": counts.delegated[:, j], "error": counts.errors[:, j]}
