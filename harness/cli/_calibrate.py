@@ -252,7 +252,12 @@ delta, and a test at 2 delta read 12.8% on fresh data (800-row samples of 100,00
 A violation is more than floor(alpha m) delegations (budget mode) or errors (performance mode)
 on the m rows measured, decided on integer counts. Reports the violation rate with its 95%
 Clopper-Pearson interval and the selection rate, and in performance mode the same for the
-untested empirical selector."""
+untested empirical selector.
+
+--budget A --accuracy B (and --fnr C) validate joint control: every risk certified at one
+threshold, the max of the risks' exact p-values tested in sequence; a trial violates when any
+risk exceeds its level, and the table also gives each risk's rate, for LTT and the empirical
+selector. Either alone is --mode budget --alpha A or --mode performance --alpha 1-B."""
 # One line per paragraph: the help formatter keeps line breaks as they are written.
 VALIDATE_HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in _VALIDATE_TEXT.split("\n\n"))
 
