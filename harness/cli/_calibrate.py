@@ -38,6 +38,7 @@ from ._common import (
     print_json,
     stdout,
 )
+from ._joint_validation import error_level, joint_level, print_joint
 
 ScoresOption = Annotated[
     Path | None,
@@ -366,12 +367,12 @@ def validate_command(
     json_output: JsonOption = False,
 ) -> None:
     scores_path = resolve_scores(scores, run)
-    joint = _joint_level(mode, alpha, budget, accuracy, fnr)
+    joint = joint_level(mode, alpha, budget, accuracy, fnr)
     if joint is None:
         if budget is not None:
             mode, alpha = "budget", _unit(budget, "--budget")
         elif accuracy is not None:
-            mode, alpha = "performance", _error_level(accuracy)
+            mode, alpha = "performance", error_level(accuracy)
     mode = mode or "budget"
     alpha = _DEFAULT_ALPHA if alpha is None else alpha
     alphas = (_unit(alpha, "--alpha"),)
@@ -397,7 +398,7 @@ def validate_command(
             eval_scores=eval_scores,
             out=out,
         )
-        _print_joint(result, scores_path, eval_scores, trials=trials, json_output=json_output)
+        print_joint(result, scores_path, eval_scores, trials=trials, json_output=json_output)
         return
     (result,) = validate_scores(
         scores_path,
@@ -436,91 +437,6 @@ def validate_command(
         "Violation rates with 95% Clopper-Pearson intervals; realised delegation and accuracy are means "
         "over the trials that returned a policy. The population (and fresh) rates measure the guarantee "
         f"and should stay at or below delta = {delta:g}; the paper protocol over-reads it (see --help)."
-    )
-
-
-def _error_level(accuracy: float) -> float:
-    """The error level that --accuracy certifies, 1 - ACCURACY without float noise."""
-    _unit(accuracy, "--accuracy")
-    return round(1.0 - accuracy, 12)
-
-
-def _joint_level(
-    mode: str | None, alpha: float | None, budget: float | None, accuracy: float | None, fnr: float | None
-) -> calibrate.JointLevel | None:
-    """The joint level asked for (None: one risk, as --mode/--alpha). --budget and --accuracy
-    are the risk levels themselves, so --mode or --alpha beside them is an error."""
-    given = [
-        name
-        for name, value in (("--budget", budget), ("--accuracy", accuracy), ("--fnr", fnr))
-        if value is not None
-    ]
-    if given and (mode is not None or alpha is not None):
-        old = "--mode" if mode is not None else "--alpha"
-        raise InputError(f"{old} cannot be combined with {given[0]}: give --mode/--alpha, or the risk levels")
-    if fnr is None and (budget is None or accuracy is None):
-        return None
-    return calibrate.JointLevel(
-        budget=None if budget is None else _unit(budget, "--budget"),
-        error=None if accuracy is None else _error_level(accuracy),
-        fnr=None if fnr is None else _unit(fnr, "--fnr"),
-    )
-
-
-def _print_joint(
-    result: calibrate.ValidationResult,
-    scores_path: Path,
-    eval_scores: Path | None,
-    *,
-    trials: int,
-    json_output: bool,
-) -> None:
-    record = {"scores": str(scores_path), **result.to_dict()}
-    if eval_scores is not None:
-        record["eval_scores"] = str(eval_scores)
-    if json_output:
-        print_json(record)
-        return
-    levels = result.levels or {}
-    named = ", ".join(f"{name}<={alpha:g}" for name, alpha in levels.items())
-    title = (
-        f"joint control, {named}, delta={result.delta:g}, {trials} trials ({result.policy}, {result.fwer})"
-    )
-    table = Table(title=title)
-    risks = list(levels)
-    columns = ("selector", "measured", "violation rate", *(f"{r} violated" for r in risks))
-    for column in (*columns, "selected", "realised", "accuracy"):
-        table.add_column(column, no_wrap=True)
-    by_risk = result.by_risk or {}
-
-    def rate(s: calibrate.SelectorSummary) -> str:
-        return f"{s.violation_rate:.1%} [{100 * s.violation.low:.1f}, {100 * s.violation.high:.1f}]"
-
-    for key, name, selector in (
-        ("tested", "LTT", result.tested),
-        ("empirical", "empirical", result.empirical),
-    ):
-        if selector is None:
-            continue
-        for measurement in calibrate.MEASUREMENTS:
-            s = selector.measured(measurement)
-            if s is None:
-                continue
-            per_risk = [by_risk[r][key].measured(measurement) for r in risks]
-            table.add_row(
-                name,
-                measurement,
-                rate(s),
-                *(rate(p) if p is not None else "" for p in per_risk),
-                f"{s.selection_rate:.1%}",
-                f"{s.mean_realised_budget:.3f}",
-                f"{s.mean_accuracy:.3f}",
-            )
-    stdout.print(table)
-    stdout.print(
-        "A trial violates when its policy exceeds any level on the rows measured; violation rates with 95% "
-        "Clopper-Pearson intervals, realised delegation and accuracy are means over the trials that returned "
-        f"a policy. The population (and fresh) rates should stay at or below delta = {result.delta:g}."
     )
 
 
