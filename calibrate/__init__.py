@@ -93,6 +93,7 @@ from ._settings import (
     DEFAULT_BUDGETS,
     DEFAULT_DELTA,
     DEFAULT_FWER,
+    DEFAULT_JOINT_OBJECTIVE,
     DEFAULT_PARETO,
     DEFAULT_PVALUE,
     DEFAULT_SPLIT_SEED,
@@ -125,6 +126,7 @@ from ._sweep import (
     sweep,
 )
 from ._validate import ValidationConfig, validate, validate_levels
+from ._validate_joint import JointLevel, validate_joint
 from ._validation_results import (
     MEASUREMENTS,
     Measurement,
@@ -148,6 +150,7 @@ __all__ = [
     "DEFAULT_BUDGETS",
     "DEFAULT_DELTA",
     "DEFAULT_FWER",
+    "DEFAULT_JOINT_OBJECTIVE",
     "DEFAULT_PARETO",
     "DEFAULT_POLICIES",
     "DEFAULT_PVALUE",
@@ -189,6 +192,7 @@ __all__ = [
     "FWERResult",
     "GroupRow",
     "JointBatch",
+    "JointLevel",
     "JointObjective",
     "JointResult",
     "JointRisk",
@@ -252,5 +256,6 @@ __all__ = [
     "uncertainty_signal",
     "validate",
     "validate_cascade",
+    "validate_joint",
     "validate_levels",
 ]

@@ -39,7 +39,7 @@ from ._pareto import pareto_members
 from ._policies import MergeRule, merge_scores
 from ._pvalues import pvalue_table
 from ._quota import count_at_most, count_nearest
-from ._settings import ControlConfig
+from ._settings import DEFAULT_JOINT_OBJECTIVE, ControlConfig
 from ._splits import Scores, Splits, _rows, counts_above
 
 __all__ = [
@@ -372,7 +372,7 @@ def joint_control_batch(
     c: CandidateBatch,
     risks: Sequence[RiskCounts],
     *,
-    objective: JointObjective = "auroc",
+    objective: JointObjective = DEFAULT_JOINT_OBJECTIVE,
     control: ControlConfig | None = None,
 ) -> JointBatch:
     """Certify P(R_m(lambda) <= alpha_m for every risk m and every certified lambda) >= 1 - delta
@@ -412,7 +412,7 @@ def joint_empirical_batch(
     c: CandidateBatch,
     risks: Sequence[RiskCounts],
     *,
-    objective: JointObjective = "auroc",
+    objective: JointObjective = DEFAULT_JOINT_OBJECTIVE,
     control: ControlConfig | None = None,
 ) -> JointBatch:
     """The plug-in baseline: accept every candidate of the family whose D_cal loss count is at
@@ -453,7 +453,7 @@ def joint_control(
     budget: float | None = None,
     error: float | None = None,
     extra: Sequence[RiskCounts] = (),
-    objective: JointObjective = "auroc",
+    objective: JointObjective = DEFAULT_JOINT_OBJECTIVE,
     control: ControlConfig | None = None,
 ) -> JointResult:
     """`joint_control_batch` for one calibration split, at the budget and error levels given

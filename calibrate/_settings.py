@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_BUDGETS",
     "DEFAULT_DELTA",
     "DEFAULT_FWER",
+    "DEFAULT_JOINT_OBJECTIVE",
     "DEFAULT_PARETO",
     "DEFAULT_PVALUE",
     "DEFAULT_SPLIT_SEED",
@@ -44,6 +45,8 @@ DEFAULT_FWER: FWERMethod = "fixed-sequence"
 DEFAULT_PVALUE: PValueMethod = "binomial"
 # ... testing only the thresholds Pareto-optimal on D_est (Pareto testing, the paper's).
 DEFAULT_PARETO = True
+# Joint control picks among its certified thresholds by the cascade's D_est AUROC, as budget control.
+DEFAULT_JOINT_OBJECTIVE: Literal["auroc"] = "auroc"
 # The seed of the random cuts into D_est, D_cal and the evaluation rest unless one is given: the
 # sweep's, a validation's calibration samples and the deployed monitor's D_est/D_cal cut.
 DEFAULT_SPLIT_SEED = 0

@@ -18,13 +18,14 @@ integers: delegations in budget mode, cascade errors in performance mode.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._fwer import FWERMethod, FWERProcedure, fwer_procedure
+from ._joint import JOINT_OBJECTIVES, JointObjective
 from ._ltt import ControlBatch, budget_control_batch, empirical_control_batch, performance_control_batch
 from ._policies import POLICIES, CalibratedPolicyName, MergeRule, Policy
 from ._pvalues import PValueMethod
@@ -33,6 +34,7 @@ from ._settings import (
     CERTIFIED_MODES,
     DEFAULT_DELTA,
     DEFAULT_FWER,
+    DEFAULT_JOINT_OBJECTIVE,
     DEFAULT_PARETO,
     DEFAULT_PVALUE,
     DEFAULT_SPLIT_SEED,
@@ -82,7 +84,8 @@ class ValidationConfig:
     one) is calibrated with its own merge rule unless `merge` names one, on `n_grid` + 1
     thresholds; budget mode optimises `objective` among the Pareto candidates. `delta`, `fwer`,
     `pareto` and `pvalue` are the tests' settings (`ControlConfig`): P(every certified threshold
-    has R <= alpha) >= 1 - delta.
+    has R <= alpha) >= 1 - delta. `selection` is what joint control (`validate_joint`) picks its
+    certified threshold by.
     """
 
     trials: int = DEFAULT_TRIALS
@@ -97,6 +100,7 @@ class ValidationConfig:
     est_fraction: float = EST_FRACTION
     n_grid: int = N_GRID
     seed: int | tuple[int, ...] = DEFAULT_SPLIT_SEED
+    selection: JointObjective = DEFAULT_JOINT_OBJECTIVE
 
     def __post_init__(self) -> None:
         spec = POLICIES.get(self.policy)
@@ -108,6 +112,8 @@ class ValidationConfig:
         if self.trials < 1:
             raise ValueError(f"trials must be at least 1, got {self.trials}")
         self.control  # checks delta, fwer and pvalue  # noqa: B018
+        if self.selection not in JOINT_OBJECTIVES:
+            raise ValueError(f"unknown selection {self.selection!r}; choose one of {JOINT_OBJECTIVES}")
         if self.cal_size is not None and self.cal_size < 2:
             raise ValueError(f"cal_size must be at least 2, got {self.cal_size}")
 
@@ -125,11 +131,13 @@ class ValidationConfig:
 @dataclass(frozen=True)
 class _Counts:
     """Loss counts of the chosen thresholds on one measured population of `n` examples:
-    delegations and cascade errors, shape (R, J) for R trials and J thresholds per trial."""
+    delegations and cascade errors, shape (R, J) for R trials and J thresholds per trial. Counted
+    on the positives only (`_measure(positives=True)`), `errors` are missed positives and `n`
+    the positives measured, per trial (R,)."""
 
     delegated: NDArray[np.int64]
     errors: NDArray[np.int64]
-    n: int
+    n: int | NDArray[np.int64]
 
 
 def _measure(
@@ -140,27 +148,31 @@ def _measure(
     merge: MergeRule,
     policy: Policy,
     fresh: Scores | None,
+    *,
+    positives: bool = False,
 ) -> dict[str, _Counts]:
     """Delegation and error counts of every trial's thresholds `cuts` (R, J) (+inf: delegate
-    nothing) on the evaluation rest, the population and the fresh table.
+    nothing) on the evaluation rest, the population and the fresh table; with `positives`, the
+    errors and sizes of the positives (label 1) only: missed positives, the false-negative risk.
 
     The population is the split minus D_est: given the D_est rows the thresholds were fitted on,
     D_cal is a uniform draw from the rest, and that finite set's risk is what the tests
     certify. Both it and the evaluation rest are counted as the whole split minus a sample
     (small) instead of counting them directly (large when the sample is a small draw)."""
-    wrong, step = error_terms(scores, merge)
+    wrong, step = _terms(scores, merge, positives)
     delegated, change = counts_above(signal, step[None, :], cuts)
-    whole = _Counts(delegated, int(wrong.sum()) + change, scores.n)
+    whole = _Counts(delegated, int(wrong.sum()) + change, int(scores.label.sum()) if positives else scores.n)
 
     def without(index: NDArray[np.int64], counts: _Counts) -> _Counts:
         delegated, change = counts_above(_rows(signal, index), step[index], cuts)
         errors = wrong[index].sum(axis=1)[:, None] + change
-        return _Counts(counts.delegated - delegated, counts.errors - errors, counts.n - index.shape[1])
+        removed = scores.label[index].sum(axis=1) if positives else index.shape[1]
+        return _Counts(counts.delegated - delegated, counts.errors - errors, counts.n - removed)
 
     population = without(splits.est, whole)
     out = {"paper": without(splits.cal, population), "population": population}
     if fresh is not None:
-        fresh_wrong, fresh_step = error_terms(fresh, merge)
+        fresh_wrong, fresh_step = _terms(fresh, merge, positives)
         parts = []
         # A split-dependent signal (uncertainty) is a (trials, fresh rows) array: in chunks.
         chunk = splits.trials if signal.shape[0] == 1 else _FRESH_CHUNK
@@ -170,8 +182,17 @@ def _measure(
             parts.append(counts_above(fresh_signal, fresh_step[None, :], cuts[start : start + chunk]))
         delegated = np.concatenate([p[0] for p in parts])
         change = np.concatenate([p[1] for p in parts])
-        out["fresh"] = _Counts(delegated, int(fresh_wrong.sum()) + change, fresh.n)
+        fresh_n = int(fresh.label.sum()) if positives else fresh.n
+        out["fresh"] = _Counts(delegated, int(fresh_wrong.sum()) + change, fresh_n)
     return out
+
+
+def _terms(scores: Scores, merge: MergeRule, positives: bool) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """`error_terms`, restricted to the positives when `positives`: a negative then never counts."""
+    wrong, step = error_terms(scores, merge)
+    if positives:
+        return wrong * scores.label, step * scores.label
+    return wrong, step
 
 
 def _trials(
@@ -228,6 +249,67 @@ def _check_call(mode: str, alphas: tuple[float, ...]) -> None:
         raise ValueError(f"alphas must lie in (0, 1), got {alphas}")
 
 
+def _split_sizes(
+    scores_by_seed: Mapping[int, Scores], config: ValidationConfig
+) -> dict[int, tuple[int, int, int]]:
+    """(n_est, n_cal, n_eval) of every probe seed that gets at least one trial."""
+    seeds = sorted(scores_by_seed)
+    per_seed = np.bincount(np.arange(config.trials) % len(seeds), minlength=len(seeds))
+    return {
+        s: split_sizes(scores_by_seed[s].n, est_fraction=config.est_fraction, cal_size=config.cal_size)
+        for s, count in zip(seeds, per_seed, strict=True)
+        if count
+    }
+
+
+def _chunks(
+    scores_by_seed: Mapping[int, Scores], config: ValidationConfig, fresh: Mapping[int, Scores] | None
+) -> Iterator[tuple[int, Scores, Splits, Scores | None]]:
+    """The trials' random splits, chunk by chunk: (probe seed, its scores, a chunk of splits,
+    its fresh table). Trials go round-robin over the probe seeds; a seed's splits come from a
+    generator seeded by (`config.seed`, probe seed)."""
+    seeds = sorted(scores_by_seed)
+    if fresh is not None and (missing := [s for s in seeds if s not in fresh]):
+        raise ValueError(f"the fresh table has no rows for probe seed {missing[0]}")
+    words = [int(w) for w in np.atleast_1d(config.seed)]
+    per_seed = np.bincount(np.arange(config.trials) % len(seeds), minlength=len(seeds))
+    for probe_seed, count in zip(seeds, per_seed, strict=True):
+        if count == 0:
+            continue
+        scores = scores_by_seed[probe_seed]
+        for splits in split_chunks(
+            scores.n,
+            int(count),
+            [*words, probe_seed],
+            chunk=max(1, _WORK_ELEMENTS // scores.n),
+            est_fraction=config.est_fraction,
+            cal_size=config.cal_size,
+        ):
+            yield probe_seed, scores, splits, None if fresh is None else fresh[probe_seed]
+
+
+def _selector(
+    per_trial: dict[str, NDArray], prefix: str, fresh: bool, violated: str = "violated"
+) -> SelectorResult:
+    """One selector's summaries (columns `prefix`...) per measurement; `violated` names the
+    violation column read (a joint level's per-risk ones: `budget_violated`, ...)."""
+
+    def summary(measurement: str) -> SelectorSummary:
+        name = prefix + ("" if measurement == "paper" else f"{measurement}_")
+        return summarise(
+            per_trial[f"{prefix}selected"],
+            per_trial[f"{name}{violated}"],
+            per_trial[f"{name}realised"],
+            per_trial[f"{name}accuracy"],
+        )
+
+    return SelectorResult(
+        paper=summary("paper"),
+        population=summary("population"),
+        fresh=summary("fresh") if fresh else None,
+    )
+
+
 def validate_levels(
     scores_by_seed: Mapping[int, Scores],
     *,
@@ -255,55 +337,22 @@ def validate_levels(
     fit_objective: Objective | None = config.objective if mode == "budget" else "accuracy"
     if mode == "budget" and not config.pareto:
         fit_objective = None
-    seeds = sorted(scores_by_seed)
-    if fresh is not None and (missing := [s for s in seeds if s not in fresh]):
-        raise ValueError(f"the fresh table has no rows for probe seed {missing[0]}")
     words = [int(w) for w in np.atleast_1d(config.seed)]
-    per_seed = np.bincount(np.arange(config.trials) % len(seeds), minlength=len(seeds))
-
     parts: list[list[dict[str, NDArray]]] = []  # per chunk of trials, per level
-    sizes: dict[int, tuple[int, int, int]] = {}
-    for probe_seed, count in zip(seeds, per_seed, strict=True):
-        if count == 0:
-            continue
-        scores = scores_by_seed[probe_seed]
-        sizes[probe_seed] = split_sizes(scores.n, est_fraction=config.est_fraction, cal_size=config.cal_size)
-        for splits in split_chunks(
-            scores.n,
-            int(count),
-            [*words, probe_seed],
-            chunk=max(1, _WORK_ELEMENTS // scores.n),
-            est_fraction=config.est_fraction,
-            cal_size=config.cal_size,
-        ):
-            parts.append(
-                _trials(
-                    scores,
-                    splits,
-                    probe_seed,
-                    levels,
-                    mode=mode,
-                    config=config,
-                    merge=merge_rule,
-                    objective=fit_objective,
-                    fresh=None if fresh is None else fresh[probe_seed],
-                )
+    sizes = _split_sizes(scores_by_seed, config)
+    for probe_seed, scores, splits, fresh_scores in _chunks(scores_by_seed, config, fresh):
+        parts.append(
+            _trials(
+                scores,
+                splits,
+                probe_seed,
+                levels,
+                mode=mode,
+                config=config,
+                merge=merge_rule,
+                objective=fit_objective,
+                fresh=fresh_scores,
             )
-
-    def selector(per_trial: dict[str, NDArray], prefix: str) -> SelectorResult:
-        def summary(measurement: str) -> SelectorSummary:
-            name = prefix + ("" if measurement == "paper" else f"{measurement}_")
-            return summarise(
-                per_trial[f"{prefix}selected"],
-                per_trial[f"{name}violated"],
-                per_trial[f"{name}realised"],
-                per_trial[f"{name}accuracy"],
-            )
-
-        return SelectorResult(
-            paper=summary("paper"),
-            population=summary("population"),
-            fresh=summary("fresh") if fresh is not None else None,
         )
 
     results = []
@@ -323,8 +372,10 @@ def validate_levels(
                 seed=tuple(words),
                 split_sizes=sizes,
                 fresh_sizes=None if fresh is None else {s: fresh[s].n for s in sizes},
-                tested=selector(per_trial, ""),
-                empirical=selector(per_trial, "empirical_") if mode == "performance" else None,
+                tested=_selector(per_trial, "", fresh is not None),
+                empirical=_selector(per_trial, "empirical_", fresh is not None)
+                if mode == "performance"
+                else None,
                 per_trial=per_trial,
             )
         )

@@ -14,6 +14,7 @@ from ._pvalues import ProportionCI, PValueMethod, clopper_pearson
 from ._settings import CertifiedMode
 
 __all__ = [
+    "JOINT_MODE",
     "MEASUREMENTS",
     "Measurement",
     "SelectorResult",
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 ValidationMode = CertifiedMode  # validation measures the modes that certify
+JOINT_MODE = "joint"  # ValidationResult.mode of a joint level (every named risk at once)
 Measurement = Literal["paper", "population", "fresh"]
 MEASUREMENTS: tuple[Measurement, ...] = get_args(Measurement)
 
@@ -95,9 +97,14 @@ class ValidationResult:
     """`tested`: the LTT selector; `empirical`: the plug-in selector (performance mode only).
     `split_sizes`: (n_est, n_cal, n_eval) per probe seed; `fresh_sizes`: rows of the fresh
     table per seed. `per_trial`: one entry per trial (seed, threshold, selected, and per
-    measurement the realised rate, accuracy and violation; `empirical_` columns alike)."""
+    measurement the realised rate, accuracy and violation; `empirical_` columns alike).
 
-    mode: ValidationMode
+    A joint level (`mode` "joint", `validate_joint`) names its risk levels in `levels` (alpha is
+    NaN), has the empirical selector too, and `by_risk` holds, per risk, each selector's
+    violations of that risk alone ("tested", "empirical"), a trial violating when any one does.
+    """
+
+    mode: ValidationMode | Literal["joint"]
     policy: str
     merge: MergeRule
     fwer: str
@@ -112,6 +119,8 @@ class ValidationResult:
     tested: SelectorResult
     empirical: SelectorResult | None
     per_trial: dict[str, NDArray] = field(repr=False)
+    levels: dict[str, float] | None = None
+    by_risk: dict[str, dict[str, SelectorResult]] | None = None
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -137,7 +146,28 @@ class ValidationResult:
             out["fresh_rows_by_seed"] = {str(seed): n for seed, n in self.fresh_sizes.items()}
         if self.empirical is not None:
             out["empirical"] = self.empirical.to_dict()
+        if self.levels is not None:
+            del out["alpha"]
+            out["levels"] = dict(self.levels)
+        if self.by_risk is not None:
+            out["by_risk"] = {
+                risk: {name: _violations(selector) for name, selector in selectors.items()}
+                for risk, selectors in self.by_risk.items()
+            }
         return out
+
+
+def _violations(selector: SelectorResult) -> dict[str, object]:
+    """Violation counts and rates of one selector per measurement (one risk of a joint level)."""
+    return {
+        measurement: {
+            "violations": s.violations,
+            "violation_rate": s.violation_rate,
+            "violation_ci95": [s.violation.low, s.violation.high],
+        }
+        for measurement in MEASUREMENTS
+        if (s := selector.measured(measurement)) is not None
+    }
 
 
 def summarise(selected: NDArray[np.bool_], violated: NDArray[np.bool_], realised, acc) -> SelectorSummary:

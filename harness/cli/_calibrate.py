@@ -14,6 +14,7 @@ from calibrate import (
     POLICIES,
     CalibratedPolicyName,
     FWERMethod,
+    JointObjective,
     MergeChoice,
     MergeRule,
     Objective,
@@ -27,7 +28,7 @@ from .._bounds import LIMITS, check_levels
 from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
-from ..stages import calibrate_scores, resolve_scores, simulate, validate_scores
+from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,
@@ -37,6 +38,7 @@ from ._common import (
     print_json,
     stdout,
 )
+from ._joint_validation import error_level, joint_level, print_joint
 
 ScoresOption = Annotated[
     Path | None,
@@ -85,6 +87,7 @@ _SWEEP = SweepConfig()
 _VALIDATION = ValidationConfig()
 # ValidationConfig's, typed as the option takes it: a method's name (the field also takes a procedure).
 _VALIDATION_FWER = cast(FWERMethod, _VALIDATION.fwer)
+_DEFAULT_ALPHA = 0.3  # ctd validate's risk level when neither --alpha nor a risk option is given
 
 
 def _unit(value: float, option: str) -> float:
@@ -292,7 +295,12 @@ delta, and a test at 2 delta read 12.8% on fresh data (800-row samples of 100,00
 A violation is more than floor(alpha m) delegations (budget mode) or errors (performance mode)
 on the m rows measured, decided on integer counts. Reports the violation rate with its 95%
 Clopper-Pearson interval and the selection rate, and in performance mode the same for the
-untested empirical selector."""
+untested empirical selector.
+
+--budget A --accuracy B (and --fnr C) validate joint control: every risk certified at one
+threshold, the max of the risks' exact p-values tested in sequence; a trial violates when any
+risk exceeds its level, and the table also gives each risk's rate, for LTT and the empirical
+selector. Either alone is --mode budget --alpha A or --mode performance --alpha 1-B."""
 # One line per paragraph: the help formatter keeps line breaks as they are written.
 VALIDATE_HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in _VALIDATE_TEXT.split("\n\n"))
 
@@ -303,13 +311,52 @@ def validate_command(
     scores: ScoresOption = None,
     run: RunOption = None,
     mode: Annotated[
-        ValidationMode,
+        ValidationMode | None,
         typer.Option(
             "--mode",
-            help="budget: certify the delegation rate <= alpha; performance: certify the 0-1 error <= alpha.",
+            help=(
+                "budget: certify the delegation rate <= alpha; performance: certify the 0-1 error <= alpha "
+                "[default: budget]."
+            ),
         ),
-    ] = "budget",
-    alpha: Annotated[float, typer.Option("--alpha", help="Risk target in (0, 1).")] = 0.3,
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option("--alpha", help=f"Risk target in (0, 1) [default: {_DEFAULT_ALPHA:g}].")
+    ] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help=(
+                "Certify the delegation rate <= BUDGET. With --accuracy (or --fnr): joint control, every "
+                "risk at one threshold; alone: --mode budget --alpha BUDGET."
+            ),
+        ),
+    ] = None,
+    accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--accuracy",
+            help=(
+                "Certify the cascade's accuracy >= ACCURACY (error <= 1 - ACCURACY). With --budget (or "
+                "--fnr): joint control; alone: --mode performance --alpha 1-ACCURACY."
+            ),
+        ),
+    ] = None,
+    fnr: Annotated[
+        float | None,
+        typer.Option(
+            "--fnr",
+            help="Joint control also certifies the false-negative rate on the positives (label 1) <= FNR.",
+        ),
+    ] = None,
+    selection: Annotated[
+        JointObjective,
+        typer.Option(
+            "--selection",
+            help="Joint control: pick among the certified thresholds by D_est AUROC, accuracy or budget.",
+        ),
+    ] = _VALIDATION.selection,
     delta: DeltaOption = _VALIDATION.delta,
     trials: Annotated[
         int,
@@ -362,6 +409,14 @@ def validate_command(
     json_output: JsonOption = False,
 ) -> None:
     scores_path = resolve_scores(scores, run)
+    joint = joint_level(mode, alpha, budget, accuracy, fnr)
+    if joint is None:
+        if budget is not None:
+            mode, alpha = "budget", _unit(budget, "--budget")
+        elif accuracy is not None:
+            mode, alpha = "performance", error_level(accuracy)
+    mode = mode or "budget"
+    alpha = _DEFAULT_ALPHA if alpha is None else alpha
     alphas = (_unit(alpha, "--alpha"),)
     config = ValidationConfig(
         trials=trials,
@@ -374,7 +429,19 @@ def validate_command(
         pvalue=pvalue,
         cal_size=cal_size,
         seed=seed,
+        selection=selection,
     )
+    if joint is not None:
+        result = validate_joint_scores(
+            scores_path,
+            level=joint,
+            config=config,
+            arch=arch,
+            eval_scores=eval_scores,
+            out=out,
+        )
+        print_joint(result, scores_path, eval_scores, trials=trials, json_output=json_output)
+        return
     (result,) = validate_scores(
         scores_path,
         mode=mode,

@@ -35,6 +35,7 @@ __all__ = [
     "check_calibration_size",
     "resolve_scores",
     "simulate",
+    "validate_joint_scores",
     "validate_scores",
 ]
 
@@ -268,19 +269,63 @@ def validate_scores(
     result each, on the same splits), measured on the evaluation rest, the population (split minus D_est)
     and, with `eval_scores`, an independent table; with `out`, also write the per-trial table
     (every level, column `alpha`). Checks everything before computing anything."""
+    by_seed, fresh = _validation_tables(
+        scores_path, {"--alpha": min(alphas)}, config, arch=arch, eval_scores=eval_scores, out=out
+    )
+    results = calibrate.validate_levels(by_seed, mode=mode, alphas=alphas, config=config, fresh=fresh)
+    _write_trials(results, out)
+    return results
+
+
+def validate_joint_scores(
+    scores_path: Path,
+    *,
+    level: calibrate.JointLevel,
+    config: ValidationConfig,
+    arch: str | None = None,
+    eval_scores: Path | None = None,
+    out: Path | None = None,
+) -> ValidationResult:
+    """`validate_scores` for joint control: every risk of `level` certified at one threshold
+    (`calibrate.validate_joint`), `config.selection` choosing among the certified ones; with `out`,
+    the per-trial table (columns `budget_level`, `error_level`, per-risk violations). Checks
+    everything before computing anything: D_cal must be able to certify the budget and error
+    levels (the false-negative level is tested on the positives, whose number varies)."""
+    named = {"--budget": level.budget, "--accuracy's error level": level.error}
+    checked = {option: alpha for option, alpha in named.items() if alpha is not None}
+    by_seed, fresh = _validation_tables(
+        scores_path, checked, config, arch=arch, eval_scores=eval_scores, out=out
+    )
+    results = calibrate.validate_joint(by_seed, levels=[level], config=config, fresh=fresh)
+    _write_trials(results, out)
+    return results[0]
+
+
+def _validation_tables(
+    scores_path: Path,
+    levels: dict[str, float],
+    config: ValidationConfig,
+    *,
+    arch: str | None,
+    eval_scores: Path | None,
+    out: Path | None,
+) -> tuple[dict[int, calibrate.Scores], dict[int, calibrate.Scores] | None]:
+    """The test splits to validate on and the fresh ones to measure on, checked: `out` is
+    writable, and D_cal can certify each level of `levels` (by the option that set it)."""
     if out is not None:
         check_writable(out, "--out")
     table = read_scores(scores_path)
     by_seed = table.test_scores(arch)
-    check_calibration_size(
-        by_seed,
-        table.source,
-        min(alphas),
-        config.delta,
-        option="--alpha",
-        est_fraction=config.est_fraction,
-        cal_size=config.cal_size,
-    )
+    for option, alpha in levels.items():
+        check_calibration_size(
+            by_seed,
+            table.source,
+            alpha,
+            config.delta,
+            option=option,
+            est_fraction=config.est_fraction,
+            cal_size=config.cal_size,
+        )
     fresh = None
     if eval_scores is not None:
         fresh_table = read_scores(eval_scores, purpose="measure on")
@@ -297,11 +342,13 @@ def validate_scores(
                 f"--eval-scores {eval_scores}: no test rows for probe seed {missing[0]} "
                 f"(--scores has seeds {', '.join(map(str, sorted(by_seed)))})"
             )
-    results = calibrate.validate_levels(by_seed, mode=mode, alphas=alphas, config=config, fresh=fresh)
+    return by_seed, fresh
+
+
+def _write_trials(results: tuple[ValidationResult, ...], out: Path | None) -> None:
     if out is not None:
         trials_table = {k: np.concatenate([r.per_trial[k] for r in results]) for k in results[0].per_trial}
         write_table(Path(out), trials_table)
-    return results
 
 
 CALIBRATE_SETTINGS: tuple[str, ...] = (
