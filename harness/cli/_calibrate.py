@@ -29,6 +29,7 @@ from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
 from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
+from ._cascade_validation import cascade_scores_path, validate_cascade_command
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,
@@ -324,13 +325,23 @@ def validate_command(
         float | None, typer.Option("--alpha", help=f"Risk target in (0, 1) [default: {_DEFAULT_ALPHA:g}].")
     ] = None,
     budget: Annotated[
-        float | None,
+        str | None,
         typer.Option(
             "--budget",
             help=(
                 "Certify the delegation rate <= BUDGET. With --accuracy (or --fnr): joint control, every "
-                "risk at one threshold; alone: --mode budget --alpha BUDGET."
+                "risk at one threshold; alone: --mode budget --alpha BUDGET. A cascade of experts "
+                "(columns expert_2, dv_2, ...; --run: its cascade/scores.parquet): one budget per expert, "
+                "B1,B2, each expert's share of the inputs, certified with --accuracy and --abstain jointly."
             ),
+        ),
+    ] = None,
+    abstain: Annotated[
+        float | None,
+        typer.Option(
+            "--abstain",
+            help="A cascade: also leave at most this share of inputs to a human (abstain when the last "
+            "score is within a margin of 0.5), certified with the other levels.",
         ),
     ] = None,
     accuracy: Annotated[
@@ -408,11 +419,35 @@ def validate_command(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
+    budgets = parse_floats(budget, "--budget") if budget is not None else None
+    if budgets is not None and (len(budgets) > 1 or abstain is not None):
+        if fnr is not None or mode is not None or alpha is not None:
+            raise InputError(
+                "--budget B1,B2 (a cascade) takes --accuracy and --abstain, not --fnr, --mode, --alpha"
+            )
+        validate_cascade_command(
+            cascade_scores_path(scores, run) if len(budgets) > 1 else resolve_scores(scores, run),
+            budgets=budgets,
+            accuracy=accuracy,
+            abstain=abstain,
+            control=calibrate.ControlConfig(delta=_unit(delta, "--delta"), fwer=fwer, pvalue=pvalue),
+            trials=trials,
+            cal_size=cal_size,
+            seed=seed,
+            arch=arch,
+            eval_scores=eval_scores,
+            out=out,
+            json_output=json_output,
+        )
+        return
+    if abstain is not None:
+        raise InputError("--abstain: give the cascade's budgets too (--budget B1[,B2,...])")
+    budget_level = None if budgets is None else budgets[0]
     scores_path = resolve_scores(scores, run)
-    joint = joint_level(mode, alpha, budget, accuracy, fnr)
+    joint = joint_level(mode, alpha, budget_level, accuracy, fnr)
     if joint is None:
-        if budget is not None:
-            mode, alpha = "budget", _unit(budget, "--budget")
+        if budget_level is not None:
+            mode, alpha = "budget", _unit(budget_level, "--budget")
         elif accuracy is not None:
             mode, alpha = "performance", error_level(accuracy)
     mode = mode or "budget"
