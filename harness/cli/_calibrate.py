@@ -331,7 +331,7 @@ def validate_command(
             help=(
                 "Certify the delegation rate <= BUDGET. With --accuracy (or --fnr): joint control, every "
                 "risk at one threshold; alone: --mode budget --alpha BUDGET. A cascade of experts "
-                "(columns expert_2, dv_2, ...; --run: its cascade/scores.parquet): one budget per expert, "
+                "(columns expert_2, dv_2, ...; --run: the run's cascade table): one budget per expert, "
                 "B1,B2, each expert's share of the inputs, certified with --accuracy and --abstain jointly."
             ),
         ),

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "StageRecord": "._log",
     "StageResult": "._stage",
     "StageStatus": "._log",
+    "StageLayout": "._layout",
     "SweepLayout": "._layout",
     "ValidationJob": "._validation",
     "ValidationLayout": "._layout",

@@ -52,12 +52,14 @@ __all__ = [
     "ReportTable",
     "Roots",
     "RunLayout",
+    "StageLayout",
     "SweepLayout",
     "ValidationLayout",
     "check_roots",
     "slug",
 ]
 
+_SCORES = "scores.parquet"  # the scores table's name: the run's, and its cascade's in cascade/
 RUNS_DIR_ENV = "CTD_RUNS_DIR"  # the runs root (default ./runs)
 STORE_ENV = "CTD_STORE"  # the activation store shared by runs (default RUNS/cache/activations)
 CACHE_ENV = "CTD_CACHE"  # the expert cache shared by runs (default RUNS/cache/experts.sqlite)
@@ -171,16 +173,11 @@ class RunLayout:
 
     @property
     def scores(self) -> Path:
-        return self.root / "scores.parquet"
+        return self.root / _SCORES
 
     @property
     def cascade(self) -> CascadeLayout:
         return CascadeLayout(self.root / "cascade")
-
-    def at_stage(self, k: int) -> RunLayout:
-        """This run's layout with stage k's query folder as its `query` (k = 1: itself): what the
-        query stage writes for a later expert of a cascade."""
-        return self if k == 1 else _StageLayout(self.root, k)
 
     @property
     def calibrate(self) -> Path:
@@ -281,8 +278,9 @@ class QueryLayout:
 
 
 @dataclass(frozen=True)
-class _StageLayout(RunLayout):
-    """A run's layout seen from stage `stage` of its cascade: `query` is that stage's folder."""
+class StageLayout(RunLayout):
+    """A run's layout seen from stage `stage` (>= 2) of its cascade: `query` is that stage's
+    folder, what the query stage writes for a later expert."""
 
     stage: int = 2
 
@@ -306,7 +304,8 @@ class CascadeLayout:
 
     @property
     def scores(self) -> Path:
-        return self.root / "scores.parquet"
+        """The run's scores table with every stage's columns (expert_K, dv_K)."""
+        return self.root / _SCORES
 
 
 @dataclass(frozen=True)

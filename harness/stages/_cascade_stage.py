@@ -24,7 +24,7 @@ from probes import ProbeConfig
 
 from ..data import BINARY_SUFFIX, read_scores, read_table, stage_columns, write_scores
 from ..expert import ResolvedExpert
-from ..run import ExpertSettings, RunContext, StageResult, file_sha256, fingerprint
+from ..run import ExpertSettings, RunContext, StageLayout, StageResult, file_sha256, fingerprint
 from ._dv import dv_stage
 from ._expert_calibration import cascade_expert_scores
 from ._query_stage import QueryStage, expert_identity
@@ -87,7 +87,7 @@ class CascadeStage:
         stages: list[dict[str, NDArray]] = []
         details = []
         for k, expert in enumerate(self.experts(), start=2):
-            at_stage = replace(ctx, expert=expert, layout=layout.at_stage(k))
+            at_stage = replace(ctx, expert=expert, layout=StageLayout(layout.root, k))
             may_serve = ctx.config.serve == "auto" and expert.spec.server != "external"
             # checked=False: the endpoint is checked (and its server started) only if some answer
             # is not in the cache.
