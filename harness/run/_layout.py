@@ -52,7 +52,6 @@ __all__ = [
     "ReportTable",
     "Roots",
     "RunLayout",
-    "StageLayout",
     "SweepLayout",
     "ValidationLayout",
     "check_roots",
