@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import calibrate
@@ -75,6 +75,8 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     check_roots(runs_root)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
     expert = config.expert_settings.resolve()
+    for later in config.cascade:  # a typo in a later expert is told now, not after hours of work
+        replace(config, expert=later, expert_model=None, cascade=()).expert_settings.resolve()
     try:
         model = describe_model(config.model, revision=config.revision)
         resolve_layer(config.layer, model.n_layers, model.config)

@@ -341,7 +341,9 @@ def validate_command(
         typer.Option(
             "--abstain",
             help="A cascade: also leave at most this share of inputs to a human (abstain when the last "
-            "score is within a margin of 0.5), certified with the other levels.",
+            "score is within a margin of 0.5), certified with the other levels. --selection, --pareto, "
+            "--policy, --objective and --merge do not apply to a cascade (its choice: the smallest D_est "
+            "error).",
         ),
     ] = None,
     accuracy: Annotated[
@@ -350,7 +352,8 @@ def validate_command(
             "--accuracy",
             help=(
                 "Certify the cascade's accuracy >= ACCURACY (error <= 1 - ACCURACY). With --budget (or "
-                "--fnr): joint control; alone: --mode performance --alpha 1-ACCURACY."
+                "--fnr): joint control; alone: --mode performance --alpha 1-ACCURACY. With --abstain, the "
+                "error is the share of all inputs decided wrongly (left to a human: not an error)."
             ),
         ),
     ] = None,

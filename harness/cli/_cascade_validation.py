@@ -61,8 +61,8 @@ def validate_cascade_command(
     table = read_scores(path)
     if table.stages != len(budgets):
         raise InputError(
-            f"--budget: {len(budgets)} budgets, one per expert, but {path} holds a cascade of {table.stages} "
-            "(columns expert, expert_2, ...)"
+            f"--budget: {len(budgets)} budget(s), one per expert, but {path} holds a cascade of "
+            f"{table.stages} (columns expert, expert_2, ...)"
         )
     fresh = None
     if eval_scores is not None:
@@ -72,6 +72,9 @@ def validate_cascade_command(
                 f"--eval-scores: {eval_scores} holds {other.stages} experts, {path} {table.stages}"
             )
         fresh = other.cascade_scores(arch)
+        missing = sorted(set(table.cascade_scores(arch)) - set(fresh))
+        if missing:
+            raise InputError(f"--eval-scores: {eval_scores} has no test rows for probe seed {missing[0]}")
     (result,) = calibrate.validate_cascade(
         table.cascade_scores(arch),
         levels=[levels],

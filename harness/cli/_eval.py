@@ -387,7 +387,12 @@ def register(app: typer.Typer) -> None:
 
 def _first_expert(expert: str | None) -> str | None:
     """--expert small,large: the first stage's expert (a URL or a name)."""
-    return None if expert is None else expert.split(",")[0].strip()
+    if expert is None:
+        return None
+    first = expert.split(",")[0].strip()
+    if "," in expert and not first:
+        raise InputError(f"--expert {expert!r}: an empty name between commas")
+    return first
 
 
 def _later_experts(expert: str | None) -> tuple[str, ...] | None:

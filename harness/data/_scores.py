@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 
 import calibrate
 
+from .._bounds import LIMITS
 from .._errors import InputError
 from ._tables import RawTable, read_table, write_table
 
@@ -279,6 +280,16 @@ def _later_stages(
     stages = sorted({int(c.rsplit("_", 1)[1]) for c in names})
     if not stages:
         return None, None
+    if stages[0] < 2:
+        first = next(c for c in names if int(c.rsplit("_", 1)[1]) < 2)
+        raise InputError(
+            f"{raw.path}: column '{first}': the first expert's columns are 'expert' and 'dv'; a "
+            "cascade's later experts are numbered from 2 (expert_2, dv_2, ...)"
+        )
+    if max(stages) > LIMITS["stages"]:
+        raise InputError(
+            f"{raw.path}: columns up to expert_{max(stages)}: a cascade of at most {LIMITS['stages']} experts"
+        )
     for k in range(2, max(stages) + 1):
         for name in stage_columns(k):
             if name not in raw.columns:

@@ -75,3 +75,14 @@ def test_ctd_simulate_writes_a_cascade_and_refuses_too_many_stages(tmp_path: Pat
     refused = run_ctd("simulate", "--scenario", "strong", "--stages", "9", "--out", "d.csv", cwd=tmp_path)
     assert refused.returncode == 2 and "--stages" in refused.stderr
     assert not (tmp_path / "d.csv").exists()
+
+
+def test_a_stage_numbered_below_two_is_one_line(tmp_path: Path) -> None:
+    columns = simulate_scores("strong", 50, 1, stages=2)
+    columns["expert_1"], columns["dv_1"] = columns.pop("expert_2"), columns.pop("dv_2")
+    path = tmp_path / "t.parquet"
+    write_table(path, columns)
+    with pytest.raises(
+        InputError, match=r"column 'expert_1': the first expert's columns are 'expert' and 'dv'"
+    ):
+        read_scores(path)

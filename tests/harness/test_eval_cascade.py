@@ -101,6 +101,9 @@ def test_a_later_expert_must_be_a_registered_name_other_than_the_one_before(tmp_
         ("smollm2,http://127.0.0.1:9/v1", "a later expert of a cascade must be a registered name"),
         ("smollm2,smollm2", "'smollm2' follows itself"),
         ("smollm2,,llama-1b", "an empty name between commas"),
+        (",llama-1b", "an empty name between commas"),
+        # A later expert's typo is told before the first stage, not after hours of work.
+        ("smollm2,lrage", "unknown expert 'lrage'"),
         ("smollm2,llama-1b,gemma-27b,llama-guard-3-1b", "4 experts in the cascade, at most 3"),
     ):
         done = run_ctd("eval", "--expert", expert, cwd=tmp_path, env=env, timeout=120)

@@ -47,6 +47,15 @@ def test_the_table_reads_per_selector_and_measurement(cascade: Path) -> None:
     assert "empirical" in done.stdout and "LTT's chosen configurations on the population" in done.stdout
 
 
+def test_a_fresh_table_without_a_seed_is_one_line(tmp_path: Path) -> None:
+    two_seeds = write_scores(tmp_path / "s2.parquet", simulate_scores("strong", 200, 2, stages=2))
+    one_seed = write_scores(
+        tmp_path / "f1.parquet", simulate_scores("strong", 200, 1, stages=2, random_state=1)
+    )
+    done = ctd("validate", "--scores", two_seeds, "--budget", "0.3,0.15", "--eval-scores", one_seed)
+    assert_clean_error(done, "--eval-scores", "no test rows for probe seed 1")
+
+
 def test_a_run_is_validated_on_its_cascade_table(cascade: Path, tmp_path: Path) -> None:
     folder = tmp_path / "runs" / "r" / "cascade"
     folder.mkdir(parents=True)
@@ -62,7 +71,7 @@ def test_a_run_is_validated_on_its_cascade_table(cascade: Path, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [
-        (("--budget", "0.5,0.2,0.1"), ("3 budgets, one per expert", "a cascade of 2")),
+        (("--budget", "0.5,0.2,0.1"), ("3 budget(s), one per expert", "a cascade of 2")),
         (("--budget", "0.5,0.2", "--fnr", "0.2"), ("takes --accuracy and --abstain, not --fnr",)),
         (("--budget", "0.5,1.2"), ("--budget",)),
         (("--accuracy", "0.8", "--abstain", "0.1"), ("--abstain: give the cascade's budgets too",)),
