@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._joint import RiskCounts, run_joint_tests
+from ._ltt import first_by
 from ._metrics import predict
 from ._policies import threshold_grid
 from ._settings import ControlConfig
@@ -299,10 +300,7 @@ def selection_keys(
 def choose(accepted: NDArray[np.bool_], keys: list[NDArray[np.float64]]) -> NDArray[np.int64]:
     """Per trial, the accepted configuration minimising `keys` lexicographically, then the
     index; -1 where none is accepted."""
-    masked = [np.where(accepted, key, np.inf) for key in keys]
-    index = np.broadcast_to(np.arange(accepted.shape[1]), accepted.shape)
-    best = np.lexsort((index, *reversed(masked)), axis=1)[:, 0]
-    return np.where(accepted.any(axis=1), best, -1).astype(np.int64)
+    return first_by(accepted, *keys)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from ._candidates import CandidateBatch, Candidates
 from ._fwer import fwer_procedure
+from ._ltt import first_by, masked_order
 from ._metrics import predict
 from ._pareto import pareto_members
 from ._policies import MergeRule, merge_scores
@@ -314,18 +315,10 @@ def _members(
     return pareto_members(np.stack(coordinates, axis=2))
 
 
-def _order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
-    """Per row: the masked-in indices first, each part sorted by `keys` then the index."""
-    index = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
-    masked = [np.where(mask, key, np.inf) for key in reversed(keys)]
-    return np.lexsort((index, *masked), axis=1).astype(np.int64)
-
-
 def _select(
     c: CandidateBatch, certified: NDArray[np.bool_], objective: str
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    best = _order(certified, _objective_keys(c, objective))[:, 0]
-    selected = np.where(certified.any(axis=1), best, -1).astype(np.int64)
+    selected = first_by(certified, *_objective_keys(c, objective))
     rows = np.arange(selected.size)
     return selected, np.where(selected >= 0, c.thresholds[rows, np.maximum(selected, 0)], np.nan)
 
@@ -356,7 +349,7 @@ def run_joint_tests(
     index, with `control.fwer` at `control.delta`. The order depends on D_est only."""
     est_p = _combined(control.pvalue, risks, "est").max(axis=2)
     cal_risk_p = _combined(control.pvalue, risks, "cal")
-    order = _order(members, (est_p, *tie_keys))
+    order = masked_order(members, (est_p, *tie_keys))
     n_candidates = members.sum(axis=1).astype(np.int64)
     tested = np.arange(order.shape[1])[None, :] < n_candidates[:, None]
     risk_p = np.where(tested[:, :, None], np.take_along_axis(cal_risk_p, order[:, :, None], axis=1), np.nan)
@@ -424,7 +417,7 @@ def joint_empirical_batch(
     accepted = members.copy()
     for r in risks:
         accepted &= r.cal_losses <= count_at_most(r.alpha, r.n_cal)[:, None]
-    order = _order(members, (c.est_budget, -c.thresholds))
+    order = masked_order(members, (c.est_budget, -c.thresholds))
     selected, threshold = _select(c, accepted, objective)
     return JointBatch(
         levels={r.name: r.alpha for r in risks},

@@ -163,7 +163,7 @@ def _check(alpha: float) -> None:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
 
 
-def _masked_order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
+def masked_order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray[np.int64]:
     """Per row, candidate indices sorted by `keys` lexicographically, then index, with the
     masked-in candidates first."""
     index = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
@@ -171,9 +171,9 @@ def _masked_order(mask: NDArray[np.bool_], keys: tuple[NDArray, ...]) -> NDArray
     return np.lexsort((index, *masked), axis=1).astype(np.int64)
 
 
-def _first_by(mask: NDArray[np.bool_], *keys: NDArray) -> NDArray[np.int64]:
+def first_by(mask: NDArray[np.bool_], *keys: NDArray) -> NDArray[np.int64]:
     """Per row, the masked-in index minimising `keys` (then the index); -1 if none."""
-    best = _masked_order(mask, keys)[:, 0]
+    best = masked_order(mask, keys)[:, 0]
     return np.where(mask.any(axis=1), best, -1).astype(np.int64)
 
 
@@ -182,7 +182,7 @@ def _family_order(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Testing order per row: family members first, sorted by `order_keys` then index.
     Returns (order, family sizes, D_cal counts aligned with order)."""
-    order = _masked_order(in_family, order_keys)
+    order = masked_order(in_family, order_keys)
     k = np.take_along_axis(counts, order, axis=1).astype(np.int64)
     return order, in_family.sum(axis=1).astype(np.int64), k
 
@@ -280,9 +280,9 @@ def budget_control_batch(
         control,
     )
     if control.pareto:
-        best = _first_by(batch.certified, c.est_objective, c.est_budget)
+        best = first_by(batch.certified, c.est_objective, c.est_budget)
     else:
-        best = _first_by(batch.certified, -c.est_budget, c.thresholds)
+        best = first_by(batch.certified, -c.est_budget, c.thresholds)
     never = np.argmax(np.isposinf(c.thresholds), axis=1)
     return _select(batch, c, np.where(best >= 0, best, never).astype(np.int64))
 
@@ -313,7 +313,7 @@ def performance_control_batch(
         alpha,
         control,
     )
-    return _select(batch, c, _first_by(batch.certified, c.est_budget, c.est_error))
+    return _select(batch, c, first_by(batch.certified, c.est_budget, c.est_error))
 
 
 def empirical_control_batch(
@@ -347,7 +347,7 @@ def empirical_control_batch(
         selected=np.full(len(c), -1, dtype=np.int64),
         threshold=np.full(len(c), np.nan),
     )
-    return _select(plug_in, c, _first_by(accepted, c.est_budget, c.est_error))
+    return _select(plug_in, c, first_by(accepted, c.est_budget, c.est_error))
 
 
 def budget_control(
