@@ -38,6 +38,7 @@ NOT_SHOWN = {
     "limit",
     "performance_alpha",
     "cost_limit",  # None, said in words: [no limit]
+    "cascade",  # no option of its own: --expert small,large names the later experts
 }
 
 
