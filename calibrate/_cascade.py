@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._joint import RiskCounts, run_joint_tests
+from ._joint import JointTests, RiskCounts, run_joint_tests
 from ._ltt import first_by
 from ._metrics import predict
 from ._policies import threshold_grid
@@ -305,17 +305,13 @@ def choose(accepted: NDArray[np.bool_], keys: list[NDArray[np.float64]]) -> NDAr
 
 @dataclass(frozen=True)
 class CascadeBatch:
-    """Joint control of the configurations of R trials: the tests (`order`, `pvalues`,
-    `certified` as in `JointTests`), and per trial the chosen configuration (`selected`, -1 when
+    """Joint control of the configurations of R trials: the tests (`JointTests`, in the flat
+    configuration index of the grid), and per trial the chosen configuration (`selected`, -1 when
     nothing was certified), its thresholds (R, K) and margin (R,) (NaN when none)."""
 
     levels: CascadeLevels
     delta: float
-    fwer: str
-    order: NDArray[np.int64]
-    n_candidates: NDArray[np.int64]
-    pvalues: NDArray[np.float64]
-    certified: NDArray[np.bool_]
+    tests: JointTests
     selected: NDArray[np.int64]
     thresholds: NDArray[np.float64]
     margin: NDArray[np.float64]
@@ -344,11 +340,7 @@ def cascade_control_batch(
     return CascadeBatch(
         levels=levels,
         delta=float(control.delta),
-        fwer=tested.fwer,
-        order=tested.order,
-        n_candidates=tested.n_candidates,
-        pvalues=tested.pvalues,
-        certified=tested.certified,
+        tests=tested,
         selected=selected,
         thresholds=np.where(none[:, None], np.nan, thresholds),
         margin=np.where(none, np.nan, margin),

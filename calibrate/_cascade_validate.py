@@ -31,6 +31,7 @@ from ._cascade import (
     configuration_risks,
     selection_keys,
 )
+from ._joint import meets_levels
 from ._pvalues import ProportionCI, clopper_pearson
 from ._quota import count_at_most
 from ._settings import DEFAULT_SPLIT_SEED, DEFAULT_TRIALS, EST_FRACTION, ControlConfig
@@ -100,10 +101,7 @@ def _empirical(
     """The plug-in selector: of the configurations whose D_cal counts meet every level, the one
     the tested selector's keys prefer."""
     risks, est_counts = configuration_risks(scores, grid, est, cal, levels)
-    accepted = np.ones(risks[0].cal_losses.shape, bool)
-    for r in risks:
-        accepted &= r.cal_losses <= count_at_most(r.alpha, r.n_cal)[:, None]
-    selected = choose(accepted, selection_keys(est_counts, scores.stages, est.shape[1]))
+    selected = choose(meets_levels(risks), selection_keys(est_counts, scores.stages, est.shape[1]))
     thresholds, margin = grid.config(np.maximum(selected, 0))
     return selected, thresholds, margin
 

@@ -401,6 +401,14 @@ def joint_control_batch(
     )
 
 
+def meets_levels(risks: Sequence[RiskCounts]) -> NDArray[np.bool_]:
+    """The plug-in rule, untested: every risk's D_cal loss count is at most floor(alpha n), (R, T)."""
+    met = np.ones(risks[0].cal_losses.shape, bool)
+    for r in risks:
+        met &= r.cal_losses <= count_at_most(r.alpha, r.n_cal)[:, None]
+    return met
+
+
 def joint_empirical_batch(
     c: CandidateBatch,
     risks: Sequence[RiskCounts],
@@ -414,9 +422,7 @@ def joint_empirical_batch(
     pareto = (control or ControlConfig()).pareto
     _check(c, risks, objective)
     members = _members(c, risks, objective, pareto)
-    accepted = members.copy()
-    for r in risks:
-        accepted &= r.cal_losses <= count_at_most(r.alpha, r.n_cal)[:, None]
+    accepted = members & meets_levels(risks)
     order = masked_order(members, (c.est_budget, -c.thresholds))
     selected, threshold = _select(c, accepted, objective)
     return JointBatch(
