@@ -170,6 +170,33 @@ def resident_fits(acts: Ragged, device: torch.device) -> bool:
 _RESIDENT: dict[tuple[str, tuple[int, ...]], tuple[Tensor, np.ndarray]] = {}
 
 
+class _PinnedUpload:
+    """Host rows to a CUDA tensor through two pinned buffers: filling one from the (memory-mapped)
+    rows overlaps the non-blocking copy of the other, and no copy waits on pageable memory."""
+
+    def __init__(self, dim: int) -> None:
+        self.buffers = [
+            torch.empty((UPLOAD_ROWS, dim), dtype=torch.float16, pin_memory=True) for _ in range(2)
+        ]
+        self.done: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
+
+    def copy(self, rows: np.ndarray, target: Tensor) -> None:
+        buffer, event = self.buffers[self.turn], self.done[self.turn]
+        if event is not None:
+            event.synchronize()  # this buffer's previous copy has left it
+        np.copyto(buffer.numpy()[: len(rows)], rows, casting="same_kind")
+        target.copy_(buffer[: len(rows)], non_blocking=True)
+        self.done[self.turn] = torch.cuda.Event()
+        self.done[self.turn].record()
+        self.turn = 1 - self.turn
+
+    def wait(self) -> None:
+        for event in self.done:
+            if event is not None:
+                event.synchronize()
+
+
 def _key(shards: tuple[np.ndarray, ...], device: torch.device) -> tuple[str, tuple[int, ...]]:
     return str(device), tuple(id(s) for s in shards)
 
@@ -181,10 +208,17 @@ def _resident_tokens(shards: tuple[np.ndarray, ...], device: torch.device) -> tu
     if key not in _RESIDENT:
         bases = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
         tokens = torch.zeros((int(bases[-1]) + 1, shards[0].shape[1]), dtype=torch.float16, device=device)
+        upload = _PinnedUpload(shards[0].shape[1]) if device.type == "cuda" else None
         for shard, base in zip(shards, bases, strict=False):
             for a in range(0, len(shard), UPLOAD_ROWS):
-                part = torch.from_numpy(np.array(shard[a : a + UPLOAD_ROWS], dtype=np.float16))
-                tokens[base + a : base + a + len(part)].copy_(part)
+                rows = shard[a : a + UPLOAD_ROWS]
+                target = tokens[base + a : base + a + len(rows)]
+                if upload is not None:
+                    upload.copy(rows, target)
+                else:
+                    target.copy_(torch.from_numpy(np.array(rows, dtype=np.float16)))
+        if upload is not None:
+            upload.wait()
         _RESIDENT[key] = (tokens, bases[:-1])
         for shard in shards:
             weakref.finalize(shard, _RESIDENT.pop, key, None)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -189,7 +190,8 @@ class ActivationStore:
 class ShardWriter:
     """Rank `rank`'s shard: a preallocated float16 file; `write(b, rows)` puts batch b's real token
     vectors at their fixed place; `commit()` flushes them and records the finished batches.
-    One thread at a time uses a writer (the extraction's writer thread, see _stream.py)."""
+    One thread writes (the extraction's writer thread, see _stream.py); a commit of the batches
+    `written()` handed over may run on another thread beside the writes (`commit(batches)`)."""
 
     def __init__(self, store: ActivationStore, plan: Plan, rank: int, world: int) -> None:
         self.store, self.plan, self.rank, self.world = store, plan, rank, world
@@ -201,6 +203,7 @@ class ShardWriter:
         if self.progress_path.is_file() and self._shard_intact():
             self.done = set(json.loads(self.progress_path.read_text())["done"])
         self._pending: list[int] = []
+        self._record_lock = threading.Lock()  # two commits never interleave their records
         self._fd: int | None = None
 
     @property
@@ -235,13 +238,21 @@ class ShardWriter:
     def _flush(self) -> None:
         os.fdatasync(self._open())
 
-    def commit(self) -> None:
-        """Flush written rows to disk first, then record them as done (so a crash between the two
-        redoes the batches instead of trusting rows that never reached the disk)."""
+    def written(self) -> list[int]:
+        """The batches written since the last call (or commit), handed over to be committed."""
+        batches, self._pending = self._pending, []
+        return batches
+
+    def commit(self, batches: list[int] | None = None) -> None:
+        """Flush written rows to disk first, then record `batches` (default: every batch written
+        and not yet committed) as done, so a crash between the two redoes them instead of trusting
+        rows that never reached the disk. Writes may go on meanwhile: the flush covers every row
+        written before it started, `batches` among them."""
+        batches = self.written() if batches is None else batches
         self._flush()
-        self.done.update(self._pending)
-        self._pending = []
-        _write_json_atomic(self.progress_path, {"done": sorted(self.done)})
+        with self._record_lock:
+            self.done.update(batches)
+            _write_json_atomic(self.progress_path, {"done": sorted(self.done)})
 
     def close(self) -> None:
         if self._fd is not None:

@@ -3,13 +3,17 @@
 The main thread runs the forward passes and hands each batch's real-token rows to `ShardStream.put`.
 On CUDA the rows are gathered, cast to float16 and checked for finiteness on the device, then copied
 into pinned host memory on a side stream with an event behind them, so the main thread never waits
-for the copy. A writer thread waits on the event, writes the rows into the shard and commits at the
-cadence below. At most `IN_FLIGHT` batches wait for the writer, so host memory stays bounded.
+for the copy. A writer thread waits on the event and writes the rows into the shard; at the cadence
+below it hands the batches written so far to a commit thread, which flushes them to disk and
+records them while the writes go on (a flush of 256 MiB can take longer than the forward passes
+that fill it; at most one commit runs, and batches written meanwhile wait for the next). At most
+`IN_FLIGHT` batches wait for the writer, so host memory stays bounded.
 
-Errors: the writer's first error (e.g. non-finite activations) is raised in the main thread at its
-next `put` or at the end; the writer then drops the batches still queued and commits nothing more,
-so the store resumes from its last commit. An error in the main thread (an interrupt, a failing
-progress callback) lets the writer finish the batches already handed over, then commits them.
+Errors: the writer's or a commit's first error (e.g. non-finite activations) is raised in the main
+thread at its next `put` or at the end; the writer then drops the batches still queued and commits
+nothing more, so the store resumes from its last commit. An error in the main thread (an
+interrupt, a failing progress callback) lets the writer finish the batches already handed over,
+then commits them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +80,8 @@ class ShardStream:
         self._error: BaseException | None = None
         self._copy_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._thread = threading.Thread(target=self._run, name="ctd-shard-writer", daemon=True)
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="ctd-shard-commit")
+        self._commit: Future[None] | None = None  # the commit running, or the last one
 
     def __enter__(self) -> ShardStream:
         self._thread.start()
@@ -84,12 +91,26 @@ class ShardStream:
         self._queue.put(None)  # the writer finishes what is queued, then stops
         try:
             self._thread.join()
+            self._commit_done()
             if self._error is None:
                 self.writer.commit()
         finally:  # a second Ctrl-C during the join still closes the shard (nothing uncommitted is
-            self.writer.close()  # recorded done: the flush-then-record rule is commit's)
+            self._committer.shutdown(wait=True)  # recorded done: the flush-then-record rule is
+            self.writer.close()  # commit's)
         if kind is None and self._error is not None:
             raise self._error
+
+    def _commit_done(self) -> bool:
+        """Whether no commit is running; a finished commit's error becomes the stream's."""
+        if self._commit is None:
+            return True
+        if not self._commit.done() and threading.current_thread() is self._thread:
+            return False
+        error = self._commit.exception()  # waits for it (at the end)
+        if error is not None and self._error is None:
+            self._error = error
+        self._commit = None
+        return True
 
     def put(self, batch: int, hidden: torch.Tensor, index: np.ndarray) -> None:
         """Queue batch `batch`'s rows: `hidden` (B, T, d) the layer's output, `index` the flat
@@ -137,8 +158,9 @@ class ShardStream:
                     raise not_finite_error(self.layer, self.writer.plan.batches[item.batch])
                 self.writer.write(item.batch, rows)
                 pending_bytes += item.rows.numel() * item.rows.element_size()
-                if self.cadence.due(pending_bytes, time.monotonic() - last_commit):
-                    self.writer.commit()
+                due = self.cadence.due(pending_bytes, time.monotonic() - last_commit)
+                if due and self._commit_done() and self._error is None:
+                    self._commit = self._committer.submit(self.writer.commit, self.writer.written())
                     pending_bytes, last_commit = 0, time.monotonic()
             except BaseException as error:  # handed to the main thread, which raises it
                 self._error = error

@@ -132,7 +132,9 @@ def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu:
 
     loaded = load_model(str(folder))
     layer = resolve_layer(None, loaded.n_layers, loaded.model.config)
+    started = time.perf_counter()
     ids, truncated = tokenize(loaded.tokenizer, conversations, MAX_TOKENS)
+    tokenize_seconds = time.perf_counter() - started
     lengths = np.array([len(t) for t in ids], dtype=np.int64)
     batches = bucket_batches(lengths, args.batch_tokens, 64)
     tensors = [pad_batch([ids[i] for i in b], loaded.tokenizer.pad_token_id, loaded.device) for b in batches]
@@ -172,6 +174,9 @@ def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu:
         bare_loop()
         times["bare"].append(time.perf_counter() - started)
         print(f"  extract repeat {repeat}: ours {times['ours'][-1]:.2f} s, bare {times['bare'][-1]:.2f} s")
+    if args.profile:  # where one extraction's wall time goes, by Python function
+        with tempfile.TemporaryDirectory(dir=store_root) as store:
+            _profiled(lambda: ours(Path(store)), "extract")
     tokens = int(lengths.sum())
     per_layer = sum(p.numel() for p in decoder_layers(base)[0].parameters())
     result = {
@@ -183,6 +188,7 @@ def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu:
         "ours_tokens_per_s": tokens / min(times["ours"]),
         "bare_tokens_per_s": tokens / min(times["bare"]),
         "gpu_mean_use": gpu.mean(since),
+        "tokenize_seconds": tokenize_seconds,
     }
     result["ratio"] = result["ours_tokens_per_s"] / result["bare_tokens_per_s"]
     for name in ("ours", "bare"):  # forward FLOPs per token: 2 x the parameters of the blocks run
@@ -199,7 +205,6 @@ def part_extract(args, folder: Path, conversations: list, store_root: Path, gpu:
 
 
 def part_train(args, store_folder: Path, labels: np.ndarray, gpu: GpuUse) -> tuple[dict, tuple]:
-    import inspect
 
     from probes import ActivationStore, ProbeConfig, StoreKey, predict, train_probe
 
@@ -220,8 +225,17 @@ def part_train(args, store_folder: Path, labels: np.ndarray, gpu: GpuUse) -> tup
             if arch == "attention" and kept is None:
                 kept = (trained.probe, config, seed)
     total = time.perf_counter() - started_all
+    if args.profile:  # one short fit of each architecture: Python functions and torch operators
+        for arch in args.archs.split(","):
+            short = ProbeConfig(arch=arch, epochs=3, patience=3)
+
+            def fit(config: ProbeConfig = short) -> None:
+                train_probe(acts, labels, task="safety", config=config, seed=0)
+
+            _profiled(fit, f"train {arch}")
+            _torch_profiled(fit, f"train {arch}")
     summary = {"total_seconds": total, "runs": results, "gpu_mean_use": gpu.mean(since)}
-    if "device" in inspect.signature(train_probe).parameters and torch.cuda.is_available():
+    if "train" in args.parts and torch.cuda.is_available():
         # The same probe trained on the CPU: the GPU's scores must match to float tolerance.
         config = ProbeConfig(arch="mean", **({"epochs": args.epochs} if args.epochs else {}))
         on_gpu = train_probe(acts, labels, task="safety", config=config, seed=0)
@@ -231,14 +245,48 @@ def part_train(args, store_folder: Path, labels: np.ndarray, gpu: GpuUse) -> tup
     return summary, (store, kept)
 
 
+def _profiled(work, label: str, top: int = 22) -> None:
+    """cProfile of `work()`: the functions with the most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    started = time.perf_counter()
+    profile.runcall(work)
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(top)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()][-top - 1 :]
+    print(f"  profile {label}: {time.perf_counter() - started:.2f} s under cProfile", flush=True)
+    print("\n".join("    " + line[:150] for line in lines), flush=True)
+
+
+def _torch_profiled(work, label: str, top: int = 14) -> None:
+    """torch.profiler of `work()`: operators by self CPU time, and the device time they add up to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        work()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+    wall = time.perf_counter() - started
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+    busy = device_us / 1e6
+    print(f"  torch profile {label}: wall {wall:.2f} s (profiled), device busy {busy:.3f} s", flush=True)
+    table = events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40)
+    print("\n".join("    " + line[:170] for line in table.splitlines()), flush=True)
+
+
 def write_bundle(folder: Path, model_folder: Path, store, kept) -> Path:
     """A bundle serving `kept` (the trained attention probe) as both probes, budget mode at 0.5."""
-    from harness.monitor import BUNDLE_VERSION
     from harness.run import BundleLayout
     from probes import ProbeArtifact, save_probe
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from monitor_bundle import seal
+    from monitor_bundle import seal, stand_in_record
 
     probe, config, seed = kept
     key = store.key
@@ -249,10 +297,7 @@ def write_bundle(folder: Path, model_folder: Path, store, kept) -> Path:
             layer=key.layer, max_tokens=key.max_tokens, template="", template_hash=key.template, seed=seed,
         )  # fmt: skip
         save_probe(stem, probe.cpu(), artifact)
-    record = {
-        "version": BUNDLE_VERSION, "threshold": 0.5, "merge": "overwrite", "mode": "budget",
-        "alpha": 0.5, "delta": 0.1, "expert": {}, "ltt": {},
-    }  # fmt: skip
+    record = stand_in_record(run=str(folder.parent), arch=config.arch, seed=seed)  # budget mode, 0.5
     layout.record.write_text(json.dumps(record))
     seal(folder)
     return folder
@@ -261,9 +306,11 @@ def write_bundle(folder: Path, model_folder: Path, store, kept) -> Path:
 def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
     rows = []
     no_shedding = ["--no-expert", "--max-queue-ms", "600000", "--max-pending", "100000"]
-    for max_batch in (int(b) for b in args.max_batch.split(",")):
+    for log_dir, max_batch in (
+        (Path(d) if d else None, int(b)) for d in args.log_dirs.split(",") for b in args.max_batch.split(",")
+    ):
         port = free_port()
-        process = monitor_serve(bundle, port, [*no_shedding, "--max-batch", str(max_batch)])
+        process = monitor_serve(bundle, port, [*no_shedding, "--max-batch", str(max_batch)], log_dir)
         try:
             asyncio.run(monitor_load(port, conversations[:64], 16, args.max_seconds))  # warm-up
             for clients in (int(c) for c in args.clients.split(",")):
@@ -271,10 +318,11 @@ def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
                 texts = [conversations[i % len(conversations)] for i in range(n)]
                 since = time.monotonic()
                 row = asyncio.run(monitor_load(port, texts, clients, args.max_seconds))
-                row.update(max_batch=max_batch, gpu_mean_use=gpu.mean(since))
+                row.update(max_batch=max_batch, gpu_mean_use=gpu.mean(since), log_dir=str(log_dir))
                 rows.append(row)
                 print(
-                    f"  monitor max-batch {max_batch} clients {clients:3d}: {row['rps']:7.1f} req/s, "
+                    f"  monitor log in {log_dir or 'tmp'}, max-batch {max_batch} clients {clients:3d}: "
+                    f"{row['rps']:7.1f} req/s, "
                     f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, GPU {row['gpu_mean_use']}",
                     flush=True,
                 )
@@ -332,11 +380,15 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32,128")
     parser.add_argument("--max-batch", default="32,128", help="the monitor's --max-batch values to try")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="per monitor level")
+    parser.add_argument(
+        "--log-dirs", default="", help="folders for the monitor's decision log, comma-separated (''=tmp)"
+    )
     parser.add_argument("--batch-tokens", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM)")
     parser.add_argument("--limit", type=int, default=None, help="rows per file (default: all)")
     parser.add_argument("--tiny", action="store_true", help="a tiny model: a CPU smoke test of this script")
+    parser.add_argument("--profile", action="store_true", help="profiles of one extraction and short fits")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.tiny:

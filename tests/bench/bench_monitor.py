@@ -74,10 +74,13 @@ def offline_rate(bundle: Path, conversations: list[object], model_name: str | No
     return best, tokens
 
 
-def serve(bundle: Path, port: int, extra: list[str]) -> subprocess.Popen[str]:
+def serve(bundle: Path, port: int, extra: list[str], log_dir: Path | None = None) -> subprocess.Popen[str]:
+    """`ctd monitor serve` of `bundle` once it answers; its decision log in a fresh folder under
+    `log_dir` (default: the temporary directory; each record is synced there before its answer)."""
     process = subprocess.Popen(
         [sys.executable, "-c", CTD, "monitor", "serve", str(bundle), "--port", str(port),
-         "--log", str(Path(tempfile.mkdtemp(prefix="monitor-log-")) / "decisions.jsonl"), *extra],
+         "--log", str(Path(tempfile.mkdtemp(prefix="monitor-log-", dir=log_dir)) / "decisions.jsonl"),
+         *extra],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
         text=True,
     )  # fmt: skip
