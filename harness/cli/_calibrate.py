@@ -29,7 +29,7 @@ from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
 from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
-from ._cascade_calibrate import calibrate_cascade_command
+from ._cascade_calibrate import CascadeAbstainOption, CascadeBudgetOption, calibrate_cascade_command
 from ._cascade_validation import cascade_scores_path, validate_cascade_command
 from ._common import (
     BUDGETS_TEXT,
@@ -195,26 +195,8 @@ def calibrate_command(
             ),
         ),
     ] = _SWEEP.accuracy,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--budget",
-            help=(
-                "A cascade of experts (columns expert_2, dv_2, ...; --run: the run's cascade table): one "
-                "budget per expert, B1,B2, each expert's share of the inputs, certified with --accuracy "
-                "and --abstain jointly; give it again for another level. Writes per probe seed and level "
-                "the configuration chosen (a threshold per expert, the abstention margin) and its rates on "
-                "the evaluation half (--out default: runs/NAME/cascade/calibrate)."
-            ),
-        ),
-    ] = None,
-    abstain: Annotated[
-        float | None,
-        typer.Option(
-            "--abstain",
-            help="A cascade: also leave at most this share of inputs to a human, certified with the rest.",
-        ),
-    ] = None,
+    budget: CascadeBudgetOption = None,
+    abstain: CascadeAbstainOption = None,
     arch: ArchOption = None,
     json_output: JsonOption = False,
 ) -> None:

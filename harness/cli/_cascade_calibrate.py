@@ -7,8 +7,10 @@ the evaluation half (`harness.stages._cascade_calibrate`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+import typer
 from rich.table import Table
 
 import calibrate
@@ -16,13 +18,34 @@ import calibrate
 from .._bounds import check_levels
 from .._errors import InputError
 from ..run import Roots
-from ..stages import resolve_scores
-from ..stages._cascade_calibrate import calibrate_cascade_scores
+from ..stages import calibrate_cascade_scores, resolve_scores
 from ._cascade_validation import cascade_scores_path
 from ._common import parse_floats, print_json, stdout
 from ._joint_validation import error_level
 
-__all__ = ["SWEEP_ONLY", "calibrate_cascade_command"]
+__all__ = ["SWEEP_ONLY", "CascadeAbstainOption", "CascadeBudgetOption", "calibrate_cascade_command"]
+
+CascadeBudgetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        metavar="B1,B2",
+        help=(
+            "A cascade of experts (columns expert_2, dv_2, ...; --run: the run's cascade table): one "
+            "budget per expert, B1,B2, each expert's share of the inputs, certified with --accuracy "
+            "and --abstain jointly; give it again for another level. Writes per probe seed and level "
+            "the configuration chosen (a threshold per expert, the abstention margin) and its rates on "
+            "the evaluation half (--out default: runs/NAME/cascade/calibrate)."
+        ),
+    ),
+]
+CascadeAbstainOption = Annotated[
+    float | None,
+    typer.Option(
+        "--abstain",
+        help="A cascade: also leave at most this share of inputs to a human, certified with the rest.",
+    ),
+]
 
 _SWEEP = calibrate.SweepConfig()
 # The options of the one-expert sweep, and their defaults: given otherwise, a cascade refuses them.
@@ -108,6 +131,10 @@ def calibrate_cascade_command(
         print_json(summary)
         return
     stdout.print(_rows_table(table, levels, stages, control.delta))
+    stdout.print(
+        "certified: configurations certified; λk: expert k's DV threshold (never: not asked); τ: the "
+        "abstention margin; calls k, error, abstained: shares of the evaluation half; accuracy: 1 - error."
+    )
     for entry in summary["by_level"]:
         named = ", ".join(f"{k} {v:g}" for k, v in entry["levels"].items())
         mean = entry["mean"]
@@ -137,19 +164,22 @@ def _rows_table(
     table: dict[str, np.ndarray], levels: tuple[calibrate.CascadeLevels, ...], stages: int, delta: float
 ) -> Table:
     """One row per seed and level: the configuration chosen and its rates on the evaluation half."""
+    others = ", ".join(
+        f"{name} {level:g}" for name, level in levels[0].named() if not name.startswith("budget")
+    )
     shown = Table(
-        title=f"cascade of {stages} experts, delta={delta:g}: per seed, the configuration certified "
-        "on the calibration half and its rates on the evaluation half"
+        title=f"cascade of {stages} experts{': ' + others if others else ''}; delta={delta:g}: per seed and "
+        "budgets, the configuration certified on the calibration half and its rates on the evaluation half"
     )
     ks = range(1, stages + 1)
-    header = ["seed", "level", "certified", *(f"λ{k}" for k in ks), "τ", *(f"calls {k}" for k in ks)]
+    header = ["seed", "budgets", "certified", *(f"λ{k}" for k in ks), "τ", *(f"calls {k}" for k in ks)]
     for column in [*header, "error", "abstained", "accuracy"]:
         shown.add_column(column, no_wrap=True)
     for i in range(table["seed"].size):
         level = levels[int(table["level"][i])]
         shown.add_row(
             str(int(table["seed"][i])),
-            ", ".join(f"{name} {value:g}" for name, value in level.named()),
+            ", ".join("-" if b is None else f"{b:g}" for b in level.budgets),
             str(int(table["n_certified"][i])),
             *(_cell(float(table[f"threshold_{k}"][i])) for k in ks),
             _cell(float(table["margin"][i])),
