@@ -18,6 +18,7 @@ from ._cascade import (
     cascade_outcome,
     cascade_risks,
 )
+from ._cascade_sweep import CascadeSweepConfig, CascadeSweepResult, cascade_sweep, cascade_sweep_columns
 from ._cascade_validate import CascadeValidation, validate_cascade
 from ._expert_prior import (
     CONTENT_FREE_INPUTS,
@@ -179,6 +180,8 @@ __all__ = [
     "CascadeLevels",
     "CascadeOutcome",
     "CascadeScores",
+    "CascadeSweepConfig",
+    "CascadeSweepResult",
     "CascadeValidation",
     "CertifiedMode",
     "ControlConfig",
@@ -227,6 +230,8 @@ __all__ = [
     "cascade_outcome",
     "cascade_risks",
     "cascade_scores",
+    "cascade_sweep",
+    "cascade_sweep_columns",
     "clopper_pearson",
     "contextual_calibration",
     "control_fwer",

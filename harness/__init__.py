@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "ScoresTable": ".data",
     "StageOutcome": ".run",
     "build_report": ".report",
+    "calibrate_cascade_scores": ".stages",
     "calibrate_scores": ".stages",
     "dv_stage": ".stages",
     "load_data": ".data",

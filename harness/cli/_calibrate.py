@@ -29,6 +29,7 @@ from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
 from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
+from ._cascade_calibrate import CascadeAbstainOption, CascadeBudgetOption, calibrate_cascade_command
 from ._cascade_validation import cascade_scores_path, validate_cascade_command
 from ._common import (
     BUDGETS_TEXT,
@@ -194,6 +195,8 @@ def calibrate_command(
             ),
         ),
     ] = _SWEEP.accuracy,
+    budget: CascadeBudgetOption = None,
+    abstain: CascadeAbstainOption = None,
     arch: ArchOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -202,8 +205,31 @@ def calibrate_command(
     Policies: CTD and uncertainty-calibrated (Learn-then-Test thresholds), DV, uncertainty and
     oracle top-k per batch, and McKenzie's central-k. Writes sweep.csv (one row per policy x
     budget x batch size x seed x objective), ltt.jsonl (the tests behind every calibrated row),
-    baselines.csv and summary.json.
+    baselines.csv and summary.json. A cascade of experts (--budget B1,B2): one row per seed and
+    level in sweep.csv, baselines.csv and summary.json.
     """
+    if budget is not None or abstain is not None:
+        calibrate_cascade_command(
+            scores=scores,
+            run=run,
+            out=out,
+            budget=budget or [],
+            accuracy=accuracy,
+            abstain=abstain,
+            control=calibrate.ControlConfig(delta=_unit(delta, "--delta"), fwer=fwer, pvalue=pvalue),
+            split_seed=split_seed,
+            arch=arch,
+            json_output=json_output,
+            sweep_options={
+                "--budgets": budgets,
+                "--batch-sizes": batch_sizes,
+                "--policies": policies,
+                "--objectives": objectives,
+                "--merge": merge,
+                "--pareto": pareto,
+            },
+        )
+        return
     scores_path = resolve_scores(scores, run)
     if out is None:
         if run is None:

@@ -8,6 +8,7 @@ Reads (run folder layout):
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
         one record per level (harness.run._validation), the per-trial table <name>.parquet beside it
+    cascade/scores.parquet, validate/cascade/<arch>.json     a cascade of experts   (optional)
     config.toml                             the resolved run config                 (optional)
 
 The report reads the numbers the stages wrote and re-runs none of them (no sweep, no
@@ -32,6 +33,7 @@ from pathlib import Path
 from .._errors import InputError
 from ..data import atomic_path, read_scores, write_json
 from ..run import RunLayout
+from ._cascade_experts import cascade_experts_section
 from ._checks import checks_section
 from ._context import ReportContext
 from ._costs import cost_section
@@ -58,6 +60,7 @@ SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
     cascade_section,
     realised_section,
     validation_section,
+    cascade_experts_section,  # a run with later experts only
     group_section,
     dv_quality_section,
     mean_value_section,

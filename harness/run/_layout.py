@@ -21,10 +21,11 @@ A run folder `runs/NAME/` holds:
     scores.parquet         the scores table (SPEC section 2), the contract of every later stage
     cascade/               with later experts (`--expert small,large`): query-K/ and dv-K/ of each
                            stage K >= 2 (as query/ and dv/), and scores.parquet, the scores table
-                           with every stage's columns (expert_K, dv_K)
+                           with every stage's columns (expert_K, dv_K); calibrate/, its sweep
     calibrate/ARCH/        sweep.csv, groups.csv, decisions.parquet, ltt.jsonl, baselines.csv,
                            summary.json (merge-RULE/ for merge controls)
-    validate/ARCH/         one record per validation job, with its per-trial table
+    validate/ARCH/         one record per validation job, with its per-trial table (cascade/:
+                           the cascade of experts', per ARCH)
     report/                report.md, numbers.json, examples.parquet, tables/, figures/
     monitor/NAME/          a monitor bundle written by `ctd monitor calibrate` (see `BundleLayout`)
     inspect/ARCH.eval      an inspect_ai log per probe configuration (`ctd export inspect`)
@@ -197,6 +198,11 @@ class RunLayout:
         return ValidationLayout(self.validate / arch)
 
     @property
+    def cascade_validation(self) -> ValidationLayout:
+        """validate/cascade/: the cascade of experts' validation, a record per probe configuration."""
+        return ValidationLayout(self.validate / "cascade")
+
+    @property
     def report(self) -> ReportLayout:
         return ReportLayout(self.root / "report")
 
@@ -305,6 +311,11 @@ class CascadeLayout:
     def scores(self) -> Path:
         """The run's scores table with every stage's columns (expert_K, dv_K)."""
         return self.root / _SCORES
+
+    @property
+    def calibrate(self) -> SweepLayout:
+        """The cascade's sweep (`ctd calibrate --run NAME --budget B1,B2`)."""
+        return SweepLayout(self.root / "calibrate")
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,10 @@ def calibrate_scores(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: exists and is not a folder")
     table = read_scores(scores_path)
+    if table.stages > 1:
+        raise InputError(
+            f"{scores_path}: a cascade of {table.stages} experts; sweep it with --budget B1,B2 (one each)"
+        )
     by_seed = table.test_scores(arch)
     check_calibration_size(
         by_seed,

@@ -40,6 +40,7 @@ from ..run import (
     fingerprint,
 )
 from ._calibrate import validate_scores
+from ._cascade_validate import cascade_inputs, validate_run_cascade
 
 __all__ = ["VALIDATE_SETTINGS", "ValidateStage", "headline_level", "run_job"]
 
@@ -143,7 +144,7 @@ class ValidateStage:
     name: ClassVar[str] = "validate"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
-        inputs = {"scores": file_sha256(self.ctx.layout.scores)}
+        inputs = {"scores": file_sha256(self.ctx.layout.scores), **cascade_inputs(self.ctx)}
         return fingerprint(
             {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS)}
         ), inputs
@@ -186,6 +187,7 @@ class ValidateStage:
                         f"{arch} {job.name}: {n_levels} levels, population violations <= {worst:.1%}"
                     )
                 done += 1
+        parts += validate_run_cascade(ctx)  # a cascade of experts: its guarantee too
         ctx.progress("validate", total, total, unit="guarantees")
         return StageResult("; ".join(parts))
 

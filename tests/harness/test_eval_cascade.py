@@ -67,6 +67,12 @@ def test_a_cascade_of_two_experts_runs_end_to_end_and_one_expert_stays_as_it_was
         assert np.isfinite(cascade.later_dv[0][test]).all() and np.isnan(cascade.later_dv[0][~test]).all()
         by_seed = cascade.cascade_scores()
         assert by_seed[0].stages == 2 and by_seed[0].n == SIZES["test"]
+        # The validate stage validated the cascade, and the report shows it.
+        (record_path,) = sorted((run / "validate" / "cascade").glob("*.json"))
+        record = json.loads(record_path.read_text())
+        assert record["experts"] == ["small", "large"] and set(record["levels"]) == {"budget-1", "budget-2"}
+        report = (run / "report" / "report.md").read_text()
+        assert "## Cascade of experts" in report and "expert 1: small, expert 2: large" in report
 
         again = run_ctd(*args, "--name", "two", "--expert", "small,large", cwd=tmp_path, env=env, timeout=600)
         assert again.returncode == 0, again.stderr
@@ -77,7 +83,8 @@ def test_a_cascade_of_two_experts_runs_end_to_end_and_one_expert_stays_as_it_was
         assert one.returncode == 0, one.stderr
         assert "cascade" not in stage_status(one.stdout)
     single = tmp_path / "runs" / "one"
-    assert not (single / "cascade").exists()
+    assert not (single / "cascade").exists() and not (single / "validate" / "cascade").exists()
+    assert "## Cascade of experts" not in (single / "report" / "report.md").read_text()
     # The first stage's tables and everything calibrated from them: the same bytes with or without
     # a later expert (query/ differs only where it says its answers came from the cache).
     compared = [
