@@ -158,8 +158,10 @@ class ValidateStage:
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         inputs = {"scores": file_sha256(self.ctx.layout.scores)}
+        # The jobs named: a run validated before a job existed validates again and gains it.
+        jobs = [job.name for job in JOBS] + [JOINT_JOB]
         return fingerprint(
-            {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS)}
+            {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS), "jobs": jobs}
         ), inputs
 
     def reusable(self) -> bool:

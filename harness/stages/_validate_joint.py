@@ -3,8 +3,9 @@ certified together (`calibrate.validate_joint`, Pareto testing on), written besi
 
 validate/ARCH/joint.json and joint.parquet (what each holds: harness.run._validation; where:
 `ValidationLayout`). The headline joint level, the one the report draws, has the run's budget and
-the error level given (`headline_rule` "given"), or, when none is given, the smallest error level
-at which LTT returned a policy in at least MIN_SELECTION of the trials, as the other jobs pick.
+the error level given (`headline_rule` "given"), or, when none is given or D_cal cannot certify
+it, the smallest error level at which LTT returned a policy in at least MIN_SELECTION of the
+trials, as the other jobs pick.
 """
 
 from __future__ import annotations
