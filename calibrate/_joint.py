@@ -55,6 +55,7 @@ __all__ = [
     "joint_control",
     "joint_control_batch",
     "joint_empirical_batch",
+    "joint_family",
     "missed_positives",
 ]
 
@@ -297,11 +298,12 @@ def _objective_keys(c: CandidateBatch, objective: str) -> tuple[NDArray[np.float
     return (c.est_budget, c.est_error)
 
 
-def _members(
+def joint_family(
     c: CandidateBatch, risks: Sequence[RiskCounts], objective: str, pareto: bool
 ) -> NDArray[np.bool_]:
-    """The tested family: the Pareto front of D_est over the risks (and the objective when it is
-    not a risk), or every candidate."""
+    """The tested family (R, T): the Pareto front of D_est over the risks' rates (and the objective
+    when it is not a risk), or every candidate. It reads the risks' names and D_est counts, not
+    their levels: one family serves every level of the same risks."""
     if not pareto:
         return np.ones(c.thresholds.shape, bool)
     names = {r.name for r in risks}
@@ -367,6 +369,7 @@ def joint_control_batch(
     *,
     objective: JointObjective = DEFAULT_JOINT_OBJECTIVE,
     control: ControlConfig | None = None,
+    members: NDArray[np.bool_] | None = None,
 ) -> JointBatch:
     """Certify P(R_m(lambda) <= alpha_m for every risk m and every certified lambda) >= 1 - delta
     with p_j = max_m p_jm, then pick the certified lambda with the best D_est `objective`.
@@ -374,10 +377,11 @@ def joint_control_batch(
     The family (Pareto-optimal on D_est unless `control.pareto` is False) is tested in
     increasing order of its D_est max-p-value, ties by D_est budget, then threshold
     (descending) and index; `control.fwer` runs over the D_cal max-p-values at `control.delta`.
+    `members`: the family `joint_family` returns for these risks, when already computed.
     """
     control = control or ControlConfig()
     _check(c, risks, objective)
-    members = _members(c, risks, objective, control.pareto)
+    members = joint_family(c, risks, objective, control.pareto) if members is None else members
     tested = run_joint_tests(risks, members, (c.est_budget, -c.thresholds), control)
     selected, threshold = _select(c, tested.certified, objective)
     return JointBatch(
@@ -415,13 +419,14 @@ def joint_empirical_batch(
     *,
     objective: JointObjective = DEFAULT_JOINT_OBJECTIVE,
     control: ControlConfig | None = None,
+    members: NDArray[np.bool_] | None = None,
 ) -> JointBatch:
     """The plug-in baseline: accept every candidate of the family whose D_cal loss count is at
     most floor(alpha_m n_m) for every risk (no test), then pick by the D_est `objective`.
-    Of `control` it reads `pareto` only."""
+    Of `control` it reads `pareto` only; `members` as `joint_control_batch`."""
     pareto = (control or ControlConfig()).pareto
     _check(c, risks, objective)
-    members = _members(c, risks, objective, pareto)
+    members = joint_family(c, risks, objective, pareto) if members is None else members
     accepted = members & meets_levels(risks)
     order = masked_order(members, (c.est_budget, -c.thresholds))
     selected, threshold = _select(c, accepted, objective)

@@ -28,6 +28,7 @@ from ._joint import (
     candidate_risks,
     joint_control_batch,
     joint_empirical_batch,
+    joint_family,
     missed_positives,
 )
 from ._policies import MergeRule
@@ -52,6 +53,7 @@ class JointSelector(Protocol):
         *,
         objective: JointObjective = ...,
         control: ControlConfig | None = ...,
+        members: NDArray[np.bool_] | None = ...,
     ) -> JointBatch: ...
 
 
@@ -118,13 +120,20 @@ def _trials(
         if with_fnr
         else None
     )
+    risks = [_risks(candidates, level, missed) for level in levels]
+    # The tested family reads the risks' D_est counts, not their levels: one Pareto front per set
+    # of risks named, shared by every level naming them and by both selectors.
+    families: dict[tuple[str, ...], NDArray[np.bool_]] = {}
+    for named in risks:
+        key = tuple(r.name for r in named)
+        if key not in families:
+            families[key] = joint_family(candidates, named, selection, control.pareto)
     chosen: list[JointBatch] = []  # selector-major: every level of LTT, then of the empirical one
     for prefix in _SELECTORS:
         select = joint_empirical_batch if prefix else procedure
-        for level in levels:
-            chosen.append(
-                select(candidates, _risks(candidates, level, missed), objective=selection, control=control)
-            )
+        for named in risks:
+            family = families[tuple(r.name for r in named)]
+            chosen.append(select(candidates, named, objective=selection, control=control, members=family))
     selected = np.stack([c.selected >= 0 for c in chosen], axis=1)  # (R, J)
     thresholds = np.stack([c.threshold for c in chosen], axis=1)
     cuts = np.where(selected, thresholds, np.inf)

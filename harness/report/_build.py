@@ -8,6 +8,7 @@ Reads (run folder layout):
     calibrate/<arch>/merge-{overwrite,average}/   the score-merging controls        (optional)
     validate/<arch>/{budget-pareto,budget-ltt,performance}.json                     (optional)
         one record per level (harness.run._validation), the per-trial table <name>.parquet beside it
+    validate/<arch>/joint.json, joint.parquet   joint control (budget and error together)  (optional)
     cascade/scores.parquet, validate/cascade/<arch>.json     a cascade of experts   (optional)
     config.toml                             the resolved run config                 (optional)
 

@@ -1,6 +1,7 @@
 """The guarantee-validation section of the run report, read from validate/<arch>/ (written by
 `harness.stages._validate.run_job`): violation and selection rates at every level, measured on the
-population and by the paper's protocol, and the per-trial histograms at the headline levels."""
+population and by the paper's protocol, and the per-trial histograms at the headline levels; then
+the joint-control subsection (`_joint_validation`) where the run validated it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..run import JOBS, MIN_SELECTION, JobRecord, RunLayout, read_job
 from . import _figures as fig
 from ._context import ReportContext, markdown_table, pct
 
-__all__ = ["validation_section"]
+__all__ = ["measured", "validation_section", "with_ci"]
 
 _COLOURS = {
     "budget-pareto": "#1f77b4",
@@ -49,7 +50,7 @@ _CHOSEN = {
 }
 
 
-def _measured(record: dict[str, Any], measurement: str) -> dict[str, float]:
+def measured(record: dict[str, Any], measurement: str) -> dict[str, float]:
     """Rates of one measurement of a level record (the paper protocol's keys are top level)."""
     r = record if measurement == "paper" else record[measurement]
     low, high = r.get("violation_ci95") or (np.nan, np.nan)
@@ -68,7 +69,7 @@ def _number(value: object) -> float:
     return float("nan") if value is None else float(value)  # JSON writes NaN as null
 
 
-def _with_ci(m: dict[str, float]) -> str:
+def with_ci(m: dict[str, float]) -> str:
     return f"{pct(m['violation_rate'])} [{pct(m['ci_low'])}, {pct(m['ci_high'])}]"
 
 
@@ -95,6 +96,8 @@ def _read_jobs(ctx: ReportContext, arch: str) -> dict[str, JobRecord]:
 
 
 def validation_section(ctx: ReportContext) -> None:
+    from ._joint_validation import joint_subsection  # it reads this module's helpers
+
     ctx.lines += ["## Guarantee validation", "", INTRO, ""]
     for arch in ctx.sweeps:
         ctx.progress(f"{arch}: guarantee validation")
@@ -110,7 +113,7 @@ def validation_section(ctx: ReportContext) -> None:
                     for measurement in ("population", "paper"):
                         csv_rows.append(
                             {"procedure": label, "alpha": alpha, "measurement": measurement}
-                            | _measured(level, measurement)
+                            | measured(level, measurement)
                         )
         relative = ctx.table(ctx.files.table(arch, "validation"), csv_rows)
         delta = next(iter(found.values())).levels[0]["delta"]  # read_job: every record has levels
@@ -126,13 +129,14 @@ def validation_section(ctx: ReportContext) -> None:
                     f"- {record.job.label} not validated at alpha {skipped['alpha']:g}: {skipped['why']}."
                 ]
         ctx.lines += [""]
+        joint_subsection(ctx, arch, RunLayout(ctx.run_dir).validation(arch).root)
 
 
 def _job_numbers(record: JobRecord) -> dict[str, Any]:
     def level_numbers(level: dict[str, Any]) -> dict[str, Any]:
-        out = {m: _measured(level, m) for m in ("population", "paper")}
+        out = {m: measured(level, m) for m in ("population", "paper")}
         if "empirical" in level:
-            out["empirical"] = {m: _measured(level["empirical"], m) for m in ("population", "paper")}
+            out["empirical"] = {m: measured(level["empirical"], m) for m in ("population", "paper")}
         return {"alpha": level["alpha"]} | out
 
     headline = record.headline
@@ -143,7 +147,7 @@ def _job_numbers(record: JobRecord) -> dict[str, Any]:
         "headline": None if headline is None else level_numbers(headline),
         "levels": [level_numbers(level) for level in record.levels],
         "max_population_violation": max(
-            (_measured(level, "population")["violation_rate"] for level in record.levels), default=np.nan
+            (measured(level, "population")["violation_rate"] for level in record.levels), default=np.nan
         ),
     }
 
@@ -164,9 +168,9 @@ def _budget_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
             if level is None:
                 row += ["—", "—", "—"]
                 continue
-            population, paper = _measured(level, "population"), _measured(level, "paper")
+            population, paper = measured(level, "population"), measured(level, "paper")
             row += [
-                _with_ci(population),
+                with_ci(population),
                 pct(paper["violation_rate"]),
                 f"{population['mean_realised_budget']:.3f}",
             ]
@@ -192,10 +196,10 @@ def _performance_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
             if selector is None:
                 row += ["—", "—", "—"]
                 continue
-            population, paper = _measured(selector, "population"), _measured(selector, "paper")
-            row += [_with_ci(population), pct(paper["violation_rate"]), pct(population["selection_rate"])]
+            population, paper = measured(selector, "population"), measured(selector, "paper")
+            row += [with_ci(population), pct(paper["violation_rate"]), pct(population["selection_rate"])]
         rows.append(row)
-        if _measured(level, "population")["selection_rate"] == 0:
+        if measured(level, "population")["selection_rate"] == 0:
             vacuous.append(f"{level['alpha']:g}")
     ctx.lines += [
         "**Performance control**: violation rate (cascade error above alpha) of CTD's LTT selector "
@@ -207,8 +211,8 @@ def _performance_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
         f"{level['alpha']:g}"
         for level in record.levels
         if all(
-            _measured(selector, "population")["mean_realised_budget"] == 0
-            and _measured(selector, "population")["selection_rate"] == 1
+            measured(selector, "population")["mean_realised_budget"] == 0
+            and measured(selector, "population")["selection_rate"] == 1
             for selector in (level, level.get("empirical") or level)
         )
     ]
@@ -230,7 +234,7 @@ def _performance_table(ctx: ReportContext, found: dict[str, JobRecord]) -> None:
 def _line(
     label: str, colour: str, levels: list[dict[str, Any]], alphas: list[float], key: str, measurement: str
 ) -> fig.RateLine:
-    values = [_measured(level, measurement) for level in levels]
+    values = [measured(level, measurement) for level in levels]
     x = np.asarray(alphas)
     y = np.array([v[key] for v in values])
     if measurement == "population" and key == "violation_rate":
@@ -292,7 +296,7 @@ def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord
     panels = {}
     for record in budget:
         headline = record.headline or {}
-        population, paper = _measured(headline, "population"), _measured(headline, "paper")
+        population, paper = measured(headline, "population"), measured(headline, "paper")
         rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
         spent = f"spent {pct(population['mean_realised_budget'])}"
         panels[f"{record.job.label}: {rates}, {spent}"] = _population(record, "realised")
@@ -326,7 +330,7 @@ def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, JobR
     ):
         if level is None:
             continue
-        population, paper = _measured(level, "population"), _measured(level, "paper")
+        population, paper = measured(level, "population"), measured(level, "paper")
         rates = f"population {pct(population['violation_rate'])}, paper {pct(paper['violation_rate'])}"
         selection = f"selection {pct(population['selection_rate'])}"
         panels[f"{label}: {rates}, {selection}"] = _population(record, "accuracy", prefix)

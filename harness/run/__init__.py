@@ -14,6 +14,8 @@ from .._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "DV_TARGET_CHOICES": "._config",
     "JOBS": "._validation",
+    "JOINT_JOB": "._validation",
+    "JointJobRecord": "._validation",
     "MIN_SELECTION": "._config",
     "BundleLayout": "._layout",
     "DVLayout": "._layout",
@@ -52,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "load_run_config": "._config",
     "make_console": "._progress",
     "read_job": "._validation",
+    "read_joint_job": "._validation",
     "run_stages": "._runner",
     "slug": "._layout",
     "took": "._progress",

@@ -391,7 +391,14 @@ class ValidationLayout:
 
 
 ReportTable = Literal[
-    "curves", "groups", "validation", "dv-quality", "mean-v-at-k", "binary-vs-continuous", "case-studies"
+    "curves",
+    "groups",
+    "validation",
+    "validation-joint",
+    "dv-quality",
+    "mean-v-at-k",
+    "binary-vs-continuous",
+    "case-studies",
 ]
 """The report's tables of one probe configuration (tables/ARCH/NAME.csv)."""
 

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "read_expert_scores": "._dv",
     "resolve_scores": "._calibrate",
     "simulate": "._calibrate",
+    "validate_joint_levels": "._calibrate",
     "validate_joint_scores": "._calibrate",
     "validate_scores": "._calibrate",
 }

@@ -35,6 +35,7 @@ __all__ = [
     "check_calibration_size",
     "resolve_scores",
     "simulate",
+    "validate_joint_levels",
     "validate_joint_scores",
     "validate_scores",
 ]
@@ -295,14 +296,34 @@ def validate_joint_scores(
     the per-trial table (columns `budget_level`, `error_level`, per-risk violations). Checks
     everything before computing anything: D_cal must be able to certify the budget and error
     levels (the false-negative level is tested on the positives, whose number varies)."""
-    named = {"--budget": level.budget, "--accuracy's error level": level.error}
-    checked = {option: alpha for option, alpha in named.items() if alpha is not None}
+    (result,) = validate_joint_levels(
+        scores_path, levels=(level,), config=config, arch=arch, eval_scores=eval_scores, out=out
+    )
+    return result
+
+
+def validate_joint_levels(
+    scores_path: Path,
+    *,
+    levels: tuple[calibrate.JointLevel, ...],
+    config: ValidationConfig,
+    arch: str | None = None,
+    eval_scores: Path | None = None,
+    out: Path | None = None,
+) -> tuple[ValidationResult, ...]:
+    """`validate_joint_scores` at every joint level of `levels` (one result each, on the same
+    splits; the per-trial table holds them all); the smallest budget and error level are checked."""
+    named = {
+        "--budget": [level.budget for level in levels if level.budget is not None],
+        "--accuracy's error level": [level.error for level in levels if level.error is not None],
+    }
+    checked = {option: min(alphas) for option, alphas in named.items() if alphas}
     by_seed, fresh = _validation_tables(
         scores_path, checked, config, arch=arch, eval_scores=eval_scores, out=out
     )
-    results = calibrate.validate_joint(by_seed, levels=[level], config=config, fresh=fresh)
+    results = calibrate.validate_joint(by_seed, levels=levels, config=config, fresh=fresh)
     _write_trials(results, out)
-    return results[0]
+    return results
 
 
 def _validation_tables(

@@ -1,11 +1,13 @@
 """The validate stage of `ctd eval`, and the files it leaves for the report.
 
-Per probe configuration, three jobs, each over every level of its grid on one set of random
+Per probe configuration, four jobs, each over every level of its grid on one set of random
 calibration samples (a split seed of its own, so no two jobs reuse the same trials):
 
     budget-pareto   budget control with Pareto filtering, at every budget of the run
     budget-ltt      budget-only LTT (no Pareto filter), at every budget of the run
     performance     performance control against the empirical selector, at every error level
+    joint           the run's budget level and each error level certified together, against the
+                    empirical selector (harness.stages._validate_joint)
 
 validate/<arch>/ holds per job its record and its per-trial table (what each holds:
 harness.run._validation, which reads them; where: `ValidationLayout`). The headline
@@ -30,6 +32,7 @@ from .._errors import InputError
 from ..data import BINARY_SUFFIX, read_scores, write_json
 from ..run import (
     JOBS,
+    JOINT_JOB,
     MIN_SELECTION,
     HeadlineRule,
     RunContext,
@@ -42,7 +45,7 @@ from ..run import (
 from ._calibrate import validate_scores
 from ._cascade_validate import cascade_inputs, validate_run_cascade
 
-__all__ = ["VALIDATE_SETTINGS", "ValidateStage", "headline_level", "run_job"]
+__all__ = ["VALIDATE_SETTINGS", "ValidateStage", "certifiable", "headline_level", "run_job", "split_seed"]
 
 VALIDATE_SETTINGS: tuple[str, ...] = (
     "trials",
@@ -56,12 +59,13 @@ VALIDATE_SETTINGS: tuple[str, ...] = (
 """The RunConfig fields the validate stage's outputs depend on (with the scores table)."""
 
 
-def split_seed(arch: str, job: ValidationJob) -> tuple[int, int]:
-    """Seed words of a job's random samples: distinct per (probe configuration, job)."""
-    return 0, zlib.crc32(f"{arch}/{job.name}".encode())
+def split_seed(arch: str, job: ValidationJob | str) -> tuple[int, int]:
+    """Seed words of a job's random samples: distinct per (probe configuration, job name)."""
+    name = job if isinstance(job, str) else job.name
+    return 0, zlib.crc32(f"{arch}/{name}".encode())
 
 
-def _certifiable(
+def certifiable(
     by_seed: dict[int, calibrate.Scores], alphas: tuple[float, ...], delta: float
 ) -> tuple[tuple[float, ...], list[dict[str, Any]]]:
     """The levels at which some threshold can be certified on every seed's D_cal, and why the
@@ -113,7 +117,7 @@ def run_job(
     trials_path.unlink(missing_ok=True)
     try:
         by_seed = read_scores(scores_path).test_scores(arch)
-        kept, dropped = _certifiable(by_seed, levels, config.delta)
+        kept, dropped = certifiable(by_seed, levels, config.delta)
         if not kept:
             raise InputError(f"no level can be certified: {dropped[0]['why']}")
         results = validate_scores(
@@ -135,18 +139,30 @@ def run_job(
     return record
 
 
+def _said(ctx: RunContext, arch: str, job: str, record: dict[str, Any]) -> str:
+    """A job's line in the stage's result (a job not run is also logged, with why)."""
+    if "error" in record:
+        ctx.manifests.log(f"validate {arch} {job}: not run: {record['error']}")
+        return f"{arch} {job}: not run"
+    worst = max(level["population"]["violation_rate"] for level in record["levels"])
+    return f"{arch} {job}: {len(record['levels'])} levels, population violations <= {worst:.1%}"
+
+
 @dataclass(frozen=True)
 class ValidateStage:
-    """`ctd eval`'s validate stage: every job of `JOBS` per probe configuration into validate/ARCH/
-    (binary-target DV twins are left out: the guarantee does not depend on the DV target)."""
+    """`ctd eval`'s validate stage: every job of `JOBS` and the joint job per probe configuration
+    into validate/ARCH/ (binary-target DV twins are left out: the guarantee does not depend on the
+    DV target)."""
 
     ctx: RunContext
     name: ClassVar[str] = "validate"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
         inputs = {"scores": file_sha256(self.ctx.layout.scores), **cascade_inputs(self.ctx)}
+        # The jobs named: a run validated before a job existed validates again and gains it.
+        jobs = [job.name for job in JOBS] + [JOINT_JOB]
         return fingerprint(
-            {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS)}
+            {"inputs": inputs, "settings": self.ctx.config.section(*VALIDATE_SETTINGS), "jobs": jobs}
         ), inputs
 
     def reusable(self) -> bool:
@@ -156,13 +172,15 @@ class ValidateStage:
         return [self.ctx.layout.validate]
 
     def run(self) -> StageResult:
+        from ._validate_joint import run_joint_job  # it reads this module's level rules
+
         ctx, config, layout = self.ctx, self.ctx.config, self.ctx.layout
         levels = {"budget": config.budgets, "performance": config.performance_alphas}
         headline = {"budget": config.budget_alpha, "performance": config.performance_alpha}
         validation = config.validation_config
         archs = [a for a in read_scores(layout.scores).archs if not a.endswith(BINARY_SUFFIX)]
         shutil.rmtree(layout.validate, ignore_errors=True)
-        total, done, parts = len(archs) * len(JOBS), 0, []
+        total, done, parts = len(archs) * (len(JOBS) + 1), 0, []
         for arch in archs:
             folder = layout.validation(arch).root
             folder.mkdir(parents=True, exist_ok=True)
@@ -177,16 +195,20 @@ class ValidateStage:
                     headline_alpha=headline[job.mode],
                     config=validation,
                 )
-                if "error" in record:
-                    ctx.manifests.log(f"validate {arch} {job.name}: not run: {record['error']}")
-                    parts.append(f"{arch} {job.name}: not run")
-                else:
-                    worst = max(level["population"]["violation_rate"] for level in record["levels"])
-                    n_levels = len(record["levels"])
-                    parts.append(
-                        f"{arch} {job.name}: {n_levels} levels, population violations <= {worst:.1%}"
-                    )
+                parts.append(_said(ctx, arch, job.name, record))
                 done += 1
+            ctx.progress("validate", done, total, unit="guarantees")
+            record = run_joint_job(
+                layout.scores,
+                folder,
+                arch=arch,
+                budget=config.budget_alpha,
+                errors=config.performance_alphas,
+                headline_error=config.performance_alpha,
+                config=validation,
+            )
+            parts.append(_said(ctx, arch, JOINT_JOB, record))
+            done += 1
         parts += validate_run_cascade(ctx)  # a cascade of experts: its guarantee too
         ctx.progress("validate", total, total, unit="guarantees")
         return StageResult("; ".join(parts))

@@ -186,9 +186,10 @@ def test_candidate_risks_are_the_candidates_counts() -> None:
 # --- the guarantee on simulated tables, and an anti-conservative variant caught by it ---
 
 
-def union_of_single_risk_tests(c: CandidateBatch, risks, *, objective, control) -> JointBatch:
+def union_of_single_risk_tests(c: CandidateBatch, risks, *, objective, control, members=None) -> JointBatch:
     """Anti-conservative on purpose: each risk tested alone at delta (its own LTT), and a
-    threshold certified when ANY one test certifies it; selection by the same D_est objective."""
+    threshold certified when ANY one test certifies it; selection by the same D_est objective.
+    `members` (the joint family) is not used: each risk alone has its own."""
     alone = [calibrate.joint_control_batch(c, [risk], objective=objective, control=control) for risk in risks]
     certified = np.logical_or.reduce([batch.certified for batch in alone])
     keys = {"auroc": (c.est_objective, c.est_budget), "accuracy": (c.est_error, c.est_budget)}
@@ -266,3 +267,18 @@ def test_fnr_joins_the_test(tables: dict[str, dict[int, calibrate.Scores]]) -> N
             assert trials[f"{prefix}fresh_fnr_violated"][r] == (missed > np.floor(0.1 * positive.sum()))
             checked += 1
     assert checked > 0
+
+
+def test_levels_together_equal_levels_one_at_a_time(tables: dict[str, dict[int, calibrate.Scores]]) -> None:
+    """validate_joint computes each Pareto family once per set of risks and shares it across
+    levels and selectors: every per-trial column equals a run of each level on its own."""
+    by_seed = tables["weak"]
+    levels = (JointLevel(0.3, 0.2), JointLevel(0.5, None), JointLevel(0.3, 0.2, 0.2), JointLevel(0.2, 0.25))
+    config = replace(CONFIG, trials=48)
+    together = calibrate.validate_joint(by_seed, levels=levels, config=config)
+    for level, joint in zip(levels, together, strict=True):
+        (alone,) = calibrate.validate_joint(by_seed, levels=[level], config=config)
+        # (with an fnr level among them, every level also reports its fnr columns)
+        assert alone.per_trial.keys() <= joint.per_trial.keys()
+        for column, values in alone.per_trial.items():
+            np.testing.assert_array_equal(joint.per_trial[column], values, err_msg=f"{level} {column}")
