@@ -20,7 +20,7 @@ import calibrate
 from .._errors import InputError
 from ..data import ScoresTable, read_scores, read_table
 from ..report import Sweep, read_sweep
-from ..run import JOBS, RunLayout, RunLog, StageStatus, read_job
+from ..run import JOBS, JOINT_JOB, RunLayout, RunLog, StageStatus, read_job, read_joint_job
 
 __all__ = ["ArchRecords", "ExampleRecord", "Outcome", "check_finished", "read_arch"]
 
@@ -244,6 +244,18 @@ def _headline(
             "violation_rate": _number(headline["population"]["violation_rate"]),
             "violation_rate_paper": _number(headline["violation_rate"]),
             "selection_rate": _number(headline["population"].get("selection_rate")),
+        }
+    try:
+        joint = read_joint_job(folder) if folder.is_dir() else None
+    except InputError:
+        joint = None  # not run: the report says why
+    record = joint.headline_record if joint is not None else None
+    if record is not None:  # budget and error certified together, at the headline pair of levels
+        out[f"validation/{JOINT_JOB}"] = {
+            **{f"{risk}_level": float(level) for risk, level in record["levels"].items()},
+            "violation_rate": _number(record["population"]["violation_rate"]),
+            "violation_rate_paper": _number(record["violation_rate"]),
+            "selection_rate": _number(record["population"].get("selection_rate")),
         }
     return out
 

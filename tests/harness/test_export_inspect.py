@@ -21,7 +21,7 @@ from calibrate import SweepConfig
 from harness import calibrate_scores, simulate_scores, write_scores
 from harness.data import read_table
 from harness.export import INSPECT_MISSING, export_inspect
-from harness.run import JOBS, RunLayout, RunLog, StageStatus
+from harness.run import JOBS, RunLayout, RunLog, StageStatus, read_joint_job
 
 inspect_log = pytest.importorskip("inspect_ai.log")
 
@@ -171,6 +171,16 @@ def test_results_are_the_runs_headline_numbers(exported: dict) -> None:
         assert np.isclose(
             results[f"validation/{job.name}"]["violation_rate"], level["population"]["violation_rate"]
         )
+    joint = read_joint_job(RunLayout(run).validation("attention").root)
+    assert joint is not None  # the validate stage's joint job ran
+    if joint.headline_record is None:  # its headline levels were not validated: nothing to export
+        assert "validation/joint" not in results
+    else:
+        assert np.isclose(
+            results["validation/joint"]["violation_rate"],
+            joint.headline_record["population"]["violation_rate"],
+        )
+        assert results["validation/joint"]["budget_level"] == joint.headline["budget"]
     assert log.results.total_samples == len(log.samples)
     # The viewer's duration: from run.json's start to its last stage record.
     run_log = RunLog.read(RunLayout(run).run_log)
