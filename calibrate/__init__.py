@@ -18,6 +18,7 @@ from ._cascade import (
     cascade_outcome,
     cascade_risks,
 )
+from ._cascade_policies import CASCADE_POLICIES, CascadePolicy, cascade_policy_scores, uncertainty_signals
 from ._cascade_sweep import CascadeSweepConfig, CascadeSweepResult, cascade_sweep, cascade_sweep_columns
 from ._cascade_validate import CascadeValidation, validate_cascade
 from ._expert_prior import (
@@ -89,9 +90,11 @@ from ._pvalues import (
 )
 from ._settings import (
     CAL_FRACTION,
+    CASCADE_RUN_POLICIES,
     CERTIFIED_MODES,
     DEFAULT_BATCH_SIZES,
     DEFAULT_BUDGETS,
+    DEFAULT_CASCADE_POLICIES,
     DEFAULT_DELTA,
     DEFAULT_FWER,
     DEFAULT_JOINT_OBJECTIVE,
@@ -143,12 +146,15 @@ __all__ = [
     "ANY_OBJECTIVE",
     "CAL_FRACTION",
     "CASCADE_GRID",
+    "CASCADE_POLICIES",
+    "CASCADE_RUN_POLICIES",
     "CERTIFIED_MODES",
     "CONTENT_FREE_INPUTS",
     "DECISION_COLUMNS",
     "DECISION_THRESHOLD",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_BUDGETS",
+    "DEFAULT_CASCADE_POLICIES",
     "DEFAULT_DELTA",
     "DEFAULT_FWER",
     "DEFAULT_JOINT_OBJECTIVE",
@@ -179,6 +185,7 @@ __all__ = [
     "CascadeGrid",
     "CascadeLevels",
     "CascadeOutcome",
+    "CascadePolicy",
     "CascadeScores",
     "CascadeSweepConfig",
     "CascadeSweepResult",
@@ -228,6 +235,7 @@ __all__ = [
     "cascade_control_batch",
     "cascade_grid",
     "cascade_outcome",
+    "cascade_policy_scores",
     "cascade_risks",
     "cascade_scores",
     "cascade_sweep",
@@ -259,6 +267,7 @@ __all__ = [
     "threshold_candidates",
     "topk_mask",
     "uncertainty_signal",
+    "uncertainty_signals",
     "validate",
     "validate_cascade",
     "validate_joint",

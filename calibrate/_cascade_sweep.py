@@ -6,12 +6,16 @@ Per (seed, level) row: the configuration chosen, (lambda_1..lambda_K, tau) (NaN 
 was certified; +inf: the stage is never asked), and on the m evaluation rows its realised rates,
 calls_k = #{reach stage k} / m, error = #{scored wrong and kept} / m, abstained = #{abstained on} / m,
 and accuracy = 1 - error (the quantity `--accuracy` certifies; an abstention is not an error).
+With policies beyond CTD (`CASCADE_POLICIES`) a row is per (seed, level, policy), the policy's
+signal (`cascade_policy_scores`) cut by the same grid and certified by the same joint tests,
+on the same split.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import product
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,11 +29,13 @@ from ._cascade import (
     cascade_grid,
     cascade_outcome,
 )
+from ._cascade_policies import CASCADE_POLICIES, cascade_policy_scores
 from ._fwer import FWER_METHODS, FWERMethod
 from ._metrics import predict
 from ._pvalues import PVALUE_METHODS, PValueMethod
 from ._settings import (
     CAL_FRACTION,
+    DEFAULT_CASCADE_POLICIES,
     DEFAULT_DELTA,
     DEFAULT_FWER,
     DEFAULT_PVALUE,
@@ -44,8 +50,9 @@ __all__ = ["CascadeSweepConfig", "CascadeSweepResult", "cascade_sweep", "cascade
 
 @dataclass(frozen=True, kw_only=True)
 class CascadeSweepConfig:
-    """What to sweep: the levels (one `CascadeLevels` each, all with the same count of experts)
-    and the testing and splitting settings `sweep` has."""
+    """What to sweep: the levels (one `CascadeLevels` each, all with the same count of experts),
+    the policies (`CASCADE_POLICIES`; CTD alone by default) and the testing and splitting
+    settings `sweep` has."""
 
     levels: tuple[CascadeLevels, ...]
     delta: float = DEFAULT_DELTA
@@ -55,10 +62,17 @@ class CascadeSweepConfig:
     cal_fraction: float = CAL_FRACTION
     est_fraction: float = EST_FRACTION
     n_grid: int = CASCADE_GRID
+    policies: tuple[str, ...] = DEFAULT_CASCADE_POLICIES
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ValueError("give at least one level")
+        unknown = [p for p in self.policies if p not in CASCADE_POLICIES]
+        if not self.policies or unknown or len(set(self.policies)) != len(self.policies):
+            raise ValueError(
+                f"policies must be distinct names from {', '.join(CASCADE_POLICIES)}, "
+                f"got {list(self.policies)}"
+            )
         if len({len(level.budgets) for level in self.levels}) != 1:
             raise ValueError("every level needs one budget per expert, the same count")
         if not 0 < self.delta < 1:
@@ -75,16 +89,22 @@ class CascadeSweepConfig:
         return len(self.levels[0].budgets)
 
     @property
+    def by_policy(self) -> bool:
+        """Whether the table names each row's policy (not for CTD alone, the default)."""
+        return self.policies != ("ctd",)
+
+    @property
     def control(self) -> ControlConfig:
         return ControlConfig(delta=self.delta, fwer=self.fwer, pvalue=self.pvalue)
 
 
-def cascade_sweep_columns(stages: int) -> tuple[str, ...]:
-    """The columns of a K-stage sweep table, in order."""
+def cascade_sweep_columns(stages: int, *, policy: bool = False) -> tuple[str, ...]:
+    """The columns of a K-stage sweep table, in order (`policy`: with the policy column)."""
     ks = range(1, stages + 1)
     return (
         "seed",
         "level",
+        *(("policy",) if policy else ()),
         *(f"budget_{k}" for k in ks),
         "error_level",
         "abstain_level",
@@ -101,8 +121,9 @@ def cascade_sweep_columns(stages: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class CascadeSweepResult:
-    """`table`: one row per (seed, level), `cascade_sweep_columns(K)`; `baselines`: per seed the
-    evaluation half's size and the accuracy of the probe alone and of each expert alone."""
+    """`table`: one row per (seed, level[, policy]), `cascade_sweep_columns(K, policy=by_policy)`;
+    `baselines`: per seed the evaluation half's size and the accuracy of the probe alone and of
+    each expert alone."""
 
     config: CascadeSweepConfig
     table: dict[str, NDArray]
@@ -121,7 +142,7 @@ def cascade_sweep(
     seed), 30% D_est / 70% D_cal) at every level, and measure the chosen configuration on the
     evaluation half; a level with nothing certified has NaN thresholds and rates."""
     stages = config.stages
-    rows: dict[str, list] = {c: [] for c in cascade_sweep_columns(stages)}
+    rows: dict[str, list] = {c: [] for c in cascade_sweep_columns(stages, policy=config.by_policy)}
     baselines: dict[str, list] = {"seed": [], "n_eval": [], "probe_accuracy": []}
     baselines |= {f"expert_{k}_accuracy": [] for k in range(1, stages + 1)}
     for seed in sorted(scores_by_seed):
@@ -143,13 +164,15 @@ def cascade_sweep(
         baselines["probe_accuracy"].append(float(right[0].mean()))
         for k in range(1, stages + 1):
             baselines[f"expert_{k}_accuracy"].append(float(right[k].mean()))
-        for a, level in enumerate(config.levels):
+        signals = {p: cascade_policy_scores(scores, p) for p in config.policies}
+        for (a, level), policy in product(enumerate(config.levels), config.policies):
+            cut = signals[policy]
             margins = ABSTAIN_MARGINS if level.abstain is not None else (0.0,)
-            grid = cascade_grid(scores, splits.est, n_grid=config.n_grid, margins=margins)
-            batch = cascade_control_batch(scores, grid, splits.est, splits.cal, level, control=config.control)
+            grid = cascade_grid(cut, splits.est, n_grid=config.n_grid, margins=margins)
+            batch = cascade_control_batch(cut, grid, splits.est, splits.cal, level, control=config.control)
             chosen = bool(batch.selected[0] >= 0)
             outcome = cascade_outcome(
-                scores,
+                cut,
                 evaluation,
                 np.where(chosen, batch.thresholds, np.inf),
                 np.where(chosen, batch.margin, 0.0),
@@ -167,6 +190,8 @@ def cascade_sweep(
                 "abstained": _rate(outcome.abstained[0], m, chosen),
                 "accuracy": 1.0 - error,
             }
+            if config.by_policy:
+                row["policy"] = policy
             for k in range(stages):
                 budget = level.budgets[k]
                 row[f"budget_{k + 1}"] = np.nan if budget is None else budget

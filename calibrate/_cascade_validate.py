@@ -31,6 +31,7 @@ from ._cascade import (
     configuration_risks,
     selection_keys,
 )
+from ._cascade_policies import cascade_policy_scores
 from ._joint import meets_levels
 from ._pvalues import ProportionCI, clopper_pearson
 from ._quota import count_at_most
@@ -55,10 +56,12 @@ class CascadeValidation:
     risk_violations: dict[str, dict[str, dict[str, int]]]
     selection: dict[str, ProportionCI]
     per_trial: dict[str, NDArray] = field(repr=False)
+    policy: str = "ctd"
 
     def to_dict(self) -> dict[str, object]:
         return {
             "mode": "cascade",
+            **({} if self.policy == "ctd" else {"policy": self.policy}),
             "levels": dict(self.levels.named()),
             "delta": self.delta,
             "trials": self.trials,
@@ -117,11 +120,16 @@ def validate_cascade(
     abstain_margins: Sequence[float] = ABSTAIN_MARGINS,
     fresh: Mapping[int, CascadeScores] | None = None,
     seed: int = DEFAULT_SPLIT_SEED,
+    policy: str = "ctd",
 ) -> list[CascadeValidation]:
     """Calibrate the cascade on `trials` random samples (round-robin over the seeds; `cal_size`
     rows each, default half of a seed's table) at every level and measure the chosen
-    configurations. Margins are used only by levels that control abstention."""
+    configurations. Margins are used only by levels that control abstention. `policy`: what
+    each stage's threshold cuts (`cascade_policy_scores`: "ctd", the DV scores; "uncertainty")."""
     control = control or ControlConfig()
+    scores_by_seed = {s: cascade_policy_scores(v, policy) for s, v in scores_by_seed.items()}
+    if fresh is not None:
+        fresh = {s: cascade_policy_scores(v, policy) for s, v in fresh.items()}
     seeds = sorted(scores_by_seed)
     per_seed = np.bincount(np.arange(trials) % len(seeds), minlength=len(seeds))
     columns: list[dict[str, list[NDArray]]] = [{} for _ in levels]
@@ -192,6 +200,8 @@ def validate_cascade(
                 for m in measurements
             }
         results.append(
-            CascadeValidation(level, float(control.delta), trials, violation, risks, selection, per_trial)
+            CascadeValidation(
+                level, float(control.delta), trials, violation, risks, selection, per_trial, policy
+            )
         )
     return results

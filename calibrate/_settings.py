@@ -15,9 +15,11 @@ from ._pvalues import PVALUE_METHODS, PValueMethod
 
 __all__ = [
     "CAL_FRACTION",
+    "CASCADE_RUN_POLICIES",
     "CERTIFIED_MODES",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_BUDGETS",
+    "DEFAULT_CASCADE_POLICIES",
     "DEFAULT_DELTA",
     "DEFAULT_FWER",
     "DEFAULT_JOINT_OBJECTIVE",
@@ -59,6 +61,11 @@ DEFAULT_BATCH_SIZES: tuple[int, ...] = (32, 64, 128)
 # The one default budget grid of every command: 0.05, 0.10, ..., 0.95, the paper's range on a
 # grid that holds 0.1, 0.2 and 0.3 exactly (the budgets the report's summary reads).
 DEFAULT_BUDGETS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
+# A cascade sweep's policies unless asked: CTD alone (its table then has no policy column). A
+# run's validate stage validates its cascade with each of CASCADE_RUN_POLICIES, for the report:
+# the uncertainty cascade costs a second pass of the same cheap counts.
+DEFAULT_CASCADE_POLICIES: tuple[str, ...] = ("ctd",)
+CASCADE_RUN_POLICIES: tuple[str, ...] = ("ctd", "uncertainty")
 
 # What a controller certifies: R_B (the delegation rate) or R_P (the cascade's 0-1 error) <= alpha.
 CertifiedMode = Literal["budget", "performance"]

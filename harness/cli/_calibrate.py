@@ -29,7 +29,12 @@ from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
 from ..run import RunLayout
 from ..stages import calibrate_scores, resolve_scores, simulate, validate_joint_scores, validate_scores
-from ._cascade_calibrate import CascadeAbstainOption, CascadeBudgetOption, calibrate_cascade_command
+from ._cascade_calibrate import (
+    POLICIES_HELP,
+    CascadeAbstainOption,
+    CascadeBudgetOption,
+    calibrate_cascade_command,
+)
 from ._cascade_validation import cascade_scores_path, validate_cascade_command
 from ._common import (
     BUDGETS_TEXT,
@@ -160,7 +165,7 @@ def calibrate_command(
         str, typer.Option("--batch-sizes", help="Batch sizes for the top-k policies.")
     ] = ",".join(map(str, _SWEEP.batch_sizes)),
     policies: Annotated[
-        str, typer.Option("--policies", help=f"Comma-separated, from: {', '.join(POLICIES)}.")
+        str, typer.Option("--policies", help=f"Comma-separated, from: {', '.join(POLICIES)}. {POLICIES_HELP}")
     ] = ",".join(_SWEEP.policies),
     objectives: Annotated[
         str,
@@ -206,7 +211,7 @@ def calibrate_command(
     oracle top-k per batch, and McKenzie's central-k. Writes sweep.csv (one row per policy x
     budget x batch size x seed x objective), ltt.jsonl (the tests behind every calibrated row),
     baselines.csv and summary.json. A cascade of experts (--budget B1,B2): one row per seed and
-    level in sweep.csv, baselines.csv and summary.json.
+    level (and policy, with --policies ctd,uncertainty) in sweep.csv, baselines.csv and summary.json.
     """
     if budget is not None or abstain is not None:
         calibrate_cascade_command(

@@ -2,8 +2,9 @@
 (`--expert small,large`, cascade/scores.parquet): its stages, the validation of its K-stage
 guarantee at the run's budget level per expert (validate/cascade/ARCH.json, written by
 `harness.stages._cascade_validate`), and a figure of each expert's call rate realised per trial
-against its level. A run of one expert has no cascade table, and no such section: its report is
-what it was."""
+against its level; beside them, when the validate stage wrote it (validate/cascade/uncertainty/),
+the same validation of the uncertainty cascade. A run of one expert has no cascade table, and no
+such section: its report is what it was."""
 
 from __future__ import annotations
 
@@ -21,11 +22,24 @@ from ._context import ReportContext, markdown_table, pct
 __all__ = ["cascade_experts_section"]
 
 _SELECTORS = {"ltt": ("LTT", "#1f77b4"), "empirical": ("empirical", "#ff7f0e")}
+# The policy validated beside CTD when the validate stage ran it (calibrate.CASCADE_RUN_POLICIES).
+_OTHER = "uncertainty"
 
 
-def _read(ctx: ReportContext, arch: str) -> tuple[dict[str, Any], dict[str, NDArray]] | None:
+def _read_policy(ctx: ReportContext, arch: str) -> tuple[dict[str, Any], dict[str, NDArray]] | None:
+    """The uncertainty cascade's record and per-trial table, when the validate stage wrote them
+    (a run validated before it did has none: nothing said)."""
+    files = RunLayout(ctx.run_dir).cascade_policy_validation(_OTHER)
+    if not files.record(arch).is_file():
+        return None
+    return _read(ctx, arch, policy=_OTHER)
+
+
+def _read(
+    ctx: ReportContext, arch: str, *, policy: str = "ctd"
+) -> tuple[dict[str, Any], dict[str, NDArray]] | None:
     """One probe configuration's record and per-trial table; None (said in the report) when missing."""
-    files = RunLayout(ctx.run_dir).cascade_validation
+    files = RunLayout(ctx.run_dir).cascade_policy_validation(policy)
     try:
         record = read_json(files.record(arch))
         if "error" in record:
@@ -38,11 +52,15 @@ def _read(ctx: ReportContext, arch: str) -> tuple[dict[str, Any], dict[str, NDAr
     return record, trials
 
 
-def _rows(record: dict[str, Any], trials: dict[str, NDArray], stages: int) -> list[list[str]]:
+def _rows(
+    record: dict[str, Any], trials: dict[str, NDArray], stages: int, suffix: str = ""
+) -> list[list[str]]:
     """Per selector and measurement: the violation rate, the selection rate, each risk's
-    violations, and the mean realised rates over the trials that chose a configuration."""
+    violations, and the mean realised rates over the trials that chose a configuration
+    (`suffix` after the selector's name: the policy when not CTD)."""
     rows = []
-    for selector, (label, _colour) in _SELECTORS.items():
+    for selector, (name, _colour) in _SELECTORS.items():
+        label = name + suffix
         chosen = trials[f"{selector}_selected"].astype(bool)
         for measurement in ("population", "fresh"):
             if measurement not in record[selector]:
@@ -124,11 +142,27 @@ def cascade_experts_section(ctx: ReportContext) -> None:
         "population, as in the guarantee validation above; the empirical selector tests nothing).",
         "",
     ]
+    others = {arch: read for arch in found if (read := _read_policy(ctx, arch)) is not None}
+    if others:
+        ctx.lines += [
+            f"Rows marked {_OTHER}: the same levels, trials and joint tests with each stage's threshold "
+            "on the uncertainty of the score an input holds on reaching it, -|s - 0.5| (the probe's at "
+            "expert 1, expert k-1's at expert k), in place of its DV score (`ctd calibrate --budget B1,B2 "
+            "--policies ctd,uncertainty` sweeps both).",
+            "",
+        ]
     for arch, (record, trials) in found.items():
         stages = len(record["experts"])
         ctx.arch_numbers(arch)["cascade_experts"] = {k: v for k, v in record.items() if k != "arch"}
         header = ["selector", "measured", "violation rate [95% CI]", "selected", "violations by risk"]
         header += [f"calls {k}" for k in range(1, stages + 1)] + ["error"]
+        rows = _rows(record, trials, stages)
+        if arch in others:
+            other, other_trials = others[arch]
+            ctx.arch_numbers(arch)[f"cascade_experts_{_OTHER}"] = {
+                k: v for k, v in other.items() if k != "arch"
+            }
+            rows += _rows(other, other_trials, stages, suffix=f", {_OTHER}")
         ctx.lines += [f"### {arch}", ""]
-        ctx.lines += markdown_table(header, _rows(record, trials, stages))
+        ctx.lines += markdown_table(header, rows)
         _figure(ctx, arch, record, trials)

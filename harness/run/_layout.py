@@ -202,6 +202,11 @@ class RunLayout:
         """validate/cascade/: the cascade of experts' validation, a record per probe configuration."""
         return ValidationLayout(self.validate / "cascade")
 
+    def cascade_policy_validation(self, policy: str) -> ValidationLayout:
+        """A cascade policy's validation: CTD's validate/cascade/, another's validate/cascade/POLICY/."""
+        root = self.cascade_validation.root
+        return ValidationLayout(root if policy == "ctd" else root / policy)
+
     @property
     def report(self) -> ReportLayout:
         return ReportLayout(self.root / "report")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import fields
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,9 @@ __all__ = ["calibrate_cascade_scores"]
 
 
 def _settings(config: calibrate.CascadeSweepConfig) -> dict[str, object]:
-    """The config's fields, each level as {risk name: level}."""
-    out: dict[str, object] = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "levels"}
+    """The config's fields, each level as {risk name: level} (the policies only when not CTD alone)."""
+    skip = ("levels",) if config.by_policy else ("levels", "policies")
+    out: dict[str, object] = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in skip}
     return {"levels": [dict(level.named()) for level in config.levels], **out}
 
 
@@ -47,9 +49,9 @@ def calibrate_cascade_scores(
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Sweep the cascade of `scores_path` at every level of `config` and write sweep.csv (one
     row per seed and level, `calibrate.cascade_sweep_columns`), baselines.csv and summary.json
-    (the settings, and per level the mean over seeds of every realised rate and how many seeds
-    certified a configuration). Returns the summary and the sweep table; checks everything before
-    writing."""
+    (the settings, and per level, and policy when the config sweeps policies beyond CTD, the
+    mean over seeds of every realised rate and how many seeds certified a configuration).
+    Returns the summary and the sweep table; checks everything before writing."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -77,12 +79,15 @@ def calibrate_cascade_scores(
     rates = ["n_certified", *(f"calls_{k}" for k in range(1, config.stages + 1))]
     rates += ["error", "abstained", "accuracy"]
     levels = []
-    for a, level in enumerate(config.levels):
+    for (a, level), policy in product(enumerate(config.levels), config.policies):
         rows = result.table["level"] == a
+        if config.by_policy:
+            rows &= result.table["policy"] == policy
         chosen = ~np.isnan(result.table["margin"][rows])
         levels.append(
             {
                 "levels": dict(level.named()),
+                **({"policy": policy} if config.by_policy else {}),
                 "seeds_certified": int(chosen.sum()),
                 "seeds": int(rows.sum()),
                 "mean": {r: _finite_mean(result.table[r][rows].astype(np.float64)) for r in rates},

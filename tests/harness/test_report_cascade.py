@@ -98,3 +98,34 @@ def test_a_cascade_without_its_validation_is_said_missing(tmp_path: Path) -> Non
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     assert SECTION in report and "validate/cascade/simulated.json: no such file" in report
     shutil.rmtree(run)
+
+
+def test_the_uncertainty_cascade_is_reported_beside_ctd(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """The validate stage's job validates the uncertainty cascade too (its own folder, the same
+    trials); its rows follow CTD's and agree with its record. A run validated before it did, with
+    no such folder, reports CTD alone and says nothing of it."""
+    run, _ = runs
+    files = RunLayout(run).cascade_policy_validation("uncertainty")
+    record = json.loads(files.record(ARCH).read_text(encoding="utf-8"))
+    assert record["policy"] == "uncertainty" and record["trials"] == TRIALS
+    ctd = json.loads(RunLayout(run).cascade_validation.record(ARCH).read_text(encoding="utf-8"))
+    assert "policy" not in ctd and ctd["levels"] == record["levels"]
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    rows = [line for line in report.splitlines() if line.startswith("| LTT")]
+    assert [row.split("|")[1].strip() for row in rows] == ["LTT", "LTT, uncertainty"]
+    cells = [c.strip() for c in rows[1].strip("|").split("|")]
+    assert cells[2].startswith(f"{100 * record['ltt']['population']['violation_rate']:.1f}%")
+    trials = {k: np.asarray(v) for k, v in read_table(files.trials(ARCH)).columns.items()}
+    chosen = trials["ltt_selected"].astype(bool)
+    assert cells[6] == f"{100 * trials['ltt_population_calls_2'][chosen].mean():.1f}%"
+    numbers = json.loads((run / "report" / "numbers.json").read_text(encoding="utf-8"))
+    assert numbers["archs"][ARCH]["cascade_experts_uncertainty"]["policy"] == "uncertainty"
+
+    before = tmp_path / "run"
+    shutil.copytree(run, before)
+    shutil.rmtree(RunLayout(before).cascade_policy_validation("uncertainty").root)
+    shutil.rmtree(before / "report")
+    build_report(before)
+    plain = (before / "report" / "report.md").read_text(encoding="utf-8")
+    assert SECTION in plain and "uncertainty" not in plain[plain.index(SECTION) :].split("\n## ")[0]
+    assert [line for line in plain.splitlines() if line.startswith("| LTT")] == rows[:1]

@@ -84,6 +84,46 @@ def test_each_row_is_the_chosen_configuration_run_on_the_evaluation_half(
     assert certified >= 1  # the loose level certifies on 2,000-row splits
 
 
+def test_ctd_and_uncertainty_side_by_side(cascade: Path, tmp_path: Path) -> None:
+    """--policies ctd,uncertainty: a policy column, CTD's rows those of CTD alone, and per level
+    both policies' accuracy, calls per expert and abstentions in the printed summary."""
+    args = ("--budget", "0.5,0.2", "--budget", "0.3,0.1", "--accuracy", 0.85, "--abstain", 0.1)
+    assert_ok(ctd("calibrate", "--scores", cascade, "--out", tmp_path / "ctd", *args))
+    done = ctd(
+        "calibrate", "--scores", cascade, "--out", tmp_path / "both", *args, "--policies", "ctd,uncertainty",
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert_ok(done)
+    alone, both = read_csv(tmp_path / "ctd" / "sweep.csv"), read_csv(tmp_path / "both" / "sweep.csv")
+    assert tuple(both[0]) == calibrate.cascade_sweep_columns(2, policy=True)
+    assert [row["policy"] for row in both] == ["ctd", "uncertainty"] * 4
+    assert [
+        {k: v for k, v in row.items() if k != "policy"} for row in both if row["policy"] == "ctd"
+    ] == alone
+    summary = json.loads((tmp_path / "both" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["policies"] == ["ctd", "uncertainty"]
+    assert [(e["policy"], e["levels"]["budget-1"]) for e in summary["by_level"]] == [
+        ("ctd", 0.5),
+        ("uncertainty", 0.5),
+        ("ctd", 0.3),
+        ("uncertainty", 0.3),
+    ]
+    lines = done.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if "per level and policy" in line)
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines[title:] if line.startswith("│")]
+    assert [c[:2] for c in cells[:2]] == [
+        ["budget-1 0.5, budget-2 0.2, error 0.15, abstain 0.1", "ctd"],
+        ["", "uncertainty"],
+    ]
+    entry = summary["by_level"][1]
+    mean = entry["mean"]
+    assert cells[1][2:] == [
+        f"{entry['seeds_certified']}/{entry['seeds']}",
+        *(f"{mean[r]:.3f}" for r in ("accuracy", "calls_1", "calls_2", "abstained")),
+    ]
+    assert "policies" not in json.loads((tmp_path / "ctd" / "summary.json").read_text(encoding="utf-8"))
+
+
 def test_the_table_and_the_run_default_folder(cascade: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     (runs / "r" / "cascade").mkdir(parents=True)
@@ -129,7 +169,12 @@ def test_a_one_expert_sweep_is_the_same_bytes(tmp_path: Path) -> None:
         (("--budget", "0.5,0.2", "--budget", "0.3"), ("--budget", "one budget per expert, got 1 and 2")),
         (("--budget", "0.5,1.2"), ("--budget",)),
         (("--budget", "0.5,0.2", "--abstain", "1.5"), ("--abstain",)),
-        (("--budget", "0.5,0.2", "--policies", "ctd"), ("--policies", "does not apply to a cascade")),
+        (
+            ("--budget", "0.5,0.2", "--policies", "ctd,unc-topk"),
+            ("--policies: unknown value 'unc-topk'", "ctd, uncertainty"),
+        ),
+        (("--budget", "0.5,0.2", "--policies", "ctd,ctd"), ("--policies", "names a policy twice")),
+        (("--budget", "0.5,0.2", "--objectives", "accuracy"), ("--objectives", "does not apply")),
         (("--budget", "0.5,0.2", "--budgets", "0.2"), ("--budgets", "does not apply to a cascade")),
         (("--abstain", "0.1"), ("--abstain: give the cascade's budgets too",)),
         (("--budget", "0.001,0.2"), ("--budget (expert 1) 0.001", "needs at least")),
