@@ -147,6 +147,7 @@ class ShardStream:
     def _run(self) -> None:
         pending_bytes, last_commit = 0, time.monotonic()
         while (item := self._queue.get()) is not None:
+            self._commit_done()  # a commit that failed stops the writer now, not a cadence later
             if self._error is not None:
                 continue  # drop it; keeps `put` from blocking on a full queue
             try:

@@ -232,3 +232,40 @@ def test_a_killed_run_redoes_only_uncommitted_batches(embedded: LoadedModel, tmp
     assert stats.extracted_batches == len(plan.batches) - len(done)
     fresh, _ = extract(embedded, conversations, store_root=tmp_path / "b", **OPTIONS)
     assert np.array_equal(stored_rows(resumed), stored_rows(fresh))
+
+
+class FirstBatchOnly(CommitCadence):
+    """A commit after the first batch written, then none until the end of the run."""
+
+    def due(self, pending_bytes: int, since: float) -> bool:
+        first = not getattr(self, "_asked", False)
+        object.__setattr__(self, "_asked", True)
+        return first
+
+
+def test_a_failed_commit_stops_the_run_at_once(embedded: LoadedModel, tmp_path, monkeypatch) -> None:
+    """A commit failing on its thread is raised in the main thread within a few batches, not only
+    when the next commit falls due (a cadence away) or at the end of the run."""
+    real_flush = ShardWriter._flush
+    failed = [False]
+
+    def flush_fails_first(self: ShardWriter) -> None:
+        if not failed[0]:
+            failed[0] = True
+            raise OSError("disk gone")
+        real_flush(self)
+
+    monkeypatch.setattr(ShardWriter, "_flush", flush_fails_first)
+    conversations = builtin_conversations()[:40]
+    forward_passes = [0]
+
+    def count(done: int, total: int) -> None:
+        forward_passes[0] += 1
+
+    options = {**OPTIONS, "commit": FirstBatchOnly()}
+    with pytest.raises(OSError, match="disk gone"):
+        extract(embedded, conversations, store_root=tmp_path / "a", on_batch=count, **options)
+    monkeypatch.undo()
+    (folder,) = (p for p in (tmp_path / "a").iterdir() if p.is_dir())
+    assert not (folder / "progress-0-of-1.json").exists()  # nothing recorded done
+    assert forward_passes[0] <= 6  # the failed commit's batch, what was in flight, and a little slack
