@@ -188,7 +188,8 @@ class _PinnedUpload:
         np.copyto(buffer.numpy()[: len(rows)], rows, casting="same_kind")
         target.copy_(buffer[: len(rows)], non_blocking=True)
         self.done[self.turn] = torch.cuda.Event()
-        self.done[self.turn].record()
+        # on the stream the copy ran on: the destination device's (which need not be the current one)
+        self.done[self.turn].record(torch.cuda.current_stream(target.device))
         self.turn = 1 - self.turn
 
     def wait(self) -> None:

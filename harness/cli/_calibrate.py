@@ -35,7 +35,7 @@ from ._cascade_calibrate import (
     CascadeBudgetOption,
     calibrate_cascade_command,
 )
-from ._cascade_validation import cascade_scores_path, validate_cascade_command
+from ._cascade_validation import cascade_budgets, cascade_scores_path, validate_cascade_command
 from ._common import (
     BUDGETS_TEXT,
     clean_errors,
@@ -453,7 +453,7 @@ def validate_command(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    budgets = parse_floats(budget, "--budget") if budget is not None else None
+    budgets = cascade_budgets(budget) if budget is not None else None
     if budgets is not None and (len(budgets) > 1 or abstain is not None):
         if fnr is not None or mode is not None or alpha is not None:
             raise InputError(

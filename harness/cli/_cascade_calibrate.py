@@ -17,13 +17,11 @@ from rich.table import Table
 
 import calibrate
 
-from .._bounds import check_levels
 from .._errors import InputError
 from ..run import Roots
 from ..stages import calibrate_cascade_scores, resolve_scores
-from ._cascade_validation import cascade_scores_path
-from ._common import parse_floats, parse_names, print_json, stdout
-from ._joint_validation import error_level
+from ._cascade_validation import cascade_budgets, cascade_level, cascade_scores_path
+from ._common import parse_names, print_json, stdout
 
 __all__ = [
     "POLICIES_HELP",
@@ -78,14 +76,12 @@ def _levels(
     budget: list[str], accuracy: float | None, abstain: float | None
 ) -> tuple[calibrate.CascadeLevels, ...]:
     """One level per --budget, each B1,B2,... with the error and abstention levels given."""
-    error = None if accuracy is None else error_level(accuracy)
-    if abstain is not None:
-        check_levels("--abstain", (abstain,))
     levels = []
     for text in budget:
-        budgets = parse_floats(text, "--budget")
-        check_levels("--budget", budgets)
-        levels.append(calibrate.CascadeLevels(budgets, error=error, abstain=abstain))
+        level = cascade_level(cascade_budgets(text), accuracy, abstain)
+        if level in levels:
+            raise InputError(f"--budget {text}: given twice")
+        levels.append(level)
     counts = sorted({len(level.budgets) for level in levels})
     if len(counts) > 1:
         raise InputError(
@@ -231,8 +227,9 @@ def _rows_table(
     others = ", ".join(
         f"{name} {level:g}" for name, level in levels[0].named() if not name.startswith("budget")
     )
+    experts = f"{stages} expert{'s' if stages > 1 else ''}"
     shown = Table(
-        title=f"cascade of {stages} experts{': ' + others if others else ''}; delta={delta:g}: per seed and "
+        title=f"cascade of {experts}{': ' + others if others else ''}; delta={delta:g}: per seed and "
         "budgets, the configuration certified on the calibration half and its rates on the evaluation half"
     )
     ks = range(1, stages + 1)

@@ -15,10 +15,35 @@ from .._bounds import check_levels
 from .._errors import InputError
 from ..data import read_scores, write_table
 from ..run import Roots
-from ._common import print_json, stdout
+from ..stages import check_budget_count
+from ._common import parse_floats, print_json, stdout
 from ._joint_validation import error_level
 
-__all__ = ["cascade_scores_path", "validate_cascade_command"]
+__all__ = ["cascade_budgets", "cascade_level", "cascade_scores_path", "validate_cascade_command"]
+
+
+def cascade_budgets(text: str) -> tuple[float, ...]:
+    """--budget's B1,B2,...: one budget per expert, so a plain list (no START:STOP:COUNT range)."""
+    if ":" in text:
+        raise InputError(
+            f"--budget {text!r}: one budget per expert as B1,B2,..., not a START:STOP:COUNT range"
+        )
+    try:
+        return parse_floats(text, "--budget")
+    except InputError:
+        raise InputError(f"--budget {text!r}: expected one number per expert, like 0.5,0.2") from None
+
+
+def cascade_level(
+    budgets: tuple[float, ...], accuracy: float | None, abstain: float | None
+) -> calibrate.CascadeLevels:
+    """A cascade's levels, checked: a budget per expert, and the error and abstention levels given."""
+    check_levels("--budget", budgets)
+    if abstain is not None:
+        check_levels("--abstain", (abstain,))
+    return calibrate.CascadeLevels(
+        budgets, error=None if accuracy is None else error_level(accuracy), abstain=abstain
+    )
 
 
 def cascade_scores_path(scores: Path | None, run: str | None) -> Path:
@@ -52,18 +77,9 @@ def validate_cascade_command(
 ) -> None:
     """Validate the cascade of `path` at one level per expert (and the error and abstention
     levels given) and print the table (or the JSON record)."""
-    check_levels("--budget", budgets)
-    if abstain is not None:
-        check_levels("--abstain", (abstain,))
-    levels = calibrate.CascadeLevels(
-        budgets, error=None if accuracy is None else error_level(accuracy), abstain=abstain
-    )
+    levels = cascade_level(budgets, accuracy, abstain)
     table = read_scores(path)
-    if table.stages != len(budgets):
-        raise InputError(
-            f"--budget: {len(budgets)} budget(s), one per expert, but {path} holds a cascade of "
-            f"{table.stages} (columns expert, expert_2, ...)"
-        )
+    check_budget_count(path, table.stages, len(budgets))
     fresh = None
     if eval_scores is not None:
         other = read_scores(eval_scores)

@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "batch_out": "._query_batch",
     "calibrate_scores": "._calibrate",
     "calibrate_cascade_scores": "._cascade_calibrate",
+    "check_budget_count": "._cascade_calibrate",
     "cascade_expert_scores": "._expert_calibration",
     "read_expert_calibration": "._expert_calibration",
     "dv_stage": "._dv",

@@ -18,7 +18,7 @@ from ..data import read_scores, write_json, write_table
 from ..run import SweepLayout
 from ._calibrate import check_calibration_size
 
-__all__ = ["calibrate_cascade_scores"]
+__all__ = ["calibrate_cascade_scores", "check_budget_count"]
 
 
 def _settings(config: calibrate.CascadeSweepConfig) -> dict[str, object]:
@@ -33,6 +33,15 @@ def _option(risk: str) -> str:
     if risk.startswith("budget-"):
         return f"--budget (expert {risk.removeprefix('budget-')})"
     return {"error": "--accuracy: the error level", "abstain": "--abstain"}[risk]
+
+
+def check_budget_count(path: Path, stages: int, budgets: int) -> None:
+    """One budget per expert: an InputError naming --budget when `budgets` is not `stages`."""
+    if stages != budgets:
+        raise InputError(
+            f"--budget: {budgets} budget(s), one per expert, but {path} holds a cascade of "
+            f"{stages} (columns expert, expert_2, ...)"
+        )
 
 
 def _finite_mean(values: np.ndarray) -> float | None:
@@ -57,11 +66,7 @@ def calibrate_cascade_scores(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: exists and is not a folder")
     table = read_scores(scores_path)
-    if table.stages != config.stages:
-        raise InputError(
-            f"--budget: {config.stages} budget(s), one per expert, but {scores_path} holds a cascade of "
-            f"{table.stages} (columns expert, expert_2, ...)"
-        )
+    check_budget_count(scores_path, table.stages, config.stages)
     by_seed = table.cascade_scores(arch)
     for level in config.levels:
         for name, alpha in level.named():

@@ -168,6 +168,9 @@ def test_a_one_expert_sweep_is_the_same_bytes(tmp_path: Path) -> None:
         (("--budget", "0.5,0.2,0.1"), ("3 budget(s), one per expert", "a cascade of 2")),
         (("--budget", "0.5,0.2", "--budget", "0.3"), ("--budget", "one budget per expert, got 1 and 2")),
         (("--budget", "0.5,1.2"), ("--budget",)),
+        (("--budget", "0.1:0.5:2"), ("--budget '0.1:0.5:2'", "not a START:STOP:COUNT range")),
+        (("--budget", "0.5,x"), ("--budget '0.5,x'", "one number per expert")),
+        (("--budget", "0.5,0.2", "--budget", "0.5,0.2"), ("--budget 0.5,0.2: given twice",)),
         (("--budget", "0.5,0.2", "--abstain", "1.5"), ("--abstain",)),
         (
             ("--budget", "0.5,0.2", "--policies", "ctd,unc-topk"),
