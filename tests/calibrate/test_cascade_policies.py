@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 import calibrate
-from calibrate import CascadeLevels, CascadeScores, CascadeSweepConfig, uncertainty_signals
-from calibrate._cascade import cascade_grid, cascade_outcome, cascade_risks
+from calibrate import (
+    CascadeLevels,
+    CascadeScores,
+    CascadeSweepConfig,
+    cascade_grid,
+    cascade_outcome,
+    cascade_risks,
+    uncertainty_signals,
+)
 
 
 def _table(n: int, stages: int, seed: int) -> CascadeScores:
