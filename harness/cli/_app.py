@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - older typer uses the click package
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 from .._errors import EXIT_COST, EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INPUT
-from . import _cache, _calibrate, _eval, _experts, _export, _monitor, _probe, _query, _runs, _score
+from . import _cache, _calibrate, _eval, _experts, _export, _monitor, _probe, _query, _runs, _score, _validate
 from ._redacting import RedactingStream
 
 __all__ = ["app", "main"]
@@ -66,7 +66,19 @@ def _options(
 
 
 # `ctd --help` order
-for _group in (_eval, _runs, _probe, _calibrate, _query, _experts, _cache, _monitor, _score, _export):
+for _group in (
+    _eval,
+    _runs,
+    _probe,
+    _calibrate,
+    _validate,
+    _query,
+    _experts,
+    _cache,
+    _monitor,
+    _score,
+    _export,
+):
     _group.register(app)
 
 
