@@ -26,7 +26,10 @@ from probes import ProbeConfig, extract, predict
 # Private: a probe built without training.
 from probes._build import build_probe
 
-TOLERANCE = 1e-5
+# float32 through the model's layers, batched with padding or alone: on an Intel Xeon with
+# transformers 5.24 the two differ by up to 2.3e-5 in a DV output near 1 (other CPU kernels for
+# other shapes); padding that leaked into the probes would move them by 1e-2 or more.
+TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
