@@ -80,6 +80,7 @@ def validate_cascade_command(
     levels = cascade_level(budgets, accuracy, abstain)
     table = read_scores(path)
     check_budget_count(path, table.stages, len(budgets))
+    scores = table.cascade_scores(arch)
     fresh = None
     if eval_scores is not None:
         other = read_scores(eval_scores)
@@ -88,11 +89,11 @@ def validate_cascade_command(
                 f"--eval-scores: {eval_scores} holds {other.stages} experts, {path} {table.stages}"
             )
         fresh = other.cascade_scores(arch)
-        missing = sorted(set(table.cascade_scores(arch)) - set(fresh))
+        missing = sorted(set(scores) - set(fresh))
         if missing:
             raise InputError(f"--eval-scores: {eval_scores} has no test rows for probe seed {missing[0]}")
     (result,) = calibrate.validate_cascade(
-        table.cascade_scores(arch),
+        scores,
         levels=[levels],
         trials=trials,
         control=control,
