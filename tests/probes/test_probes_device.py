@@ -4,8 +4,10 @@ memory scales with the batch, and training restores the RNGs and the determinist
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import tracemalloc
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 # Private: the batch layouts and the raw outputs, checked on each device.
 import probes._batches as batches_module
 import probes._ragged as ragged_module
+import probes._train as train_module
 from probes import ARCHS, ProbeConfig, Ragged, default_device, predict, release_device_memory, train_probe
 
 # Private: the batch layouts and the raw outputs, checked on each device.
@@ -167,10 +170,40 @@ def test_device_rule_and_restored_state():
         assert torch.equal(torch.get_rng_state(), rng_before)
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory  # torch's default, restored
     finally:
         torch.use_deterministic_algorithms(False)
     assert next(result.probe.parameters()).device.type == default_device().type  # trained there
     assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("resident", [True, False])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nothing_reads_memory_it_never_wrote(arch, resident, monkeypatch):
+    """Training skips torch's NaN fill of new memory (a launch per allocation on a GPU). With the
+    fill kept, a read of unwritten memory would turn into NaN and move the weights and scores."""
+    acts, y = ragged(60, 9)
+    cfg = ProbeConfig(arch=arch, epochs=3, batch_size=8, mlp_hidden=8)
+    fast = train_probe(acts, y, task="safety", config=cfg, seed=1, resident=resident)
+    fast_scores = predict(fast.probe, acts, task="safety", resident=resident)
+
+    @contextlib.contextmanager
+    def with_the_fill() -> Iterator[None]:
+        torch.use_deterministic_algorithms(True)
+        assert torch.utils.deterministic.fill_uninitialized_memory
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    monkeypatch.setattr(train_module, "_deterministic_algorithms", with_the_fill)
+    filled = train_probe(acts, y, task="safety", config=cfg, seed=1, resident=resident)
+    monkeypatch.undo()
+    fast_state, filled_state = state(fast.probe), state(filled.probe)
+    assert fast_state.keys() == filled_state.keys()
+    assert all(torch.equal(fast_state[k], filled_state[k]) for k in fast_state)
+    assert np.array_equal(fast_scores, predict(filled.probe, acts, task="safety", resident=resident))
+    assert fast.history == filled.history
 
 
 # ---- on a GPU (skipped without one)
