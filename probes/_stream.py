@@ -13,7 +13,8 @@ Errors: the writer's or a commit's first error (e.g. non-finite activations) is 
 thread at its next `put` or at the end; the writer then drops the batches still queued and commits
 nothing more, so the store resumes from its last commit. An error in the main thread (an
 interrupt, a failing progress callback) lets the writer finish the batches already handed over,
-then commits them.
+then commits them. A second interrupt while that runs stops the writer after its current write
+(the rest is dropped, nothing more committed) and only then closes the shard.
 """
 
 from __future__ import annotations
@@ -82,21 +83,26 @@ class ShardStream:
         self._thread = threading.Thread(target=self._run, name="ctd-shard-writer", daemon=True)
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="ctd-shard-commit")
         self._commit: Future[None] | None = None  # the commit running, or the last one
+        self._stopping = False  # set by a second interrupt: drop what is queued, commit nothing
 
     def __enter__(self) -> ShardStream:
         self._thread.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        self._queue.put(None)  # the writer finishes what is queued, then stops
         try:
+            self._queue.put(None)  # the writer finishes what is queued, then stops
             self._thread.join()
             self._commit_done()
             if self._error is None:
                 self.writer.commit()
-        finally:  # a second Ctrl-C during the join still closes the shard (nothing uncommitted is
-            self._committer.shutdown(wait=True)  # recorded done: the flush-then-record rule is
-            self.writer.close()  # commit's)
+        finally:
+            if self._thread.is_alive():  # a second Ctrl-C above: stop the writer before closing
+                self._stopping = True  # its shard, or its next write would find the descriptor
+                self._queue.put(None)  # closed, or reused by another file (the put above may not
+                self._thread.join()  # have happened; a second sentinel is never read)
+            self._committer.shutdown(wait=True)  # nothing uncommitted is recorded done: the
+            self.writer.close()  # flush-then-record rule is commit's
         if kind is None and self._error is not None:
             raise self._error
 
@@ -148,7 +154,7 @@ class ShardStream:
         pending_bytes, last_commit = 0, time.monotonic()
         while (item := self._queue.get()) is not None:
             self._commit_done()  # a commit that failed stops the writer now, not a cadence later
-            if self._error is not None:
+            if self._error is not None or self._stopping:
                 continue  # drop it; keeps `put` from blocking on a full queue
             try:
                 if item.ready is not None:
@@ -160,7 +166,7 @@ class ShardStream:
                 self.writer.write(item.batch, rows)
                 pending_bytes += item.rows.numel() * item.rows.element_size()
                 due = self.cadence.due(pending_bytes, time.monotonic() - last_commit)
-                if due and self._commit_done() and self._error is None:
+                if due and self._commit_done() and self._error is None and not self._stopping:
                     self._commit = self._committer.submit(self.writer.commit, self.writer.written())
                     pending_bytes, last_commit = 0, time.monotonic()
             except BaseException as error:  # handed to the main thread, which raises it

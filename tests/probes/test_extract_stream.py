@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +286,49 @@ def test_a_failed_commit_stops_the_run_at_once(embedded: LoadedModel, tmp_path, 
     (folder,) = (p for p in (tmp_path / "a").iterdir() if p.is_dir())
     assert not (folder / "progress-0-of-1.json").exists()  # nothing recorded done
     assert forward_passes[0] <= 6  # the failed commit's batch, what was in flight, and a little slack
+
+
+def test_a_second_interrupt_stops_the_writer_before_the_shard_closes(
+    embedded: LoadedModel, tmp_path, monkeypatch
+) -> None:
+    """Ctrl-C ends the batch loop; a second one lands while the stream waits for its writer. The
+    writer stops after the write it is in, no write reaches a closed shard, and what was recorded
+    done is a committed prefix that resumes to the same store as a fresh run."""
+    real_write, real_close, real_join = ShardWriter.write, ShardWriter.close, threading.Thread.join
+    closed, late_writes, interrupted = [False], [], [False]
+
+    def slow_write(self: ShardWriter, batch: int, rows: np.ndarray) -> None:
+        time.sleep(0.2)  # the writer is behind, so the stream's join waits
+        if closed[0]:
+            late_writes.append(batch)
+        real_write(self, batch, rows)
+
+    def close(self: ShardWriter) -> None:
+        closed[0] = True
+        real_close(self)
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        if self.name == "ctd-shard-writer" and not interrupted[0]:
+            interrupted[0] = True
+            raise KeyboardInterrupt  # the second Ctrl-C, during the wait for the writer
+        real_join(self, timeout)
+
+    def first_ctrl_c(done: int, total: int) -> None:
+        if done > total // 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ShardWriter, "write", slow_write)
+    monkeypatch.setattr(ShardWriter, "close", close)
+    monkeypatch.setattr(threading.Thread, "join", join)
+    conversations = builtin_conversations()[:40]
+    with pytest.raises(KeyboardInterrupt):
+        extract(embedded, conversations, store_root=tmp_path / "a", on_batch=first_ctrl_c, **OPTIONS)
+    monkeypatch.undo()
+    assert interrupted[0] and closed[0] and late_writes == []
+    assert not any(t.name == "ctd-shard-writer" and t.is_alive() for t in threading.enumerate())
+    store, done = progress(tmp_path / "a")
+    assert done == list(range(len(done))) and len(done) < len(store.plan().batches)
+    resumed, stats = extract(embedded, conversations, store_root=tmp_path / "a", **OPTIONS)
+    assert stats.extracted_batches == len(store.plan().batches) - len(done)
+    fresh, _ = extract(embedded, conversations, store_root=tmp_path / "b", **OPTIONS)
+    assert np.array_equal(stored_rows(resumed), stored_rows(fresh))
