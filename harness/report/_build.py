@@ -96,6 +96,8 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         ctx.lines[summary_at:summary_at] = summary_lines(ctx)
         for arch, rows in ctx.curve_rows.items():
             ctx.table(ctx.files.table(arch, "curves"), rows)
+        ctx.progress("drawing the figures")
+        ctx.figures.wait()
         numbers = ctx.numbers | {"missing": ctx.missing, "warnings": ctx.warnings}
         write_json(ctx.files.numbers, numbers)
         with atomic_path(ctx.files.markdown) as tmp:
@@ -103,6 +105,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
         ctx.progress("publishing report/")
         _publish(ctx.out, RunLayout(run_dir).report.root)
     except BaseException:
+        ctx.figures.close()  # no figure may land in the staging folder after it is removed
         shutil.rmtree(ctx.out, ignore_errors=True)
         raise
     return RunLayout(run_dir).report.markdown

@@ -8,6 +8,7 @@ such section: its report is what it was."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,32 +86,49 @@ def _rows(
     return rows
 
 
-def _figure(ctx: ReportContext, arch: str, record: dict[str, Any], trials: dict[str, NDArray]) -> None:
-    """One panel per expert: its call rate on the population per trial, for each selector's
-    trials that chose a configuration, against the expert's budget level."""
-    levels = record["levels"]
-    stages = sum(1 for name in levels if name.startswith("budget-"))
-    figure, axes = fig._figure(stages)
-    for k in range(1, stages + 1):
+def _draw_calls(
+    calls: dict[tuple[str, int], NDArray], levels: list[float], experts: list[str], arch: str, path: Path
+) -> None:
+    """The figure of `_figure`: `calls[selector, k]` the population share sent to expert k in each
+    trial where the selector chose a configuration; `levels[k - 1]` expert k's budget level."""
+    figure, axes = fig._figure(len(levels))
+    for k, level in enumerate(levels, start=1):
         ax = axes[0, k - 1]
-        level = levels[f"budget-{k}"]
-        values = {
-            s: trials[f"{s}_population_calls_{k}"][trials[f"{s}_selected"].astype(bool)] for s in _SELECTORS
-        }
+        values = {s: calls[s, k] for s in _SELECTORS}
         top = max([level * 1.5, *(float(v.max()) for v in values.values() if v.size)])
         bins = np.linspace(0.0, top, 31)
         for selector, (label, colour) in _SELECTORS.items():
             if values[selector].size:
                 ax.hist(values[selector], bins=bins, color=colour, alpha=0.6, label=label)
         ax.axvline(level, color="black", linestyle="--", linewidth=1, label=f"level {level:g}")
-        ax.set_xlabel(f"share of inputs sent to expert {k} ({record['experts'][k - 1]})")
+        ax.set_xlabel(f"share of inputs sent to expert {k} ({experts[k - 1]})")
         ax.set_ylabel("trials")
         ax.set_title(f"expert {k}", fontsize="medium")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize="small")
     figure.suptitle(f"{arch}: cascade of experts, realised calls per trial (population)")
-    path, relative = ctx.figure_path(arch, "cascade-experts")
     fig._save(figure, path)
+
+
+def _figure(ctx: ReportContext, arch: str, record: dict[str, Any], trials: dict[str, NDArray]) -> None:
+    """One panel per expert: its call rate on the population per trial, for each selector's
+    trials that chose a configuration, against the expert's budget level."""
+    levels = record["levels"]
+    stages = sum(1 for name in levels if name.startswith("budget-"))
+    calls = {
+        (selector, k): trials[f"{selector}_population_calls_{k}"][trials[f"{selector}_selected"].astype(bool)]
+        for selector in _SELECTORS
+        for k in range(1, stages + 1)
+    }
+    path, relative = ctx.figure_path(arch, "cascade-experts")
+    ctx.draw(
+        _draw_calls,
+        calls,
+        [levels[f"budget-{k}"] for k in range(1, stages + 1)],
+        record["experts"],
+        arch,
+        path,
+    )
     ctx.image(
         relative,
         f"{arch}: each expert's share of the inputs, realised on the population per validation trial "

@@ -16,6 +16,7 @@ import calibrate
 from ..data import ScoresTable, write_table
 from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
+from ._render import FigurePool
 
 __all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]
 
@@ -39,6 +40,7 @@ class ReportContext:
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # shown first in the report and on the terminal
     curve_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    figures: FigurePool = field(default_factory=FigurePool)  # drawn while the sections go on
 
     def arch_numbers(self, arch: str) -> dict[str, Any]:
         return self.numbers.setdefault("archs", {}).setdefault(arch, {})
@@ -51,6 +53,11 @@ class ReportContext:
     def figure_path(self, arch: str, name: str) -> tuple[Path, str]:
         path = self.files.figure(arch, name)
         return path, self.files.relative(path)
+
+    def draw(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        """Draw a figure (`function(*args, **kwargs)` writes it) in a worker process; the report
+        waits for it before report.md is written."""
+        self.figures.draw(function, *args, **kwargs)
 
     def table(self, path: Path, rows: list[dict[str, Any]]) -> str:
         """Write rows (dicts with the same keys) as a CSV at `path`, one of `files`; return the

@@ -153,7 +153,8 @@ def _plane(ctx: ReportContext, arch: str, record: JointJobRecord) -> None:
         return
     path, relative = ctx.figure_path(arch, "validation-joint")
     chosen_by = _CHOSEN[record.headline_rule]
-    joint_plane_figure(
+    ctx.draw(
+        joint_plane_figure,
         panels,
         budget=levels["budget"],
         error=levels["error"],

@@ -74,7 +74,15 @@ def _cascade_figures(
         gains = {b: gain_curves(sweep, metric, batch_size=b) for b in sweep.batch_sizes}
         seeds = max((g.seeds for lines in gains.values() for g in lines), default=0)
         path, relative = ctx.figure_path(arch, f"{name}-{metric}")
-        fig.cascade_figure(panels, baselines, metric=metric, title=f"{arch}: {what}", path=path, gains=gains)
+        ctx.draw(
+            fig.cascade_figure,
+            panels,
+            baselines,
+            metric=metric,
+            title=f"{arch}: {what}",
+            path=path,
+            gains=gains,
+        )
         ctx.image(
             relative,
             f"{arch}, {what}: cascade {METRIC_NAMES[metric]} vs target budget, one panel per batch size; "
@@ -112,8 +120,12 @@ def realised_section(ctx: ReportContext) -> None:
         lines = curves(sweep, "realised", objective=sweep.objectives[0], batch_size=largest)
         topk = [c for c in lines if c.policy in ("dv-topk", "unc-topk", "oracle-topk")]
         path, relative = ctx.figure_path(arch, "realised")
-        fig.realised_figure(
-            panels, topk[0] if topk else None, title=f"{arch}: realised delegation", path=path
+        ctx.draw(
+            fig.realised_figure,
+            panels,
+            topk[0] if topk else None,
+            title=f"{arch}: realised delegation",
+            path=path,
         )
         ctx.image(
             relative,
@@ -233,7 +245,14 @@ def mean_value_section(ctx: ReportContext) -> None:
         body = [[name, *(pm(values[:, i]) for i in at.values())] for name, values in signals.items()]
         ctx.lines += markdown_table(["signal", *(f"k/N = {f:g}" for f in at)], body)
         path, fig_relative = ctx.figure_path(arch, "mean-v-at-k")
-        fig.mean_value_figure(MEAN_V_FRACTIONS, signals, overall, title=f"{arch}: mean v at top-k", path=path)
+        ctx.draw(
+            fig.mean_value_figure,
+            MEAN_V_FRACTIONS,
+            signals,
+            overall,
+            title=f"{arch}: mean v at top-k",
+            path=path,
+        )
         ctx.image(
             fig_relative,
             f"{arch}: mean v of the top-k test examples ranked by the DV probe, uncertainty and the true v, "
@@ -304,7 +323,7 @@ def _binary_pair(ctx: ReportContext, arch: str, binary: Sweep, continuous: Sweep
         cont, bina = _dv_topk(continuous, metric), _dv_topk(binary, metric)
         panels[metric] = {b: _difference(cont[b], bina[b]) for b in sorted(cont.keys() & bina.keys())}
     path, fig_relative = ctx.figure_path(arch, "dv-binary-vs-continuous")
-    fig.dv_delta_figure(panels, title=f"{arch}: continuous - binary DV (DV top-k)", path=path)
+    ctx.draw(fig.dv_delta_figure, panels, title=f"{arch}: continuous - binary DV (DV top-k)", path=path)
     ctx.image(
         fig_relative,
         f"{arch}: DV top-k AUROC and accuracy, continuous minus binary DV target, per batch size, at "
@@ -335,7 +354,9 @@ def binary_section(ctx: ReportContext) -> None:
         )
         panels = {metric: _dv_topk(ctx.sweeps[arch], metric) for metric in METRICS}
         path, relative = ctx.figure_path(arch, "dv-topk")
-        fig.dv_topk_figure(panels, title=f"{arch}: DV top-k by batch size, continuous DV", path=path)
+        ctx.draw(
+            fig.dv_topk_figure, panels, title=f"{arch}: DV top-k by batch size, continuous DV", path=path
+        )
         ctx.image(
             relative,
             f"{arch}: DV top-k (continuous DV target) AUROC and accuracy vs target budget, one line per "

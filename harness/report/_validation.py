@@ -261,8 +261,12 @@ def _levels_figure(ctx: ReportContext, arch: str, found: dict[str, JobRecord], d
             key = "mean_realised_budget" if record.job.mode == "budget" else "selection_rate"
             panel[1].append(_line(label, colour, levels, alphas, key, "population"))
     path, relative = ctx.figure_path(arch, "validation-levels")
-    fig.validation_levels_figure(
-        panels, delta=delta, title=f"{arch}: guarantee validation at every level", path=path
+    ctx.draw(
+        fig.validation_levels_figure,
+        panels,
+        delta=delta,
+        title=f"{arch}: guarantee validation at every level",
+        path=path,
     )
     ctx.image(
         relative,
@@ -302,7 +306,8 @@ def _budget_histograms(ctx: ReportContext, arch: str, found: dict[str, JobRecord
         panels[f"{record.job.label}: {rates}, {spent}"] = _population(record, "realised")
     path, relative = ctx.figure_path(arch, "validation-budget")
     population = _population_size(budget[0])
-    fig.budget_validation_figure(
+    ctx.draw(
+        fig.budget_validation_figure,
         panels,
         alpha=alpha,
         population=population,
@@ -336,7 +341,8 @@ def _performance_histograms(ctx: ReportContext, arch: str, found: dict[str, JobR
         panels[f"{label}: {rates}, {selection}"] = _population(record, "accuracy", prefix)
     path, relative = ctx.figure_path(arch, "validation-performance")
     chosen = _CHOSEN[record.headline_rule]
-    fig.performance_validation_figure(
+    ctx.draw(
+        fig.performance_validation_figure,
         panels,
         alpha=alpha,
         population=_population_size(record),

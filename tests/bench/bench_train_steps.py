@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_probes_gpu import split
 
+# Private: the deterministic-mode context, swapped for one that keeps torch's fill.
 import probes._train as train_module
 from probes import ARCHS, ProbeConfig, default_device, train_probe
 

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -26,6 +27,7 @@ import harness
 import harness.report
 
 # Private: figures checked one by one.
+import harness.report._build
 import harness.report._figures
 from calibrate import SweepConfig, ValidationConfig
 from harness import InputError, calibrate_scores, read_scores, simulate_scores, write_scores
@@ -468,10 +470,14 @@ def test_an_interrupted_build_keeps_the_previous_report(
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(harness.report._figures, "realised_figure", boom)  # after the first figures
+    # After every figure is handed to the workers, while they draw: none may land afterwards (a
+    # figure's write makes its folder, so a late one would bring the staging folder back).
+    monkeypatch.setattr(harness.report._build, "summary_lines", boom)
     with pytest.raises(RuntimeError, match="interrupted"):
         build_report(run)
     assert (run / "report" / "report.md").read_bytes() == before
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
+    time.sleep(2)
     assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
 
 
