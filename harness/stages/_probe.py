@@ -9,6 +9,7 @@ Outputs in `out_dir`:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,6 +36,9 @@ class ProbeStageResult:
     scores: Path
     metrics: ProbeMetrics  # probe_metrics.json
     layer: int
+    # Wall seconds of this call's parts: "model" (loading it; 0 when given), "extraction",
+    # "training", "scoring". Logged, not written: the stage's files stay the same on a rerun.
+    seconds: dict[str, float]
 
 
 def open_stores(out_dir: Path) -> dict[SplitName, Ragged]:
@@ -104,10 +108,14 @@ def probe_stage(
     )
 
     store_root = store_root or Roots.resolve().store
+    seconds = dict.fromkeys(("model", "extraction", "training", "scoring"), 0.0)
     try:
+        started = time.perf_counter()
         model = model or load_model(
             settings.model, revision=settings.revision, device_map=settings.device_map
         )
+        seconds["model"] = time.perf_counter() - started
+        started = time.perf_counter()
         layer = resolve_layer(settings.layer, model.n_layers, model.model.config)
         stores: dict[SplitName, ActivationStore] = {}
         extraction: dict[str, SplitExtraction] = {}
@@ -115,6 +123,7 @@ def probe_stage(
             store, stats = _extract_split(model, data, split, settings, layer, store_root, progress)
             stores[split] = store
             extraction[split] = SplitExtraction.from_stats(stats)
+        seconds["extraction"] = time.perf_counter() - started
     except ProbeError as error:
         raise InputError(str(error)) from None
     if not process_state().is_main_process:
@@ -129,14 +138,18 @@ def probe_stage(
         if progress is not None:
             progress("safety probes", number, total, unit="trained")
         config = replace(settings.training, arch=arch)
+        started = time.perf_counter()
         try:
             result = train_probe(acts["train"], labels["train"], task="safety", config=config, seed=seed)
         except (ValueError, FloatingPointError) as error:
             raise InputError(f"safety probe {arch} seed {seed} on the train split: {error}") from None
+        seconds["training"] += time.perf_counter() - started
         auroc: dict[str, float | None] = {}  # None on a split with one class
         accuracy: dict[str, float] = {}
         for split in ("dev", "test"):
+            started = time.perf_counter()
             scores = predict(result.probe, acts[split], task="safety")
+            seconds["scoring"] += time.perf_counter() - started
             both_classes = len(set(labels[split].tolist())) > 1
             auroc[split] = float(calibrate.auroc(scores, labels[split])) if both_classes else None
             accuracy[split] = float(calibrate.accuracy(scores, labels[split]))
@@ -207,7 +220,7 @@ def probe_stage(
     )
     write_json(files.metrics, metrics.to_json())
     write_table(files.scores, {k: np.array(v) for k, v in columns.items()})
-    return ProbeStageResult(files.scores, metrics, layer)
+    return ProbeStageResult(files.scores, metrics, layer, seconds)
 
 
 @dataclass(frozen=True)
@@ -271,6 +284,7 @@ class ProbeStage:
             f"probe: layer {result.layer} of {result.metrics.n_layers}, {tokens} tokens, "
             f"{truncated} conversations truncated to {ctx.config.max_tokens} tokens"
         )
+        ctx.manifests.log(_where_the_time_went(result, tokens=tokens, probes=len(result.metrics.runs)))
         means = result.metrics.mean
         seeds = len(ctx.config.seeds)
         # Labelled apart from the summary's probe AUROC, which is on each seed's evaluation half.
@@ -285,3 +299,15 @@ class ProbeStage:
 
     def check_outputs(self) -> None:
         return None
+
+
+def _where_the_time_went(result: ProbeStageResult, *, tokens: int, probes: int) -> str:
+    """One log line: the stage's wall time by part (where a GPU run's time goes, among others)."""
+    s = result.seconds
+    extracted = sum(e.tokens for e in result.metrics.extraction.values() if e.extracted_batches)
+    rate = f", {extracted / s['extraction']:,.0f} tokens/s" if extracted and s["extraction"] > 0 else ""
+    return (
+        f"probe: {s['model']:.1f} s loading the model, {s['extraction']:.1f} s extracting "
+        f"({extracted} of {tokens} tokens run{rate}), {s['training']:.1f} s training {probes} "
+        f"probe{'s' if probes != 1 else ''}, {s['scoring']:.1f} s scoring dev and test"
+    )

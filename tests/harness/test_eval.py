@@ -72,6 +72,12 @@ def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path,
             assert (run / name).is_file(), name
         for stage in ("probe", "query", "dv", "calibrate", "validate", "report"):
             assert json.loads((run / "manifests" / f"{stage}.json").read_text())["status"] == "done"
+        # where the probe stage's time went, every token run by this first call
+        assert re.search(
+            r"probe: [\d.]+ s loading the model, [\d.]+ s extracting \((\d+) of \1 tokens run, [\d,]+ "
+            r"tokens/s\), [\d.]+ s training 1 probe, [\d.]+ s scoring dev and test",
+            (run / "log.txt").read_text(),
+        )
         figures = {p.name for p in (run / "report" / "figures" / "attention").glob("*.png")}
         assert {
             "cascade-auroc.png",
