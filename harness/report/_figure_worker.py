@@ -1,7 +1,7 @@
 """A figure worker of `FigurePool`: reads pickled figure calls on standard input, one at a time,
-draws each, and answers on its own copy of standard output with a pickled None or `FigureError`
-(whose message is the traceback). Anything printed goes to standard error, never into the
-answers. Ends at the end of its input."""
+draws each, and answers on the pipe whose descriptor is its argument with a pickled None or
+`FigureError` (whose message is the traceback): nothing a module prints can get into an answer.
+Ends at the end of its input."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from harness.report._render import FigureError, read_message, write_message
 
 
 def main() -> None:
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot corrupt an answer
+    answers = os.fdopen(int(sys.argv[1]), "wb")
     import harness.report._figures  # noqa: F401  (matplotlib, before the first figure is timed)
 
     while (call := read_message(sys.stdin.buffer)) is not None:

@@ -11,8 +11,8 @@ import dataclasses
 import json
 import re
 import shutil
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import matplotlib.image
@@ -26,7 +26,7 @@ import calibrate._splits as calibrate_splits
 import harness
 import harness.report
 
-# Private: figures checked one by one.
+# Private: figures checked one by one; the build step and the figure pool an interrupt meets.
 import harness.report._build
 import harness.report._figures
 from calibrate import SweepConfig, ValidationConfig
@@ -41,6 +41,7 @@ from harness.report import (
 
 # Private: the report's tables.
 from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep
+from harness.report._render import FigurePool
 from harness.report._sections import MEAN_V_TABLE_FRACTIONS
 from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
 from harness.run import JOBS, MIN_SELECTION, read_job
@@ -471,13 +472,21 @@ def test_an_interrupted_build_keeps_the_previous_report(
         raise RuntimeError("interrupted")
 
     # After every figure is handed to the workers, while they draw: none may land afterwards (a
-    # figure's write makes its folder, so a late one would bring the staging folder back).
+    # figure's write makes its folder, so a late one would bring the staging folder back), so
+    # every worker is gone by the time the build has failed.
+    workers: list[subprocess.Popen[bytes]] = []
+    real_start = FigurePool._start
+
+    def watched_start(self: FigurePool) -> None:
+        real_start(self)
+        workers.extend(worker.process for worker in self._workers)
+
+    monkeypatch.setattr(FigurePool, "_start", watched_start)
     monkeypatch.setattr(harness.report._build, "summary_lines", boom)
     with pytest.raises(RuntimeError, match="interrupted"):
         build_report(run)
+    assert workers and all(process.poll() is not None for process in workers)
     assert (run / "report" / "report.md").read_bytes() == before
-    assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
-    time.sleep(2)
     assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
 
 

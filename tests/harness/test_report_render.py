@@ -46,6 +46,29 @@ def test_a_failing_figure_is_raised_at_wait_with_its_traceback(tmp_path: Path) -
     assert (tmp_path / "after.png").is_file()  # the others were drawn (or waited for) first
 
 
+def test_a_pool_draws_again_after_a_wait(tmp_path: Path) -> None:
+    pool = FigurePool()
+    for name in ("first", "second"):
+        args, kwargs = mean_value_args(tmp_path / f"{name}.png")
+        pool.draw(fig.mean_value_figure, *args, **kwargs)
+        pool.wait()
+        assert (tmp_path / f"{name}.png").is_file()
+
+
+def test_what_a_worker_prints_never_gets_into_its_answers(tmp_path: Path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('noise on stdout ' * 100, flush=True)\n")
+    monkeypatch.syspath_prepend(str(site))  # the workers' import path is this process's
+    args, kwargs = mean_value_args(tmp_path / "a.png")
+    pool = FigurePool()
+    pool.draw(fig.mean_value_figure, *args, **kwargs)
+    pool.draw(os.rmdir, str(tmp_path / "missing"))  # its error must come back as it is
+    with pytest.raises(FigureError, match=r"FileNotFoundError: .*missing"):
+        pool.wait()
+    assert (tmp_path / "a.png").is_file()
+
+
 def test_a_worker_that_dies_is_an_error_not_a_hang() -> None:
     pool = FigurePool()
     pool.draw(os._exit, 3)

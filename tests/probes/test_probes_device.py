@@ -171,8 +171,12 @@ def test_device_rule_and_restored_state():
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.utils.deterministic.fill_uninitialized_memory  # torch's default, restored
+        torch.utils.deterministic.fill_uninitialized_memory = False  # a caller's own choice
+        train_probe(acts, y, task="safety", config=cfg, seed=0)
+        assert not torch.utils.deterministic.fill_uninitialized_memory
     finally:
         torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
     assert next(result.probe.parameters()).device.type == default_device().type  # trained there
     assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
 
