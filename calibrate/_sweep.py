@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._candidates import Candidates
+from ._decisions import ANY_BATCH_SIZE, ANY_OBJECTIVE, DECISION_COLUMNS, DecisionMasks, decision_columns
 from ._fwer import FWER_METHODS, FWERMethod
 from ._groups import GROUP_COLUMNS, concat_groups, group_delegation, tidy_groups
 from ._joint import joint_control
@@ -55,6 +56,7 @@ __all__ = [
     "DECISION_COLUMNS",
     "GROUP_COLUMNS",
     "SWEEP_COLUMNS",
+    "DecisionMasks",
     "MergeChoice",
     "SweepConfig",
     "SweepResult",
@@ -76,24 +78,6 @@ SWEEP_COLUMNS: tuple[str, ...] = (
     "threshold",
     "n_certified",
 )
-
-# The per-example decisions of a sweep: one row per policy x budget x seed x evaluation example,
-# and per objective (calibrated policies) or per batch size (top-k policies); the other axis does
-# not change the mask, so it is written once, as ANY_OBJECTIVE or ANY_BATCH_SIZE.
-DECISION_COLUMNS: tuple[str, ...] = (
-    "seed",
-    "policy",
-    "objective",
-    "budget",
-    "batch_size",
-    "row",  # the example's index in the seed's test scores
-    "position",  # its arrival order in the evaluation half (top-k batches are consecutive runs)
-    "signal",  # the policy's delegation signal
-    "batch_rank",  # top-k: 0-based rank by signal within its batch; -1 for other policies
-    "delegated",
-)
-ANY_OBJECTIVE = "any"
-ANY_BATCH_SIZE = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,19 +154,26 @@ class SweepResult:
     evaluation half, made from the same delegation masks as `table` (repeating across the same
     axes); for a group g and mask S: n = |g|, n_delegated = |g and S|, delegation_rate =
     n_delegated / n, mean_v_selected = mean v over g and S (NaN when empty), mean_v_all = mean v
-    over g. No rows when the scores carry no groups. `decisions`: the same masks per example
-    (DECISION_COLUMNS), so that a reader can look at any example without re-running the sweep."""
+    over g. No rows when the scores carry no groups. `decision_masks`: the same masks per
+    example, compact (`DecisionMasks`), and `decisions` their tidy table (DECISION_COLUMNS), so
+    that a reader can look at any example without re-running the sweep."""
 
     config: SweepConfig
     table: dict[str, NDArray]
     ltt: list[dict[str, object]] = field(repr=False)
     baselines: dict[str, NDArray] = field(repr=False)
     groups: dict[str, NDArray] = field(repr=False)
-    decisions: dict[str, NDArray] = field(repr=False)
+    decision_masks: tuple[DecisionMasks, ...] = field(repr=False)
+
+    @property
+    def decisions(self) -> dict[str, NDArray]:
+        """The tidy table of `decision_masks`, made on each call: a writer of a large sweep
+        takes `decision_masks` one at a time instead."""
+        return decision_columns(self.decision_masks)
 
 
 def _decisions_for(
-    parts: list[dict[str, NDArray]],
+    parts: list[DecisionMasks],
     *,
     seed: int,
     policy: str,
@@ -194,28 +185,10 @@ def _decisions_for(
     delegated: NDArray[np.bool_],
     rank: NDArray[np.int64] | None = None,
 ) -> None:
-    """Append one policy's masks (shape (budgets, evaluation rows)) as tidy decision rows."""
-    a, m = delegated.shape
+    """Append one policy's masks (shape (budgets, evaluation rows))."""
     parts.append(
-        {
-            "seed": np.full(a * m, seed, dtype=np.int64),
-            "policy": np.full(a * m, policy),
-            "objective": np.full(a * m, objective),
-            "budget": np.repeat(np.asarray(budgets, dtype=np.float64), m),
-            "batch_size": np.full(a * m, batch_size, dtype=np.int64),
-            "row": np.tile(evaluation, a),
-            "position": np.tile(np.arange(m), a),
-            "signal": np.tile(signal, a),
-            "batch_rank": np.tile(np.full(m, -1) if rank is None else rank, a),
-            "delegated": delegated.reshape(-1),
-        }
+        DecisionMasks(seed, policy, objective, batch_size, budgets, evaluation, signal, rank, delegated)
     )
-
-
-def _concat(parts: list[dict[str, NDArray]], columns: tuple[str, ...]) -> dict[str, NDArray]:
-    if not parts:
-        return {c: np.array([]) for c in columns}
-    return {c: np.concatenate([p[c] for p in parts]) for c in columns}
 
 
 def _rows_for(
@@ -320,7 +293,7 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
     no_threshold = np.full(budgets.size, np.nan)
     no_count = np.full(budgets.size, -1, dtype=np.int64)
     group_parts: list[dict[str, NDArray]] = []
-    decision_parts: list[dict[str, NDArray]] = []
+    decision_parts: list[DecisionMasks] = []
     for seed in sorted(scores_by_seed):
         scores = scores_by_seed[seed]
         splits = random_splits(
@@ -460,5 +433,5 @@ def sweep(scores_by_seed: Mapping[int, Scores], config: SweepConfig | None = Non
         ltt=ltt,
         baselines={k: np.asarray(v) for k, v in baselines.items()},
         groups=concat_groups(group_parts),
-        decisions=_concat(decision_parts, DECISION_COLUMNS),
+        decision_masks=tuple(decision_parts),
     )

@@ -23,6 +23,7 @@ from ._tables import (
     read_table,
     write_json,
     write_jsonl,
+    write_parquet_parts,
     write_table,
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "stream_rows",
     "write_json",
     "write_jsonl",
+    "write_parquet_parts",
     "write_scores",
     "write_table",
 ]

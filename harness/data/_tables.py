@@ -11,12 +11,13 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
@@ -33,6 +34,7 @@ __all__ = [
     "read_table",
     "write_json",
     "write_jsonl",
+    "write_parquet_parts",
     "write_table",
 ]
 
@@ -103,17 +105,21 @@ def _free_bytes(folder: Path) -> int:
     return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
 
 
-def read_table(path: Path) -> RawTable:
-    """Read a Parquet or CSV table; any failure becomes one InputError line naming the file."""
+def read_table(path: Path, *, where: pc.Expression | None = None) -> RawTable:
+    """Read a Parquet or CSV table; any failure becomes one InputError line naming the file.
+    `where` (Parquet only): read only the rows it keeps, a row group at a time, so that a few
+    rows of a large file cost memory for those rows alone."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected a .parquet or .csv file")
     if _is_csv(path):
+        if where is not None:
+            raise ValueError("read_table: `where` reads Parquet files only")
         return _read_csv(path)
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, filters=where)
     except (pa.ArrowException, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{path}: not a readable Parquet file ({first})") from None
@@ -224,6 +230,28 @@ def write_table(path: Path, columns: Mapping[str, NDArray]) -> Path:
                     writer.writerow([_cell(a[i]) for a in arrays])
         else:
             pq.write_table(pa.table({k: np.asarray(v) for k, v in columns.items()}), tmp)
+    return path
+
+
+def write_parquet_parts(
+    path: Path, parts: Iterable[Mapping[str, NDArray]], *, empty: Callable[[], Mapping[str, NDArray]]
+) -> Path:
+    """Write `parts` (column dicts of one schema, the first part's) one after another as one
+    Parquet file, atomically, holding one part in memory at a time; `empty()` when there is none."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        writer: pq.ParquetWriter | None = None
+        try:
+            for part in parts:
+                table = pa.table({k: np.asarray(v) for k, v in part.items()})
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            pq.write_table(pa.table({k: np.asarray(v) for k, v in empty().items()}), tmp)
     return path
 
 

@@ -18,8 +18,8 @@ from numpy.typing import NDArray
 import calibrate
 
 from .._errors import InputError
-from ..data import ScoresTable, read_scores, read_table
-from ..report import Sweep, read_sweep
+from ..data import ScoresTable, read_scores
+from ..report import Sweep, read_decisions, read_sweep
 from ..run import JOBS, JOINT_JOB, RunLayout, RunLog, StageStatus, read_job, read_joint_job
 
 __all__ = ["ArchRecords", "ExampleRecord", "Outcome", "check_finished", "read_arch"]
@@ -126,7 +126,8 @@ def read_arch(
     sweep = read_sweep(layout.sweep(arch).root)
     points = _on_grid(sweep, budgets)
     objective, batch = sweep.objective_for("auroc"), max(sweep.batch_sizes)
-    decisions = read_table(sweep.files.decisions).columns
+    decisions = read_decisions(sweep, points)
+    assert decisions is not None  # checked before any reading (`check_finished`)
     policies = tuple(sweep.policies)
     records: list[ExampleRecord] = []
     for seed in table.seeds:

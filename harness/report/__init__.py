@@ -20,6 +20,7 @@ __all__ = [
     "SummaryRow",
     "Sweep",
     "build_report",
+    "read_decisions",
     "read_sweep",
     "read_warnings",
     "summary_tables",
@@ -30,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "SUMMARY_COLUMNS": "._summary_table",
     "SummaryRow": "._summary_table",
     "Sweep": "._data",
+    "read_decisions": "._data",
     "read_sweep": "._data",
     "summary_tables": "._summary_table",
 }

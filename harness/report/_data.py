@@ -8,12 +8,16 @@ stage writes). No stage is re-run: the report reads the numbers the stages compu
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 import calibrate
@@ -199,6 +203,25 @@ def _read_groups(path: Path) -> dict[str, NDArray] | None:
     raw = read_table(path)
     _require(raw, calibrate.GROUP_COLUMNS)
     return _columns(raw, ("policy", "objective", "group"))
+
+
+def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> dict[str, NDArray] | None:
+    """The rows of the sweep's decisions.parquet that show one example's decisions (the report's
+    per-example table and case studies, `ctd export inspect`): calibrated policies as selected
+    for AUROC, top-k at the largest batch size, at `budgets` (points of the sweep's grid). Read
+    through a filter, a row group at a time: the whole file of a 100,000-row test split has 37
+    million rows. None when the file is absent."""
+    path = sweep.files.decisions
+    if not path.is_file():
+        return None
+    field = pc.field
+    near = [(field("budget") >= b - 1e-9) & (field("budget") <= b + 1e-9) for b in budgets]
+    where = (
+        field("objective").isin([sweep.objective_for("auroc"), calibrate.ANY_OBJECTIVE])
+        & field("batch_size").isin([max(sweep.batch_sizes), calibrate.ANY_BATCH_SIZE])
+        & functools.reduce(operator.or_, near, pc.scalar(False))
+    )
+    return read_table(path, where=where).columns
 
 
 def read_sweep(folder: Path) -> Sweep:

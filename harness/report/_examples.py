@@ -19,7 +19,7 @@ import calibrate
 from ..data import read_table, write_table
 from ..run import RunLayout
 from ._context import ReportContext, fmt, markdown_table
-from ._data import Sweep
+from ._data import Sweep, read_decisions
 from ._figures import POLICY_LABELS
 from ._summary import SUMMARY_BUDGETS  # the examples are shown at the summary's budgets
 
@@ -50,11 +50,9 @@ class Decisions:
         return rows & (c["batch_size"] == batch_size)
 
 
-def read_decisions(sweep: Sweep) -> Decisions | None:
-    path = sweep.files.decisions
-    if not path.is_file():
-        return None
-    return Decisions(read_table(path).columns)
+def _decisions(sweep: Sweep, budgets: list[float]) -> Decisions | None:
+    columns = read_decisions(sweep, budgets)
+    return None if columns is None else Decisions(columns)
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,8 @@ def examples_table(ctx: ReportContext) -> None:
     out["text"] = np.array([e.text for e in found], dtype=str)
     extra_columns: dict[str, NDArray] = {}
     for arch, sweep in ctx.sweeps.items():
-        decisions = read_decisions(sweep)
+        points = [p for p in (sweep.grid_point(b) for b in SUMMARY_BUDGETS) if p is not None]
+        decisions = _decisions(sweep, points)
         if decisions is None:
             ctx.note(
                 f"{arch}: no {sweep.files.decisions.relative_to(ctx.run_dir)}; "
@@ -298,7 +297,8 @@ def case_study_section(ctx: ReportContext) -> None:
         "",
     ]
     for arch, sweep in ctx.sweeps.items():
-        decisions = read_decisions(sweep)
+        point = sweep.grid_point(CASE_BUDGET)
+        decisions = _decisions(sweep, [] if point is None else [point])
         if decisions is None or _UNC not in sweep.policies or _DV not in sweep.policies:
             needs = f"CTD and Unc. top-k in {sweep.files.decisions.relative_to(ctx.run_dir)}"
             ctx.note(f"{arch}: no case studies (they need {needs}).")

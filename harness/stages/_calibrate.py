@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from ..data import (
     simulate_scores,
     write_json,
     write_jsonl,
+    write_parquet_parts,
     write_scores,
     write_table,
 )
@@ -171,15 +173,19 @@ def _joint_counts(config: SweepConfig, at_largest: dict[str, np.ndarray]) -> dic
     return {"error_level": config.error_level, "policies_found": found}
 
 
-def _with_ids(decisions: dict[str, np.ndarray], table: ScoresTable, arch: str) -> dict[str, np.ndarray]:
-    """The decisions with each example's id, read through `row` (its index in the seed's test
-    rows, in the order `ScoresTable.test_scores` takes them)."""
-    ids = np.empty(decisions["row"].size, dtype=object)
-    for seed in np.unique(decisions["seed"]):
-        test_ids = table.id[(table.seed == seed) & (table.split == "test") & (table.arch == arch)]
-        at = decisions["seed"] == seed
-        ids[at] = test_ids[decisions["row"][at]]
-    return {"id": ids.astype(str), **decisions}
+def _with_ids(
+    masks: tuple[calibrate.DecisionMasks, ...], table: ScoresTable, arch: str
+) -> Iterator[dict[str, np.ndarray]]:
+    """Each mask group's tidy decision rows with each example's id, read through `row` (its
+    index in the seed's test rows, in the order `ScoresTable.test_scores` takes them): one group
+    at a time, so that a large sweep's table is never whole in memory."""
+    test_ids: dict[int, np.ndarray] = {}
+    for group in masks:
+        if group.seed not in test_ids:
+            at = (table.seed == group.seed) & (table.split == "test") & (table.arch == arch)
+            test_ids[group.seed] = table.id[at].astype(str)
+        columns = group.columns()
+        yield {"id": test_ids[group.seed][columns["row"]], **columns}
 
 
 def calibrate_scores(
@@ -253,7 +259,11 @@ def calibrate_scores(
     }
     write_table(files.table, result.table)
     write_table(files.groups, result.groups)
-    write_table(files.decisions, _with_ids(result.decisions, table, arch or table.archs[0]))
+    write_parquet_parts(
+        files.decisions,
+        _with_ids(result.decision_masks, table, arch or table.archs[0]),
+        empty=lambda: {"id": np.array([], dtype=str), **result.decisions},  # no masks: no rows
+    )
     write_table(files.baselines, result.baselines)
     write_jsonl(files.ltt, result.ltt)
     write_json(files.summary, summary)

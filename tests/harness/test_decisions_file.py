@@ -1,0 +1,93 @@
+"""calibrate/ARCH/decisions.parquet written one mask group at a time: the same rows, ids and
+types as the tidy table made whole; a reader's filtered read gives exactly the rows it asks for;
+and a file written before the change (the tidy table in one piece) reads the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+import calibrate
+from harness import calibrate_scores, read_scores, simulate_scores, write_table
+from harness.data import read_table, write_parquet_parts
+from harness.report import read_decisions, read_sweep
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("decisions")
+    scores = folder / "scores.parquet"
+    write_table(scores, simulate_scores("strong", 600, 2, n_dev=300))
+    calibrate_scores(scores, folder / "calibrate")
+    return scores, folder / "calibrate"
+
+
+def whole_table(scores: Path) -> dict[str, np.ndarray]:
+    """The decisions as the sweep's tidy table, made whole, with each example's id."""
+    table = read_scores(scores)
+    result = calibrate.sweep(table.test_scores(None), calibrate.SweepConfig())
+    columns = result.decisions
+    ids = np.empty(columns["row"].size, dtype=object)
+    for seed in np.unique(columns["seed"]):
+        test_ids = table.id[(table.seed == seed) & (table.split == "test")]
+        ids[columns["seed"] == seed] = test_ids[columns["row"][columns["seed"] == seed]]
+    return {"id": ids.astype(str), **columns}
+
+
+def test_the_file_written_in_parts_is_the_whole_table(swept: tuple[Path, Path]) -> None:
+    scores, out = swept
+    written = read_table(out / "decisions.parquet").columns
+    expected = whole_table(scores)
+    assert list(written) == list(expected)
+    for name, values in expected.items():
+        assert np.array_equal(written[name].astype(values.dtype), values), name
+    assert written["delegated"].dtype == bool and written["seed"].dtype == np.int64
+
+
+def test_a_readers_filtered_read_is_exactly_its_rows(swept: tuple[Path, Path]) -> None:
+    _, out = swept
+    sweep = read_sweep(out)
+    budgets = [float(sweep.budgets[1]), float(sweep.budgets[3])]
+    got = read_decisions(sweep, budgets)
+    assert got is not None
+    c = read_table(out / "decisions.parquet").columns
+    keep = (
+        np.isin(c["objective"], [sweep.objective_for("auroc"), calibrate.ANY_OBJECTIVE])
+        & np.isin(c["batch_size"], [max(sweep.batch_sizes), calibrate.ANY_BATCH_SIZE])
+        & np.isin(c["budget"], budgets)
+    )
+    assert keep.sum() < c["row"].size / 4  # a small part of the file
+    for name in c:
+        assert np.array_equal(got[name], c[name][keep]), name
+    assert read_decisions(sweep, []) is not None and read_decisions(sweep, [])["row"].size == 0
+
+
+def test_a_file_from_before_reads_the_same(swept: tuple[Path, Path], tmp_path: Path) -> None:
+    scores, out = swept
+    old = tmp_path / "calibrate"
+    old.mkdir()
+    for path in out.iterdir():
+        (old / path.name).write_bytes(path.read_bytes())
+    write_table(old / "decisions.parquet", whole_table(scores))  # one piece, as before
+    budgets = [float(b) for b in read_sweep(out).budgets[:2]]
+    new_rows, old_rows = read_decisions(read_sweep(out), budgets), read_decisions(read_sweep(old), budgets)
+    assert new_rows is not None and old_rows is not None
+    for name in new_rows:
+        assert np.array_equal(new_rows[name], old_rows[name]), name
+
+
+def test_parts_share_one_schema_and_none_writes_the_empty_table(tmp_path: Path) -> None:
+    parts = [
+        {"a": np.arange(3, dtype=np.int32), "b": np.array(["x", "y", "z"])},
+        {"a": np.arange(2, dtype=np.int64), "b": np.array(["long value", "w"])},
+    ]
+    write_parquet_parts(tmp_path / "t.parquet", iter(parts), empty=lambda: pytest.fail("not needed"))
+    c = read_table(tmp_path / "t.parquet").columns
+    assert c["a"].tolist() == [0, 1, 2, 0, 1] and c["b"].tolist() == ["x", "y", "z", "long value", "w"]
+    kept = read_table(tmp_path / "t.parquet", where=pc.field("a") >= 1).columns
+    assert kept["b"].tolist() == ["y", "z", "w"]
+    write_parquet_parts(tmp_path / "e.parquet", iter([]), empty=lambda: {"a": np.array([], dtype=np.int64)})
+    assert read_table(tmp_path / "e.parquet").columns["a"].size == 0
