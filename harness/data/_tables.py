@@ -234,16 +234,20 @@ def write_table(path: Path, columns: Mapping[str, NDArray]) -> Path:
 
 
 def write_parquet_parts(
-    path: Path, parts: Iterable[Mapping[str, NDArray]], *, empty: Callable[[], Mapping[str, NDArray]]
+    path: Path,
+    parts: Iterable[Mapping[str, NDArray | pa.Array]],
+    *,
+    empty: Callable[[], Mapping[str, NDArray]],
 ) -> Path:
-    """Write `parts` (column dicts of one schema, the first part's) one after another as one
-    Parquet file, atomically, holding one part in memory at a time; `empty()` when there is none."""
+    """Write `parts` (columns as numpy or Arrow arrays, one schema: the first part's) one after
+    another as one Parquet file, atomically, holding one part in memory at a time; `empty()` when
+    there is none."""
     path = Path(path)
     with atomic_path(path) as tmp:
         writer: pq.ParquetWriter | None = None
         try:
             for part in parts:
-                table = pa.table({k: np.asarray(v) for k, v in part.items()})
+                table = pa.table({k: _arrow(v) for k, v in part.items()})
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, table.schema)
                 writer.write_table(table.cast(writer.schema))
@@ -253,6 +257,10 @@ def write_parquet_parts(
         if writer is None:
             pq.write_table(pa.table({k: np.asarray(v) for k, v in empty().items()}), tmp)
     return path
+
+
+def _arrow(values: NDArray | pa.Array) -> pa.Array | NDArray:
+    return values if isinstance(values, pa.Array) else np.asarray(values)
 
 
 def _json_default(value: object) -> object:

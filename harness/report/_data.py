@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 import calibrate
@@ -214,6 +216,10 @@ def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> dict[str, NDArray]
     path = sweep.files.decisions
     if not path.is_file():
         return None
+    try:  # an empty table written before its columns were typed has float `objective` values
+        empty = pq.ParquetFile(path).metadata.num_rows == 0
+    except (pa.ArrowException, OSError):
+        empty = False  # read_table names the file
     field = pc.field
     near = [(field("budget") >= b - 1e-9) & (field("budget") <= b + 1e-9) for b in budgets]
     where = (
@@ -221,7 +227,7 @@ def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> dict[str, NDArray]
         & field("batch_size").isin([max(sweep.batch_sizes), calibrate.ANY_BATCH_SIZE])
         & functools.reduce(operator.or_, near, pc.scalar(False))
     )
-    return read_table(path, where=where).columns
+    return read_table(path, where=None if empty else where).columns
 
 
 def read_sweep(folder: Path) -> Sweep:

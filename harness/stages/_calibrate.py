@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
 import calibrate
 from calibrate import MergeChoice, SweepConfig, ValidationConfig, ValidationResult
@@ -175,17 +176,17 @@ def _joint_counts(config: SweepConfig, at_largest: dict[str, np.ndarray]) -> dic
 
 def _with_ids(
     masks: tuple[calibrate.DecisionMasks, ...], table: ScoresTable, arch: str
-) -> Iterator[dict[str, np.ndarray]]:
+) -> Iterator[dict[str, np.ndarray | pa.Array]]:
     """Each mask group's tidy decision rows with each example's id, read through `row` (its
     index in the seed's test rows, in the order `ScoresTable.test_scores` takes them): one group
     at a time, so that a large sweep's table is never whole in memory."""
-    test_ids: dict[int, np.ndarray] = {}
+    test_ids: dict[int, pa.Array] = {}  # Arrow strings: a row's id costs its length, not the longest
     for group in masks:
         if group.seed not in test_ids:
             at = (table.seed == group.seed) & (table.split == "test") & (table.arch == arch)
-            test_ids[group.seed] = table.id[at].astype(str)
+            test_ids[group.seed] = pa.array(table.id[at].astype(str).tolist(), type=pa.string())
         columns = group.columns()
-        yield {"id": test_ids[group.seed][columns["row"]], **columns}
+        yield {"id": test_ids[group.seed].take(columns["row"]), **columns}
 
 
 def calibrate_scores(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -79,10 +80,23 @@ def test_a_file_from_before_reads_the_same(swept: tuple[Path, Path], tmp_path: P
         assert np.array_equal(new_rows[name], old_rows[name]), name
 
 
+def test_an_empty_file_from_before_reads_as_empty(swept: tuple[Path, Path], tmp_path: Path) -> None:
+    """Before the columns were typed, a sweep without masks wrote every column but id as float."""
+    _, out = swept
+    old = tmp_path / "calibrate"
+    old.mkdir()
+    for path in out.iterdir():
+        (old / path.name).write_bytes(path.read_bytes())
+    empty = {"id": np.array([], dtype=str), **{c: np.array([]) for c in calibrate.DECISION_COLUMNS}}
+    write_table(old / "decisions.parquet", empty)
+    found = read_decisions(read_sweep(old), [0.2])
+    assert found is not None and all(v.size == 0 for v in found.values())
+
+
 def test_parts_share_one_schema_and_none_writes_the_empty_table(tmp_path: Path) -> None:
     parts = [
         {"a": np.arange(3, dtype=np.int32), "b": np.array(["x", "y", "z"])},
-        {"a": np.arange(2, dtype=np.int64), "b": np.array(["long value", "w"])},
+        {"a": np.arange(2, dtype=np.int64), "b": pa.array(["long value", "w"])},  # Arrow strings too
     ]
     write_parquet_parts(tmp_path / "t.parquet", iter(parts), empty=lambda: pytest.fail("not needed"))
     c = read_table(tmp_path / "t.parquet").columns
