@@ -138,16 +138,16 @@ def read_arch(
         for policy in policies:
             rule = sweep.config.merge_for(calibrate.POLICIES[policy])
             for budget in points:
-                at = _mask(decisions, policy=policy, budget=budget, objective=objective, batch_size=batch)
-                at &= decisions["seed"] == seed
-                rows = decisions["row"][at].astype(np.int64)
-                delegated = decisions["delegated"][at].astype(bool)
+                at = decisions.at(policy=policy, budget=budget, objective=objective, batch_size=batch)
+                at &= decisions.columns["seed"] == seed
+                rows = decisions.columns["row"][at].astype(np.int64)
+                delegated = decisions.columns["delegated"][at].astype(bool)
                 evaluated[rows] = True
                 score = calibrate.cascade_scores(probe[rows], expert[rows], delegated, rule)
                 correct = (score >= calibrate.DECISION_THRESHOLD) == (label[rows] == 1)
                 threshold = _threshold(sweep, policy, objective, seed, batch, budget)
                 topk = not calibrate.POLICIES[policy].calibrated
-                signals, ranks = decisions["signal"][at], decisions["batch_rank"][at]
+                signals, ranks = decisions.columns["signal"][at], decisions.columns["batch_rank"][at]
                 for j, row in enumerate(rows):
                     outcomes[row].append(
                         Outcome(
@@ -188,17 +188,6 @@ def read_arch(
         headline=_headline(layout, sweep, arch, points, objective, batch),
         sweep=sweep,
     )
-
-
-def _mask(
-    columns: dict[str, NDArray], *, policy: str, budget: float, objective: str, batch_size: int
-) -> NDArray[np.bool_]:
-    """The rows of one mask of decisions.parquet; calibrated policies are written per objective
-    (any batch size), top-k ones per batch size (any objective)."""
-    rows = (columns["policy"] == policy) & (np.abs(columns["budget"].astype(np.float64) - budget) <= 1e-9)
-    if calibrate.POLICIES[policy].calibrated:
-        return rows & (columns["objective"] == objective)
-    return rows & (columns["batch_size"] == batch_size)
 
 
 def _threshold(sweep: Sweep, policy: str, objective: str, seed: int, batch: int, budget: float) -> float:

@@ -207,7 +207,23 @@ def _read_groups(path: Path) -> dict[str, NDArray] | None:
     return _columns(raw, ("policy", "objective", "group"))
 
 
-def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> dict[str, NDArray] | None:
+@dataclass(frozen=True)
+class Decisions:
+    """Rows of a sweep's decisions.parquet (calibrate.DECISION_COLUMNS plus id)."""
+
+    columns: dict[str, NDArray]
+
+    def at(self, *, policy: str, budget: float, objective: str, batch_size: int) -> NDArray[np.bool_]:
+        """The rows of one mask; calibrated policies are written per objective (any batch size),
+        top-k ones per batch size (any objective)."""
+        c = self.columns
+        rows = (c["policy"] == policy) & (np.abs(c["budget"].astype(np.float64) - budget) <= 1e-9)
+        if calibrate.POLICIES[policy].calibrated:
+            return rows & (c["objective"] == objective)
+        return rows & (c["batch_size"] == batch_size)
+
+
+def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> Decisions | None:
     """The rows of the sweep's decisions.parquet that show one example's decisions (the report's
     per-example table and case studies, `ctd export inspect`): calibrated policies as selected
     for AUROC, top-k at the largest batch size, at `budgets` (points of the sweep's grid). Read
@@ -227,7 +243,7 @@ def read_decisions(sweep: Sweep, budgets: Sequence[float]) -> dict[str, NDArray]
         & field("batch_size").isin([max(sweep.batch_sizes), calibrate.ANY_BATCH_SIZE])
         & functools.reduce(operator.or_, near, pc.scalar(False))
     )
-    return read_table(path, where=None if empty else where).columns
+    return Decisions(read_table(path, where=None if empty else where).columns)
 
 
 def read_sweep(folder: Path) -> Sweep:

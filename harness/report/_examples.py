@@ -19,7 +19,7 @@ import calibrate
 from ..data import read_table, write_table
 from ..run import RunLayout
 from ._context import ReportContext, fmt, markdown_table
-from ._data import Sweep, read_decisions
+from ._data import Decisions, Sweep, read_decisions
 from ._figures import POLICY_LABELS
 from ._summary import SUMMARY_BUDGETS  # the examples are shown at the summary's budgets
 
@@ -32,27 +32,6 @@ TOP_SHOWN = 5  # the expert's most likely next tokens shown in a case study
 _UNC, _DV = "unc-topk", "ctd"
 _LONG = ("text", "top_tokens")  # in examples.parquet, not in the case-study CSV
 _NO_TEXT = f"(the input is not in this run's {RunLayout(Path()).query.expert_scores})"
-
-
-@dataclass(frozen=True)
-class Decisions:
-    """One sweep's per-example masks (calibrate.DECISION_COLUMNS plus id), None when absent."""
-
-    columns: dict[str, NDArray]
-
-    def at(self, *, policy: str, budget: float, objective: str, batch_size: int) -> NDArray[np.bool_]:
-        """The rows of one mask; calibrated policies ignore the batch size, top-k the objective."""
-        c = self.columns
-        calibrated = calibrate.POLICIES[policy].calibrated
-        rows = (c["policy"] == policy) & (np.abs(c["budget"] - budget) <= 1e-9)
-        if calibrated:
-            return rows & (c["objective"] == objective)
-        return rows & (c["batch_size"] == batch_size)
-
-
-def _decisions(sweep: Sweep, budgets: list[float]) -> Decisions | None:
-    columns = read_decisions(sweep, budgets)
-    return None if columns is None else Decisions(columns)
 
 
 @dataclass(frozen=True)
@@ -114,7 +93,7 @@ def examples_table(ctx: ReportContext) -> None:
     extra_columns: dict[str, NDArray] = {}
     for arch, sweep in ctx.sweeps.items():
         points = [p for p in (sweep.grid_point(b) for b in SUMMARY_BUDGETS) if p is not None]
-        decisions = _decisions(sweep, points)
+        decisions = read_decisions(sweep, points)
         if decisions is None:
             ctx.note(
                 f"{arch}: no {sweep.files.decisions.relative_to(ctx.run_dir)}; "
@@ -298,7 +277,7 @@ def case_study_section(ctx: ReportContext) -> None:
     ]
     for arch, sweep in ctx.sweeps.items():
         point = sweep.grid_point(CASE_BUDGET)
-        decisions = _decisions(sweep, [] if point is None else [point])
+        decisions = read_decisions(sweep, [] if point is None else [point])
         if decisions is None or _UNC not in sweep.policies or _DV not in sweep.policies:
             needs = f"CTD and Unc. top-k in {sweep.files.decisions.relative_to(ctx.run_dir)}"
             ctx.note(f"{arch}: no case studies (they need {needs}).")

@@ -52,8 +52,9 @@ def test_a_readers_filtered_read_is_exactly_its_rows(swept: tuple[Path, Path]) -
     _, out = swept
     sweep = read_sweep(out)
     budgets = [float(sweep.budgets[1]), float(sweep.budgets[3])]
-    got = read_decisions(sweep, budgets)
-    assert got is not None
+    found = read_decisions(sweep, budgets)
+    assert found is not None
+    got = found.columns
     c = read_table(out / "decisions.parquet").columns
     keep = (
         np.isin(c["objective"], [sweep.objective_for("auroc"), calibrate.ANY_OBJECTIVE])
@@ -63,34 +64,36 @@ def test_a_readers_filtered_read_is_exactly_its_rows(swept: tuple[Path, Path]) -
     assert keep.sum() < c["row"].size / 4  # a small part of the file
     for name in c:
         assert np.array_equal(got[name], c[name][keep]), name
-    assert read_decisions(sweep, []) is not None and read_decisions(sweep, [])["row"].size == 0
+    none = read_decisions(sweep, [])
+    assert none is not None and none.columns["row"].size == 0
+
+
+def with_decisions(out: Path, folder: Path, decisions: dict[str, np.ndarray]) -> Path:
+    """A copy of the sweep folder `out` in `folder` whose decisions.parquet is `decisions`."""
+    folder.mkdir()
+    for path in out.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    write_table(folder / "decisions.parquet", decisions)
+    return folder
 
 
 def test_a_file_from_before_reads_the_same(swept: tuple[Path, Path], tmp_path: Path) -> None:
     scores, out = swept
-    old = tmp_path / "calibrate"
-    old.mkdir()
-    for path in out.iterdir():
-        (old / path.name).write_bytes(path.read_bytes())
-    write_table(old / "decisions.parquet", whole_table(scores))  # one piece, as before
+    old = with_decisions(out, tmp_path / "calibrate", whole_table(scores))  # one piece, as before
     budgets = [float(b) for b in read_sweep(out).budgets[:2]]
     new_rows, old_rows = read_decisions(read_sweep(out), budgets), read_decisions(read_sweep(old), budgets)
     assert new_rows is not None and old_rows is not None
-    for name in new_rows:
-        assert np.array_equal(new_rows[name], old_rows[name]), name
+    for name in new_rows.columns:
+        assert np.array_equal(new_rows.columns[name], old_rows.columns[name]), name
 
 
 def test_an_empty_file_from_before_reads_as_empty(swept: tuple[Path, Path], tmp_path: Path) -> None:
     """Before the columns were typed, a sweep without masks wrote every column but id as float."""
     _, out = swept
-    old = tmp_path / "calibrate"
-    old.mkdir()
-    for path in out.iterdir():
-        (old / path.name).write_bytes(path.read_bytes())
     empty = {"id": np.array([], dtype=str), **{c: np.array([]) for c in calibrate.DECISION_COLUMNS}}
-    write_table(old / "decisions.parquet", empty)
+    old = with_decisions(out, tmp_path / "calibrate", empty)
     found = read_decisions(read_sweep(old), [0.2])
-    assert found is not None and all(v.size == 0 for v in found.values())
+    assert found is not None and all(v.size == 0 for v in found.columns.values())
 
 
 def test_parts_share_one_schema_and_none_writes_the_empty_table(tmp_path: Path) -> None:
