@@ -19,6 +19,7 @@ from calibrate import (
 from .._bounds import LIMITS, check_levels
 from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
+from ..run import Roots
 from ..stages import calibrate_scores, resolve_scores, simulate
 from ._cascade_calibrate import (
     POLICIES_HELP,
@@ -104,7 +105,13 @@ def calibrate_command(
     run: RunOption = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Output folder (default: runs/NAME/calibrate with --run)."),
+        typer.Option(
+            "--out",
+            help=(
+                "Output folder (default with --run: the run's sweep, runs/NAME/calibrate/ARCH/, or "
+                "ARCH/merge-RULE/ with --merge; its report reads it, `ctd report NAME`)."
+            ),
+        ),
     ] = None,
     budgets: Annotated[
         str | None,
@@ -185,10 +192,8 @@ def calibrate_command(
         )
         return
     scores_path = resolve_scores(scores, run)
-    if out is None:
-        if run is None:
-            raise InputError("--out: give an output folder (or use --run NAME)")
-        out = scores_path.parent / "calibrate"
+    if out is None and run is None:
+        raise InputError("--out: give an output folder (or use --run NAME)")
     try:
         config = SweepConfig(
             budgets=(
@@ -209,7 +214,8 @@ def calibrate_command(
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    summary = calibrate_scores(scores_path, out, config, arch=arch)
+    target = out if out is not None else Roots.resolve().run(str(run))  # the run's sweep: its report's
+    summary = calibrate_scores(scores_path, target, config, arch=arch)
     if json_output:
         print_json(summary)
         return

@@ -79,18 +79,24 @@ class ScoresTable:
     def archs(self) -> list[str]:
         return sorted(str(a) for a in np.unique(self.arch))
 
-    def _test_rows(self, arch: str | None) -> dict[int, NDArray[np.bool_]]:
-        """The test rows of every seed of one probe configuration (`arch` may be left out when
-        the table holds a single one)."""
+    def arch_name(self, arch: str | None) -> str:
+        """The probe configuration `arch` names (--arch), or the table's only one when it is None;
+        an InputError when it is not in the table, or left out of a table of several."""
         if arch is None:
             if len(self.archs) > 1:
                 raise InputError(
                     f"{self.source}: column 'arch': the table holds several probe configurations "
                     f"({', '.join(self.archs)}); choose one with --arch"
                 )
-            arch = self.archs[0]
-        elif arch not in self.archs:
+            return self.archs[0]
+        if arch not in self.archs:
             raise InputError(f"--arch {arch}: not in {self.source} (it has {', '.join(self.archs)})")
+        return arch
+
+    def _test_rows(self, arch: str | None) -> dict[int, NDArray[np.bool_]]:
+        """The test rows of every seed of one probe configuration (`arch` may be left out when
+        the table holds a single one)."""
+        arch = self.arch_name(arch)
         out = {}
         for seed in self.seeds:
             rows = (self.seed == seed) & (self.split == "test") & (self.arch == arch)

@@ -377,6 +377,11 @@ class SweepLayout:
         return self.root / "summary.json"
 
     @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file of a sweep, summary.json last."""
+        return self.table, self.groups, self.decisions, self.baselines, self.ltt, self.summary
+
+    @property
     def required(self) -> tuple[Path, ...]:
         """What a reader of the sweep cannot do without (the rest may be absent in older runs)."""
         return self.table, self.baselines, self.summary

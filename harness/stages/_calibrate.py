@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -29,7 +31,7 @@ from ..data import (
     write_scores,
     write_table,
 )
-from ..run import Roots, RunContext, StageResult, SweepLayout, file_sha256, fingerprint
+from ..run import Roots, RunContext, RunLayout, StageResult, SweepLayout, file_sha256, fingerprint
 
 __all__ = [
     "CALIBRATE_SETTINGS",
@@ -190,25 +192,29 @@ def _with_ids(
 
 
 def calibrate_scores(
-    scores_path: Path, out_dir: Path, config: SweepConfig | None = None, *, arch: str | None = None
+    scores_path: Path, out: Path | RunLayout, config: SweepConfig | None = None, *, arch: str | None = None
 ) -> dict:
-    """Run the policy sweep on a scores table and write it to `out_dir`:
-    sweep.csv (tidy), groups.csv (the group-conditional table of the same masks,
-    calibrate.GROUP_COLUMNS), decisions.parquet (the same masks per example, with its id),
-    ltt.jsonl (one audit record per calibrated row), baselines.csv and
-    summary.json (with every SweepConfig field, so that a reader can rebuild the config).
-    Returns the summary. Checks everything before writing anything."""
+    """Run the policy sweep on a scores table and write it to the folder `out`, or for a run
+    (`out` its RunLayout) to the run's sweep of the arch and merge rule, calibrate/ARCH[/merge-RULE]/,
+    which its report reads: sweep.csv (tidy), groups.csv (the group-conditional table of the same
+    masks, calibrate.GROUP_COLUMNS), decisions.parquet (the same masks per example, with its id),
+    ltt.jsonl (one audit record per calibrated row), baselines.csv and summary.json (with every
+    SweepConfig field, so that a reader can rebuild the config). Returns the summary. Checks
+    everything before writing anything, and replaces a previous sweep's files together."""
     config = config or SweepConfig()
     started = time.perf_counter()
-    out_dir = Path(out_dir)
-    files = SweepLayout(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir}: exists and is not a folder")
+    if not isinstance(out, RunLayout):
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {out}: exists and is not a folder")
     table = read_scores(scores_path)
     if table.stages > 1:
         raise InputError(
             f"{scores_path}: a cascade of {table.stages} experts; sweep it with --budget B1,B2 (one each)"
         )
+    arch = table.arch_name(arch)
+    out_dir = out.sweep(arch, config.merge).root if isinstance(out, RunLayout) else out
+    files = SweepLayout(out_dir)
     by_seed = table.test_scores(arch)
     check_calibration_size(
         by_seed,
@@ -235,7 +241,7 @@ def calibrate_scores(
     at_largest = {k: v[result.table["batch_size"] == largest] for k, v in result.table.items()}
     summary = {
         "scores": str(scores_path),
-        "arch": arch or table.archs[0],
+        "arch": arch,
         "out": str(out_dir),
         "table": str(files.table),
         "rows": int(result.table["seed"].size),
@@ -258,16 +264,25 @@ def calibrate_scores(
         **_joint_counts(config, at_largest),
         "elapsed_s": round(elapsed, 3),
     }
-    write_table(files.table, result.table)
-    write_table(files.groups, result.groups)
-    write_parquet_parts(
-        files.decisions,
-        _with_ids(result.decision_masks, table, arch or table.archs[0]),
-        empty=lambda: {"id": np.array([], dtype=str), **result.decisions},  # no masks: no rows
-    )
-    write_table(files.baselines, result.baselines)
-    write_jsonl(files.ltt, result.ltt)
-    write_json(files.summary, summary)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Written beside, then renamed in: a sweep killed while writing leaves the previous one whole
+    # (a run's report reads these files together), not a new sweep.csv over old decisions.
+    staging = SweepLayout(Path(tempfile.mkdtemp(prefix=".sweep.", dir=out_dir)))
+    try:
+        write_table(staging.table, result.table)
+        write_table(staging.groups, result.groups)
+        write_parquet_parts(
+            staging.decisions,
+            _with_ids(result.decision_masks, table, arch),
+            empty=lambda: {"id": np.array([], dtype=str), **result.decisions},  # no masks: no rows
+        )
+        write_table(staging.baselines, result.baselines)
+        write_jsonl(staging.ltt, result.ltt)
+        write_json(staging.summary, summary)
+        for staged, final in zip(staging.files, files.files, strict=True):  # summary.json last
+            os.replace(staged, final)
+    finally:
+        shutil.rmtree(staging.root, ignore_errors=True)
     return summary
 
 
@@ -430,7 +445,7 @@ class CalibrateStage:
             for merge in merges:
                 ctx.progress("calibrate", done, total, unit="sweeps")
                 sweep = config.sweep_config(merge)
-                summary = calibrate_scores(layout.scores, layout.sweep(arch, merge).root, sweep, arch=arch)
+                summary = calibrate_scores(layout.scores, layout, sweep, arch=arch)
                 done += 1
                 if merge == "default":
                     parts.append(f"{arch}: {summary['rows']} rows")

@@ -108,3 +108,28 @@ def test_parts_share_one_schema_and_none_writes_the_empty_table(tmp_path: Path) 
     assert kept["b"].tolist() == ["y", "z", "w"]
     write_parquet_parts(tmp_path / "e.parquet", iter([]), empty=lambda: {"a": np.array([], dtype=np.int64)})
     assert read_table(tmp_path / "e.parquet").columns["a"].size == 0
+
+
+def test_a_sweep_that_fails_while_writing_leaves_the_previous_one_whole(
+    swept: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files are written beside the folder and renamed in together: a sweep that dies
+    after writing its new sweep.csv (here: its ltt.jsonl fails) leaves every file as it was."""
+    import harness.stages._calibrate as stage
+
+    scores, previous = swept
+    out = tmp_path / "calibrate"
+    calibrate_scores(scores, out, calibrate.SweepConfig(budgets=(0.3, 0.5)))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(path: Path, records: object) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(stage, "write_jsonl", full_disk)
+    with pytest.raises(OSError):
+        calibrate_scores(scores, out, calibrate.SweepConfig(budgets=(0.2, 0.4)))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # and no staging folder left
+    monkeypatch.undo()
+    calibrate_scores(scores, out, calibrate.SweepConfig(budgets=(0.2, 0.4)))
+    assert read_sweep(out).config.budgets == (0.2, 0.4)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in previous.iterdir())

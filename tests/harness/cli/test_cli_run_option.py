@@ -18,6 +18,9 @@ from cli_checks import (
     read_csv,
 )
 
+from harness.report import read_sweep
+from harness.run import RunLayout
+
 
 @pytest.fixture
 def runs_root(tmp_path: Path, scores: Path, monkeypatch) -> Path:
@@ -28,13 +31,30 @@ def runs_root(tmp_path: Path, scores: Path, monkeypatch) -> Path:
     return root
 
 
-def test_calibrate_run_writes_into_the_run_folder(runs_root: Path):
+def test_calibrate_run_writes_the_sweep_its_report_reads(runs_root: Path):
+    """calibrate/ARCH/ (not calibrate/, where `ctd report` never looked), and with --merge RULE
+    calibrate/ARCH/merge-RULE/ beside it, as the report's merge-control section asks."""
     summary = one_json_object(ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE, "--json"))
-    folder = runs_root / "exp1" / "calibrate"
+    folder = RunLayout(runs_root / "exp1").sweep(summary["arch"]).root
+    assert folder.parent == runs_root / "exp1" / "calibrate"
     assert Path(summary["out"]) == folder
     assert Path(summary["scores"]) == runs_root / "exp1" / "scores.parquet"
-    assert sorted(p.name for p in folder.iterdir()) == CALIBRATE_FILES
+    assert sorted(p.name for p in folder.iterdir()) == CALIBRATE_FILES  # no staging folder left
     assert len(read_csv(folder / "sweep.csv")) == summary["rows"] == 16
+    assert read_sweep(folder).config.budgets == (0.2, 0.5)  # what the report reads
+
+    merged = one_json_object(ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE, "--merge", "average", "--json"))
+    assert Path(merged["out"]) == folder / "merge-average"
+    assert {row["merge"] for row in read_csv(folder / "merge-average" / "sweep.csv")} == {"average"}
+    assert len(read_csv(folder / "sweep.csv")) == 16  # the default sweep beside it is untouched
+
+
+def test_calibrate_run_with_an_unknown_arch_writes_nothing(runs_root: Path):
+    assert_clean_error(
+        ctd("calibrate", "--run", "exp1", "--arch", "nope", *FAST_CALIBRATE),
+        "--arch nope",
+        unwritten=(runs_root / "exp1" / "calibrate",),
+    )
 
 
 def test_calibrate_run_with_explicit_out(runs_root: Path, tmp_path: Path):
