@@ -25,6 +25,8 @@ ROOMS = (
     "harness._bounds",
     "harness._lazy",
     "harness._signals",
+    "harness._workers",
+    "harness._worker",  # the worker process's entry point: imports the pool's messages
     "harness.data",
     "harness.expert",
     "harness.run",

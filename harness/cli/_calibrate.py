@@ -19,7 +19,7 @@ from calibrate import (
 from .._bounds import LIMITS, check_levels
 from .._errors import InputError
 from ..data import DEFAULT_RANDOM_STATE, Scenario
-from ..run import Roots
+from ..run import Roots, RunLayout, RunLog
 from ..stages import calibrate_scores, resolve_scores, simulate
 from ._cascade_calibrate import (
     POLICIES_HELP,
@@ -109,7 +109,8 @@ def calibrate_command(
             "--out",
             help=(
                 "Output folder (default with --run: the run's sweep, runs/NAME/calibrate/ARCH/, or "
-                "ARCH/merge-RULE/ with --merge; its report reads it, `ctd report NAME`)."
+                "ARCH/merge-RULE/ with --merge, which `ctd report NAME` reads; a run made by `ctd eval` "
+                "is swept again by `ctd eval` itself)."
             ),
         ),
     ] = None,
@@ -194,6 +195,7 @@ def calibrate_command(
     scores_path = resolve_scores(scores, run)
     if out is None and run is None:
         raise InputError("--out: give an output folder (or use --run NAME)")
+    target = out if out is not None else _run_sweep(str(run))
     try:
         config = SweepConfig(
             budgets=(
@@ -214,7 +216,6 @@ def calibrate_command(
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    target = out if out is not None else Roots.resolve().run(str(run))  # the run's sweep: its report's
     summary = calibrate_scores(scores_path, target, config, arch=arch)
     if json_output:
         print_json(summary)
@@ -226,6 +227,20 @@ def calibrate_command(
         f"expert only: AUROC {b['expert_auroc']:.3f}, accuracy {b['expert_accuracy']:.3f}"
     )
     stdout.print(f"wrote {summary['rows']} rows to {summary['table']} in {summary['elapsed_s']:.2f} s")
+
+
+def _run_sweep(run: str) -> RunLayout:
+    """The run whose sweep --run NAME writes (the one its report reads), unless `ctd eval` made
+    that sweep: its record and the later stages (validate, report) follow the run's settings, and
+    its next run would replace a sweep written here."""
+    layout = Roots.resolve().run(run)
+    if layout.run_log.is_file() and "calibrate" in RunLog.read(layout.run_log).stages:
+        raise InputError(
+            f"--run {run}: its sweep was made by `ctd eval` ({layout.run_log}); sweep it again with other "
+            f"settings through `ctd eval --config {layout.config} --budgets ...` (it reruns calibrate, "
+            "validate and report only), or write this sweep elsewhere with --out"
+        )
+    return layout
 
 
 def _means_table(summary: dict, batch_size: int) -> Table:

@@ -26,6 +26,7 @@ from .._errors import (
     InputError,
     RunFailed,
 )
+from .._workers import WorkerError
 from ..data import dumps
 from ..run import make_console
 
@@ -87,6 +88,10 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
         except RunFailed as exc:  # the work is done and kept, but its result is not usable
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
+        except WorkerError as exc:  # a bug or a crash in a worker process: its last line says which
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no message"
+            print(f"error: a worker process failed: {last}", file=sys.stderr)
+            raise typer.Exit(code=EXIT_FAILED) from None
         except MemoryError:  # the counts are bounded (harness/_bounds.py); the machine may have less
             print(
                 "error: out of memory; smaller counts (--trials, --batch-tokens, --limit) need less",

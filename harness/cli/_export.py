@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from .._errors import InputError
+from ..export import SAMPLES_PER_LOG
 from ..run import Roots, RunLayout
 from ._common import clean_errors, parse_floats
 
@@ -46,7 +47,7 @@ def inspect_command(
             "--out",
             help=(
                 "A FILE.eval for a run of one probe configuration, a folder (ARCH.eval each) for a run of "
-                "several. Default: RUN/inspect/ARCH.eval."
+                "several (parts: FILE.partK-of-N.eval beside it). Default: RUN/inspect/ARCH.eval."
             ),
         ),
     ] = None,
@@ -57,15 +58,29 @@ def inspect_command(
             help="Export the cascades at these budgets of the run's sweep only (default: every budget).",
         ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace logs that are already there.")] = False,
+    samples_per_log: Annotated[
+        int,
+        typer.Option(
+            "--samples-per-log",
+            help=(
+                "A configuration with more samples (test examples x seeds) is written in parts, "
+                "ARCH.partK-of-N.eval, of about this many, by one process per CPU: inspect's writer "
+                "slows with the square of a log's samples."
+            ),
+        ),
+    ] = SAMPLES_PER_LOG,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace logs that are already there (an earlier export's parts too)."),
+    ] = False,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
     ] = None,
 ) -> None:
-    """One inspect_ai log per probe configuration: a sample per test example (an epoch per probe
-    seed) with the probe's, the expert's and each cascade's score, and the run's headline numbers
-    as the log's results. Open them with `inspect view start --log-dir FOLDER`. Needs the
-    inspect extra: pip install -e '.[inspect]'."""
+    """One inspect_ai log per probe configuration (in parts above --samples-per-log samples): a
+    sample per test example (an epoch per probe seed) with the probe's, the expert's and each
+    cascade's score, and the run's headline numbers as the log's results. Open them with
+    `inspect view start --log-dir FOLDER`. Needs the inspect extra: pip install -e '.[inspect]'."""
     from ..export import export_inspect
 
     chosen = parse_floats(budgets, "--budgets") if budgets is not None else None
@@ -74,7 +89,10 @@ def inspect_command(
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    for path in export_inspect(folder, out, force=force, budgets=chosen, progress=progress):
+    written = export_inspect(
+        folder, out, force=force, budgets=chosen, progress=progress, samples_per_log=samples_per_log
+    )
+    for path in written:
         print(path)
 
 

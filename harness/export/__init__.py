@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
+SAMPLES_PER_LOG = 5_000
+"""The most samples (test examples x seeds) in one log: above it, a probe configuration's log is
+written in parts (harness/export/_parts.py says why). Here, so that the CLI's default costs no import."""
+
 # Every public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
     "INSPECT_MISSING": "._inspect",
@@ -18,6 +22,6 @@ _EXPORTS: dict[str, str] = {
     "sample_id": "._inspect",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = ["SAMPLES_PER_LOG", *_EXPORTS]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,6 +1,7 @@
-"""A finished run as inspect_ai `.eval` logs, one per probe configuration, written through
-inspect_ai's own Python API (`write_eval_log`): its maintainers keep the file format free to
-change and the API stable, so nothing here writes the zip itself.
+"""A finished run as inspect_ai `.eval` logs, one per probe configuration (in parts when it is
+large, see `_parts.py`), written through inspect_ai's own Python API (`write_eval_log`): its
+maintainers keep the file format free to change and the API stable, so nothing here writes the
+zip itself.
 
 In a log, a sample is a test example and an epoch a probe seed (epoch k is the k-th seed of the
 run, ascending; the seed itself is in the sample's metadata), so the viewer shows the seeds of
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 from collections.abc import Callable
 from importlib import metadata
@@ -25,6 +25,7 @@ import calibrate
 from .._errors import InputError
 from ..run import RunLayout, RunLog
 from ._inputs import ExampleInput, Inputs, read_inputs
+from ._parts import SAMPLES_PER_LOG, LogPart, existing_logs, plan_parts, write_parts
 from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
 
 if TYPE_CHECKING:
@@ -201,27 +202,24 @@ def _results(found: ArchRecords, samples: int) -> Any:
     return EvalResults(total_samples=samples, completed_samples=samples, scores=scores)
 
 
-def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Callable[[str], None]) -> EvalLog:
-    """One probe configuration's log."""
+def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, part: tuple[int, int] = (1, 1)) -> EvalLog:
+    """One probe configuration's log, or part k of n of it (`part`): its records' samples."""
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalPlan, EvalSpec, EvalStats
 
     layout = RunLayout(run_dir)
-    seeds = sorted({r.seed for r in found.records})
+    seeds = list(found.seeds)  # the configuration's, so that every part numbers epochs alike
     epoch = {seed: k + 1 for k, seed in enumerate(seeds)}
-    samples = []
-    for n, record in enumerate(found.records, 1):
-        samples.append(_sample(record, epoch[record.seed], inputs.get(record.id), found.arch))
-        if n % 500 == 0:
-            progress(f"{found.arch}: {n}/{len(found.records)} samples")
+    samples = [_sample(r, epoch[r.seed], inputs.get(r.id), found.arch) for r in found.records]
     ids = sorted({s.id for s in samples})
     started, completed = _run_times(layout)
     model = str(_config_value(layout, "model") or "unknown")
+    k, n = part
     return EvalLog(
         status="success",
         eval=EvalSpec(
             created=started,
             task=f"{TASK}/{found.arch}",
-            task_display_name=f"{run_dir.name}: {found.arch}",
+            task_display_name=f"{run_dir.name}: {found.arch}" + (f" (part {k} of {n})" if n > 1 else ""),
             task_args={
                 "budgets": list(found.budgets),
                 "objective": found.objective,
@@ -240,6 +238,8 @@ def build_log(run_dir: Path, found: ArchRecords, inputs: Inputs, progress: Calla
                 "expert": _config_value(layout, "expert"),
                 "inputs": inputs.note,
                 "exported_by": f"ctd-harness {_version()} (ctd export inspect)",
+                # a log in parts: which one; the results are the whole run's in every part
+                **({"part": k, "parts": n} if n > 1 else {}),
             },
         ),
         plan=EvalPlan(name="ctd cascade"),
@@ -282,38 +282,52 @@ def export_inspect(
     force: bool = False,
     budgets: tuple[float, ...] | None = None,
     progress: Callable[[str], None] | None = None,
+    samples_per_log: int = SAMPLES_PER_LOG,
+    in_workers: bool = True,
 ) -> list[Path]:
-    """Write the run's logs (see `log_paths`) and return their paths. Every input is checked and
-    every log built before the first is written; each is written under a temporary name and
-    renamed into place, so an interrupted export leaves no file that looks complete."""
+    """Write the run's logs (see `log_paths`; a configuration of more than `samples_per_log`
+    samples in parts, see `part_paths`) and return their paths. Every input is checked before
+    the first log is written; each is written under a temporary name (by worker processes when
+    there are several, unless `in_workers` is False) and all are renamed into place together,
+    so an interrupted export leaves no file that looks complete. With `force`, an earlier
+    export's logs of the same configurations (its parts too) are replaced."""
     try:
-        from inspect_ai.log import write_eval_log
+        import inspect_ai.log  # noqa: F401
     except ImportError:
         raise InputError(INSPECT_MISSING) from None
+    if samples_per_log < 1:
+        raise InputError(f"--samples-per-log {samples_per_log}: give at least 1")
     say = progress or (lambda _message: None)
     run_dir = Path(run_dir)
     table = check_finished(run_dir, budgets)
     paths = log_paths(run_dir, out, table.archs)
+    earlier: list[Path] = []
     for path in paths.values():
-        if path.exists() and not force:
-            raise InputError(f"--out {path}: already exists (--force replaces it)")
-        if path.exists() and not path.is_file():
-            raise InputError(f"--out {path}: is not a file")
+        for old in existing_logs(path):
+            if not force:
+                raise InputError(f"--out {old}: already exists (--force replaces it)")
+            if not old.is_file():
+                raise InputError(f"--out {old}: is not a file")
+            earlier.append(old)
     test = table.split == "test"
     labels = {str(i): int(y) for i, y in zip(table.id[test], table.label[test], strict=True)}
     say("reading the run's inputs")
     inputs = read_inputs(run_dir, labels)
-    logs = {}
-    for arch in paths:
-        say(f"{arch}: reading the sweep's decisions")
-        logs[arch] = build_log(run_dir, read_arch(run_dir, table, arch, budgets=budgets), inputs, say)
+    parts: list[LogPart] = []
     for arch, path in paths.items():
-        say(f"{arch}: writing {path}")
+        say(f"{arch}: reading the sweep's decisions")
+        found = read_arch(run_dir, table, arch, budgets=budgets)
+        parts += plan_parts(run_dir, found, inputs, path, samples_per_log)
+    for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-        try:
-            write_eval_log(logs[arch], str(temporary), format="eval")
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-    return list(paths.values())
+    say(f"writing {len(parts)} log{'s' if len(parts) > 1 else ''}")
+    write_parts(parts, write_part, say, replaced=earlier, in_workers=in_workers)
+    return [part.final for part in parts]
+
+
+def write_part(part: LogPart) -> None:
+    """Build one log and write it to its temporary name (in a worker process)."""
+    from inspect_ai.log import write_eval_log
+
+    log = build_log(part.run_dir, part.found, part.inputs, (part.part, part.parts))
+    write_eval_log(log, str(part.temporary), format="eval")

@@ -65,6 +65,7 @@ class ArchRecords:
 
     arch: str
     records: list[ExampleRecord]
+    seeds: tuple[int, ...]  # every probe seed with test rows (an epoch each), ascending
     budgets: tuple[float, ...]
     policies: tuple[str, ...]
     objective: str  # the objective the calibrated policies' rows were selected for
@@ -181,6 +182,7 @@ def read_arch(
     return ArchRecords(
         arch=arch,
         records=records,
+        seeds=tuple(sorted({r.seed for r in records})),
         budgets=points,
         policies=policies,
         objective=objective,

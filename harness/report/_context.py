@@ -13,10 +13,10 @@ from numpy.typing import NDArray
 
 import calibrate
 
+from .._workers import WorkerPool
 from ..data import ScoresTable, write_table
 from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
-from ._render import FigurePool
 
 __all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]
 
@@ -40,7 +40,8 @@ class ReportContext:
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # shown first in the report and on the terminal
     curve_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    figures: FigurePool = field(default_factory=FigurePool)  # drawn while the sections go on
+    # drawn while the sections go on, by workers that import the figures' module (matplotlib) first
+    figures: WorkerPool = field(default_factory=lambda: WorkerPool(preload="harness.report._figures"))
 
     def arch_numbers(self, arch: str) -> dict[str, Any]:
         return self.numbers.setdefault("archs", {}).setdefault(arch, {})
@@ -57,7 +58,7 @@ class ReportContext:
     def draw(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Draw a figure (`function(*args, **kwargs)` writes it) in a worker process; the report
         waits for it before report.md is written."""
-        self.figures.draw(function, *args, **kwargs)
+        self.figures.submit(function, *args, **kwargs)
 
     def table(self, path: Path, rows: list[dict[str, Any]]) -> str:
         """Write rows (dicts with the same keys) as a CSV at `path`, one of `files`; return the

@@ -371,7 +371,7 @@ def merge_section(ctx: ReportContext) -> None:
             folder = RunLayout(ctx.run_dir).sweep(arch, rule).root
             if not folder.is_dir():
                 where = folder.relative_to(ctx.run_dir)
-                ctx.note(f"{arch}: no {where}/ (calibrate with --merge {rule} there).")
+                ctx.note(f"{arch}: no {where}/ (`ctd eval --merge-controls` sweeps it).")
                 continue
             ctx.progress(f"{arch}: merge control {rule}")
             try:

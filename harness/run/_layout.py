@@ -28,7 +28,8 @@ A run folder `runs/NAME/` holds:
                            the cascade of experts', per ARCH)
     report/                report.md, numbers.json, examples.parquet, tables/, figures/
     monitor/NAME/          a monitor bundle written by `ctd monitor calibrate` (see `BundleLayout`)
-    inspect/ARCH.eval      an inspect_ai log per probe configuration (`ctd export inspect`)
+    inspect/ARCH.eval      an inspect_ai log per probe configuration (`ctd export inspect`;
+                           ARCH.partK-of-N.eval for one of more than 5,000 samples)
 """
 
 from __future__ import annotations

@@ -265,8 +265,9 @@ def calibrate_scores(
         "elapsed_s": round(elapsed, 3),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Written beside, then renamed in: a sweep killed while writing leaves the previous one whole
-    # (a run's report reads these files together), not a new sweep.csv over old decisions.
+    # Written into a staging folder inside, then renamed in: a sweep killed while writing leaves the
+    # previous one whole (a run's report reads these files together), not a new sweep.csv over old
+    # decisions.
     staging = SweepLayout(Path(tempfile.mkdtemp(prefix=".sweep.", dir=out_dir)))
     try:
         write_table(staging.table, result.table)

@@ -113,8 +113,9 @@ def test_parts_share_one_schema_and_none_writes_the_empty_table(tmp_path: Path) 
 def test_a_sweep_that_fails_while_writing_leaves_the_previous_one_whole(
     swept: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The files are written beside the folder and renamed in together: a sweep that dies
+    """The files are written into a staging folder and renamed in together: a sweep that dies
     after writing its new sweep.csv (here: its ltt.jsonl fails) leaves every file as it was."""
+    # Private: the stage module's writer, made to fail half-way through a sweep's files.
     import harness.stages._calibrate as stage
 
     scores, previous = swept

@@ -271,6 +271,98 @@ def test_budgets_narrow_the_cascades(two_archs: Path, tmp_path: Path) -> None:
     assert cascades == {f"{p}@0.5" for p in calibrate.DEFAULT_POLICIES}
 
 
+class _Parts:
+    """The samples of a configuration's logs in parts, read back as one (for `mismatches`)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.logs = [inspect_log.read_eval_log(str(p)) for p in paths]
+        self.samples = [s for log in self.logs for s in log.samples]
+
+
+def test_a_large_configuration_is_written_in_parts_by_worker_processes(
+    two_archs: Path, tmp_path: Path
+) -> None:
+    """Above --samples-per-log, a configuration's log is cut by example into parts, each a log of
+    the same run (epochs numbered alike, the whole run's results), together the whole export."""
+    out = tmp_path / "logs"
+    export_inspect(two_archs, out)
+    paths = export_inspect(two_archs, out, force=True, samples_per_log=50)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # no log, no temporary
+    assert [p.name for p in paths if p.name.startswith("linear")] == [
+        f"linear.part{k}-of-3.eval" for k in (1, 2, 3)
+    ]
+    for arch, slug in (("linear", "linear"), ("attention:2", "attention_2")):
+        parts = _Parts([p for p in paths if p.name.startswith(slug + ".")])
+        assert mismatches(parts, two_archs, arch) == []
+        assert [len(log.samples) for log in parts.logs] == [40, 40, 40]
+        owners = {}
+        for k, log in enumerate(parts.logs, 1):
+            assert log.eval.metadata["part"] == k and log.eval.metadata["parts"] == 3
+            assert log.eval.task_display_name.endswith(f"(part {k} of 3)")
+            assert {s.epoch for s in log.samples} == {1, 2}
+            for s in log.samples:
+                assert owners.setdefault(s.id, k) == k  # every seed of an example in one part
+            assert [score.name for score in log.results.scores] == [
+                score.name for score in parts.logs[0].results.scores
+            ]
+    # again as one log each: the parts of the earlier export go, with --force only
+    done = _ctd("export", "inspect", str(two_archs), "--out", str(out), cwd=tmp_path)
+    assert_one_line_error(done, "--out", "part1-of-3.eval", "already exists", "--force")
+    assert sorted(export_inspect(two_archs, out, force=True)) == sorted(out.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == ["attention_2.eval", "linear.eval"]
+
+
+def test_a_failed_part_renames_nothing_and_leaves_no_temporary(
+    two_archs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import inspect_ai.log
+
+    out = tmp_path / "logs"
+    export_inspect(two_archs, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = inspect_ai.log.write_eval_log, []
+
+    def fails_on_the_third(log: Any, location: str, **kwargs: Any) -> Any:
+        calls.append(location)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device", location)
+        return real(log, location, **kwargs)
+
+    monkeypatch.setattr(inspect_ai.log, "write_eval_log", fails_on_the_third)
+    with pytest.raises(OSError):
+        export_inspect(two_archs, out, force=True, samples_per_log=50, in_workers=False)
+    assert len(calls) == 3
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_full_disk_in_a_worker_is_one_line_and_leaves_nothing(two_archs: Path, tmp_path: Path) -> None:
+    """A worker's OSError reaches the command line as itself: one line naming the file, exit
+    code 3; the parts not started are skipped; no log and no temporary is left."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, inspect_ai.log\n"
+        "real = inspect_ai.log.write_eval_log\n"
+        "def write_eval_log(log, location, **kwargs):\n"
+        "    if '.part2-' in location:\n"
+        "        raise OSError(errno.ENOSPC, 'No space left on device', location)\n"
+        "    return real(log, location, **kwargs)\n"
+        "inspect_ai.log.write_eval_log = write_eval_log\n"
+    )
+    out = tmp_path / "logs"
+    args = ["export", "inspect", str(two_archs), "--out", str(out), "--samples-per-log", "50"]
+    done = subprocess.run(
+        [sys.executable, "-c", CTD, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr  # progress lines, then the error's one line
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [done.stderr.strip().splitlines()[-1]]
+    assert "No space left on device" in errors[0] and ".part2-of-3." in errors[0]
+    assert sorted(out.iterdir()) == []
+
+
 # ---------------------------------------------------------------- bad input: one line, nothing written
 
 

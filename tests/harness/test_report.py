@@ -34,6 +34,7 @@ from harness import InputError, calibrate_scores, read_scores, simulate_scores, 
 
 # Private: the summary as `ctd eval` reads it back.
 from harness._eval import read_summary
+from harness._workers import WorkerPool
 from harness.report import (
     build_report,
     summary_tables,
@@ -41,7 +42,6 @@ from harness.report import (
 
 # Private: the report's tables.
 from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep
-from harness.report._render import FigurePool
 from harness.report._sections import MEAN_V_TABLE_FRACTIONS
 from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
 from harness.run import JOBS, MIN_SELECTION, read_job
@@ -475,13 +475,13 @@ def test_an_interrupted_build_keeps_the_previous_report(
     # figure's write makes its folder, so a late one would bring the staging folder back), so
     # every worker is gone by the time the build has failed.
     workers: list[subprocess.Popen[bytes]] = []
-    real_start = FigurePool._start
+    real_start = WorkerPool._start
 
-    def watched_start(self: FigurePool) -> None:
+    def watched_start(self: WorkerPool) -> None:
         real_start(self)
         workers.extend(worker.process for worker in self._workers)
 
-    monkeypatch.setattr(FigurePool, "_start", watched_start)
+    monkeypatch.setattr(WorkerPool, "_start", watched_start)
     monkeypatch.setattr(harness.report._build, "summary_lines", boom)
     with pytest.raises(RuntimeError, match="interrupted"):
         build_report(run)

@@ -19,7 +19,7 @@ from cli_checks import (
 )
 
 from harness.report import read_sweep
-from harness.run import RunLayout
+from harness.run import RunLayout, RunLog, StageStatus
 
 
 @pytest.fixture
@@ -43,10 +43,29 @@ def test_calibrate_run_writes_the_sweep_its_report_reads(runs_root: Path):
     assert len(read_csv(folder / "sweep.csv")) == summary["rows"] == 16
     assert read_sweep(folder).config.budgets == (0.2, 0.5)  # what the report reads
 
-    merged = one_json_object(ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE, "--merge", "average", "--json"))
+    merged = one_json_object(
+        ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE, "--merge", "average", "--json")
+    )
     assert Path(merged["out"]) == folder / "merge-average"
     assert {row["merge"] for row in read_csv(folder / "merge-average" / "sweep.csv")} == {"average"}
     assert len(read_csv(folder / "sweep.csv")) == 16  # the default sweep beside it is untouched
+
+
+def test_calibrate_run_leaves_a_sweep_made_by_ctd_eval_to_ctd_eval(runs_root: Path):
+    """Its record and the later stages follow the run's settings, and its next run would replace a
+    sweep written here: one line naming the way, nothing written."""
+    log = RunLog()
+    log.started({})
+    log.record("calibrate", StageStatus.RAN, 1.0, "")
+    log.write(RunLayout(runs_root / "exp1").run_log)
+    assert_clean_error(
+        ctd("calibrate", "--run", "exp1", *FAST_CALIBRATE),
+        "--run exp1",
+        "ctd eval --config",
+        "--out",
+        unwritten=(runs_root / "exp1" / "calibrate",),
+    )
+    one_json_object(ctd("calibrate", "--run", "exp1", "--out", runs_root / "mine", *FAST_CALIBRATE, "--json"))
 
 
 def test_calibrate_run_with_an_unknown_arch_writes_nothing(runs_root: Path):

@@ -1,6 +1,8 @@
-"""The report's figure workers: a figure drawn by a worker is byte-identical to one drawn in this
-process, a figure's error and a worker's death come back as one `FigureError` at `wait`, a call
-that cannot be pickled fails where it is made, and a script that builds a report without a
+"""Worker processes (`harness._workers`), as the report draws its figures and an export writes its
+logs with them: a figure drawn by a worker is byte-identical to one drawn in this process, a
+call's error and a worker's death come back at `wait` (an OSError as itself, anything else as a
+`WorkerError`), a pool that stops on errors skips what is left, a call that cannot be pickled
+fails where it is made, and a script that builds a report without a
 `__main__` guard is not run again by the workers."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 # Private: the pool and one figure function it draws.
 import harness.report._figures as fig
-from harness.report._render import FigureError, FigurePool
+from harness._workers import WorkerError, WorkerPool
 
 
 def mean_value_args(path: Path) -> tuple[tuple, dict]:
@@ -28,29 +30,52 @@ def mean_value_args(path: Path) -> tuple[tuple, dict]:
 def test_a_worker_draws_the_same_bytes_as_this_process(tmp_path: Path) -> None:
     args, kwargs = mean_value_args(tmp_path / "here.png")
     fig.mean_value_figure(*args, **kwargs)
-    pool = FigurePool()
+    pool = WorkerPool(preload="harness.report._figures")
     for i in range(3):  # more figures than some machines have workers
-        pool.draw(fig.mean_value_figure, *args, **{**kwargs, "path": tmp_path / f"worker-{i}.png"})
+        pool.submit(fig.mean_value_figure, *args, **{**kwargs, "path": tmp_path / f"worker-{i}.png"})
     pool.wait()
     here = (tmp_path / "here.png").read_bytes()
     assert all((tmp_path / f"worker-{i}.png").read_bytes() == here for i in range(3))
 
 
 def test_a_failing_figure_is_raised_at_wait_with_its_traceback(tmp_path: Path) -> None:
-    pool = FigurePool()
-    pool.draw(os.rmdir, str(tmp_path / "missing"))
+    pool = WorkerPool(preload="harness.report._figures")
+    pool.submit(int, "not a number")
     args, kwargs = mean_value_args(tmp_path / "after.png")
-    pool.draw(fig.mean_value_figure, *args, **kwargs)
-    with pytest.raises(FigureError, match=r"FileNotFoundError: .*missing"):
+    pool.submit(fig.mean_value_figure, *args, **kwargs)
+    with pytest.raises(WorkerError, match=r"(?s)Traceback.*ValueError: invalid literal"):
         pool.wait()
     assert (tmp_path / "after.png").is_file()  # the others were drawn (or waited for) first
 
 
+def test_the_machines_or_the_inputs_error_comes_back_as_itself(tmp_path: Path) -> None:
+    """An OSError (a missing file, a full disk) is raised as itself, so that the command line
+    says it in one line; the worker's traceback is its note."""
+    pool = WorkerPool()
+    pool.submit(os.rmdir, str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError) as raised:
+        pool.wait()
+    assert raised.value.filename == str(tmp_path / "missing")
+    assert "in a worker process" in raised.value.__notes__[0] and "Traceback" in raised.value.__notes__[0]
+
+
+def test_after_a_failure_a_stopping_pool_skips_the_calls_not_started(tmp_path: Path) -> None:
+    done: list[int] = []
+    pool = WorkerPool(workers=1, stop_on_error=True, done=lambda: done.append(1))
+    pool.submit(os.mkdir, str(tmp_path / "first"))
+    pool.submit(os.rmdir, str(tmp_path / "missing"))
+    for name in ("later", "last"):
+        pool.submit(os.mkdir, str(tmp_path / name))
+    with pytest.raises(FileNotFoundError):
+        pool.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first"] and done == [1]
+
+
 def test_a_pool_draws_again_after_a_wait(tmp_path: Path) -> None:
-    pool = FigurePool()
+    pool = WorkerPool(preload="harness.report._figures")
     for name in ("first", "second"):
         args, kwargs = mean_value_args(tmp_path / f"{name}.png")
-        pool.draw(fig.mean_value_figure, *args, **kwargs)
+        pool.submit(fig.mean_value_figure, *args, **kwargs)
         pool.wait()
         assert (tmp_path / f"{name}.png").is_file()
 
@@ -61,25 +86,25 @@ def test_what_a_worker_prints_never_gets_into_its_answers(tmp_path: Path, monkey
     (site / "sitecustomize.py").write_text("print('noise on stdout ' * 100, flush=True)\n")
     monkeypatch.syspath_prepend(str(site))  # the workers' import path is this process's
     args, kwargs = mean_value_args(tmp_path / "a.png")
-    pool = FigurePool()
-    pool.draw(fig.mean_value_figure, *args, **kwargs)
-    pool.draw(os.rmdir, str(tmp_path / "missing"))  # its error must come back as it is
-    with pytest.raises(FigureError, match=r"FileNotFoundError: .*missing"):
+    pool = WorkerPool(preload="harness.report._figures")
+    pool.submit(fig.mean_value_figure, *args, **kwargs)
+    pool.submit(int, "not a number")  # its error must come back as it is
+    with pytest.raises(WorkerError, match=r"ValueError: invalid literal"):
         pool.wait()
     assert (tmp_path / "a.png").is_file()
 
 
 def test_a_worker_that_dies_is_an_error_not_a_hang() -> None:
-    pool = FigurePool()
-    pool.draw(os._exit, 3)
-    with pytest.raises(FigureError, match=r"a figure worker ended \(exit code 3\)"):
+    pool = WorkerPool(preload="harness.report._figures")
+    pool.submit(os._exit, 3)
+    with pytest.raises(WorkerError, match=r"a worker process ended \(exit code 3\)"):
         pool.wait()
 
 
 def test_a_call_that_cannot_be_pickled_fails_where_it_is_made(tmp_path: Path) -> None:
-    pool = FigurePool()
+    pool = WorkerPool(preload="harness.report._figures")
     with pytest.raises(Exception, match="pickle"):  # PicklingError or AttributeError by version
-        pool.draw(lambda: None)
+        pool.submit(lambda: None)
     pool.close()
 
 
@@ -90,12 +115,12 @@ def test_a_script_without_a_main_guard_builds_its_figures_once(tmp_path: Path) -
     script.write_text(
         "import numpy as np\n"
         "import harness.report._figures as fig\n"
-        "from harness.report._render import FigurePool\n"
+        "from harness._workers import WorkerPool\n"
         f"open({str(marker)!r}, 'a').write('ran\\n')\n"
-        "pool = FigurePool()\n"
+        "pool = WorkerPool(preload='harness.report._figures')\n"
         "rng = np.random.default_rng(0)\n"
         "signals = {name: rng.normal(size=(3, 4)) for name in ('dv', 'uncertainty', 'oracle')}\n"
-        f"pool.draw(fig.mean_value_figure, np.linspace(0.1, 0.4, 4), signals, 0.0, title='t', "
+        f"pool.submit(fig.mean_value_figure, np.linspace(0.1, 0.4, 4), signals, 0.0, title='t', "
         f"path={str(tmp_path / 'a.png')!r})\n"
         "pool.wait()\n"
     )
