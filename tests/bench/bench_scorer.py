@@ -1,14 +1,19 @@
 """The monitor's scoring path alone (run by hand, not in CI), on a GPU or the CPU:
 
     python tests/bench/bench_scorer.py --tokenizer FOLDER [--shape llama-1b] [--batch 32,128]
+        [--data DIR] [--padding 1.0,0.1]
 
 Writes a random-weight model folder of the given shape (Llama-3.2-1B: 16 layers, width 2048) with
 the tokenizer files of FOLDER (e.g. the embedded model's converted folder under ~/.cache/ctd/models),
 an untrained bundle over it (tests/monitor_bundle.py; layer 11 for llama-1b), then scores the
-built-in test split (cycled) in micro-batches: conversations per second with one forward pass per
-micro-batch (the monitor's rule) against the former 10% padding cap, and the largest difference from
-the offline path (`probes.extract` + `probes.predict`). `ctd monitor serve BUNDLE` serves the same
-bundle (printed at the end) for an HTTP benchmark (tests/bench/bench_monitor.py).
+built-in test split (45 to 123 tokens), or with --data the McKenzie-format files of DIR
+(training/*.jsonl and dev/*.jsonl, as bench_gpu.py reads them: up to 512 tokens, 238 on average),
+cycled, in micro-batches: conversations per second with each micro-batch cut into forward passes
+under each --padding cap (1.0: one pass as the token budget allows, the monitor's rule; 0.1: a pass
+closes before a conversation shorter than 90% of its longest), twice each, interleaved, and the
+largest difference from the offline path (`probes.extract` + `probes.predict`). `ctd monitor
+serve BUNDLE` serves the same bundle (printed at the end) for an HTTP benchmark
+(tests/bench/bench_monitor.py).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
@@ -70,6 +76,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")
     parser.add_argument("--batch", default="32,128")
     parser.add_argument("--n", type=int, default=512)
+    parser.add_argument("--data", type=Path, default=None, help="McKenzie-format files (default: built-in)")
+    parser.add_argument("--padding", default="1.0,0.1", help="padding caps to compare (MAX_PADDING)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-scorer-"))
     model = random_model(scratch / "model", args.tokenizer, args.shape)
@@ -78,7 +86,13 @@ def main() -> None:
     bundle = monitor_bundle.write_untrained_bundle(scratch / "bundle", model=str(model), expert=True)
     scorer = _scorer.ProbeScorer.load(bundle / "safety", bundle / "dv")
     print(f"model {args.shape} on {scorer.model.device} ({scorer.model.dtype}), layer {scorer.reads.layer}")
-    conversations = texts(args.n)
+    if args.data is None:
+        conversations = texts(args.n)
+    else:
+        from bench_gpu import read_data
+
+        found = read_data(args.data, None)[0]
+        conversations = [found[i % len(found)] for i in range(args.n)]
     tokens = [scorer.tokens(c) for c in conversations]
     store, _ = extract(
         scorer.model, conversations[:64], layer=scorer.reads.layer, max_tokens=scorer.reads.max_tokens,
@@ -94,8 +108,10 @@ def main() -> None:
     sync = torch.cuda.synchronize if scorer.model.device.type == "cuda" else (lambda: None)
     for batch in (int(b) for b in args.batch.split(",")):
         batches = [tokens[i : i + batch] for i in range(0, len(tokens), batch)]
-        for rule, padding in (("one pass", 1.0), ("10% cap", 0.1), ("one pass", 1.0), ("10% cap", 0.1)):
+        caps = [float(c) for c in args.padding.split(",")]
+        for padding in caps * 2:
             _scorer.MAX_PADDING = padding
+            rule = "one pass" if padding >= 1 else f"{padding:.0%} cap"
             sync()
             started = time.perf_counter()
             for b in batches:
