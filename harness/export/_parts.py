@@ -4,8 +4,8 @@ shows them side by side), built and written by worker processes, each under a te
 and renamed into place only once every part of every configuration is written.
 
 Why parts: inspect_ai's writer compares each sample it buffers with every one buffered before it,
-so writing one log takes time that grows with the square of its samples. Measured with inspect_ai
-0.3.285 on this project's 2-core machine (`tests/bench/bench_export_inspect.py`): 2,500 samples
+so writing one log takes time that grows with the square of its samples. Measured on this
+project's 2-core machine (docs/benchmarks.md; inspect_ai 0.3.285): 2,500 samples
 7.1 s, 5,000 18.1 s, 10,000 54.0 s: about 1.8 ms per sample plus 0.36 us times the samples
 squared, so one log of a 100,000-example run of 3 seeds (300,000 samples) would take about 9
 hours. A part of 5,000 costs about 9 s for each term, and parts run side by side; smaller parts
