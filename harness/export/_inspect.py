@@ -24,8 +24,9 @@ import calibrate
 
 from .._errors import InputError
 from ..run import RunLayout, RunLog
+from . import SAMPLES_PER_LOG
 from ._inputs import ExampleInput, Inputs, read_inputs
-from ._parts import SAMPLES_PER_LOG, LogPart, existing_logs, plan_parts, write_parts
+from ._parts import LogPart, existing_logs, plan_parts, write_parts
 from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
 
 if TYPE_CHECKING:

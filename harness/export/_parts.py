@@ -21,12 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .._workers import WorkerPool
-from . import SAMPLES_PER_LOG
 from ._inputs import Inputs
 from ._records import ArchRecords, ExampleRecord
 
 __all__ = [
-    "SAMPLES_PER_LOG",  # the package's, re-exported for the writer
     "LogPart",
     "existing_logs",
     "part_paths",

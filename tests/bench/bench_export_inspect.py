@@ -22,16 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-# Runs the CLI in this process's interpreter and reports its own peak memory on stderr.
-STEP = """
-import resource, sys
-from harness.cli import main
-sys.argv = ["ctd", *sys.argv[1:]]
-try:
-    main()
-finally:
-    print(f"maxrss_kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
-"""
+from bench_decisions_scale import STEP  # the CLI in a fresh interpreter, with its peak memory
+
 BUDGETS = "0.1,0.2,0.3"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
