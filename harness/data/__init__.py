@@ -1,5 +1,6 @@
 """Data: labelled data sets and the data spec that makes train/dev/test of them, the scores table
-(the contract between stages), column tables as Parquet or CSV, and synthetic scores tables."""
+(the contract between stages), column tables as Parquet or CSV, synthetic scores tables, and the
+hidden staging folders that multi-file writes are renamed in from."""
 
 from ._datasets import Dataset, read_dataset, row_item, row_label, stream_rows
 from ._dataspec import SPLITS, DataSplits, Example, SplitName, load_data, parse_data_spec
@@ -14,6 +15,7 @@ from ._scores import (
     write_scores,
 )
 from ._simulate import DEFAULT_RANDOM_STATE, SCENARIOS, Scenario, simulate_scores
+from ._staging import staging_folder
 from ._tables import (
     RawTable,
     atomic_path,
@@ -55,6 +57,7 @@ __all__ = [
     "scores_from_columns",
     "simulate_scores",
     "stage_columns",
+    "staging_folder",
     "stream_rows",
     "write_json",
     "write_jsonl",

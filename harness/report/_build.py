@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import InputError
-from ..data import atomic_path, read_scores, write_json
+from ..data import atomic_path, read_scores, staging_folder, write_json
 from ..run import RunLayout
 from ._cascade_experts import cascade_experts_section
 from ._checks import checks_section
@@ -80,42 +80,41 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
     section and listed under "missing" in numbers.json.
     """
     run_dir = Path(run_dir)
-    ctx = _load(run_dir, progress or (lambda _message: None))
-    try:
-        _title(ctx)
-        summary_at = len(ctx.lines)
-        _config(ctx)
-        expert_answers_section(ctx)
-        cost_section(ctx)
-        checks_section(ctx)
-        expert_calibration_section(ctx)
-        for section in SECTIONS:
-            section(ctx)
-        # The summary reads what the sections found (validation rates, warnings), so it is built
-        # last; it is placed first, right under the title.
-        ctx.lines[summary_at:summary_at] = summary_lines(ctx)
-        for arch, rows in ctx.curve_rows.items():
-            ctx.table(ctx.files.table(arch, "curves"), rows)
-        ctx.progress("drawing the figures")
-        ctx.figures.wait()
-        numbers = ctx.numbers | {"missing": ctx.missing, "warnings": ctx.warnings}
-        write_json(ctx.files.numbers, numbers)
-        with atomic_path(ctx.files.markdown) as tmp:
-            tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
-        ctx.progress("publishing report/")
-        _publish(ctx.out, RunLayout(run_dir).report.root)
-    except BaseException:
-        ctx.figures.close()  # no figure may land in the staging folder after it is removed
-        shutil.rmtree(ctx.out, ignore_errors=True)
-        raise
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run folder")
+    with staging_folder(run_dir, ".report.") as staging:
+        ctx = _load(run_dir, staging, progress or (lambda _message: None))
+        try:
+            _title(ctx)
+            summary_at = len(ctx.lines)
+            _config(ctx)
+            expert_answers_section(ctx)
+            cost_section(ctx)
+            checks_section(ctx)
+            expert_calibration_section(ctx)
+            for section in SECTIONS:
+                section(ctx)
+            # The summary reads what the sections found (validation rates, warnings), so it is
+            # built last; it is placed first, right under the title.
+            ctx.lines[summary_at:summary_at] = summary_lines(ctx)
+            for arch, rows in ctx.curve_rows.items():
+                ctx.table(ctx.files.table(arch, "curves"), rows)
+            ctx.progress("drawing the figures")
+            ctx.figures.wait()
+            numbers = ctx.numbers | {"missing": ctx.missing, "warnings": ctx.warnings}
+            write_json(ctx.files.numbers, numbers)
+            with atomic_path(ctx.files.markdown) as tmp:
+                tmp.write_text("\n".join(ctx.lines).rstrip() + "\n", encoding="utf-8")
+            ctx.progress("publishing report/")
+            _publish(ctx.out, RunLayout(run_dir).report.root)
+        except BaseException:
+            ctx.figures.close()  # no figure may land in the staging folder after it is removed
+            raise
     return RunLayout(run_dir).report.markdown
 
 
-def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
-    """Read the required inputs (every error here is an InputError naming the file) and open
-    the staging folder."""
-    if not run_dir.is_dir():
-        raise InputError(f"{run_dir}: no such run folder")
+def _load(run_dir: Path, staging: Path, progress: Callable[[str], None]) -> ReportContext:
+    """Read the required inputs (every error here is an InputError naming the file)."""
     scores_path = RunLayout(run_dir).scores
     if not scores_path.is_file():
         raise InputError(f"{scores_path}: no such file (the report needs the run's scores table)")
@@ -123,15 +122,11 @@ def _load(run_dir: Path, progress: Callable[[str], None]) -> ReportContext:
     table = read_scores(scores_path)
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
     sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch).root) for arch in table.archs}
-    staging = Path(tempfile.mkdtemp(prefix=".report.", dir=run_dir))
     return ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
 
 
 def _publish(staging: Path, final: Path) -> None:
     """Rename the finished staging folder to report/, replacing any previous report."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(staging, 0o777 & ~mask)  # mkdtemp makes it owner-only; give it a plain mkdir's mode
     old = None
     if final.exists():
         old = Path(tempfile.mkdtemp(prefix=".report.old.", dir=final.parent))

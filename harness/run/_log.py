@@ -260,12 +260,15 @@ class Manifests:
         self.layout.manifest(stage).unlink(missing_ok=True)
 
     def _hashes(self, paths: list[Path]) -> dict[str, str]:
-        """Relative path -> sha256 of every file under `paths` (files or folders)."""
+        """Relative path -> sha256 of every file under `paths` (files or folders), but none that is
+        hidden or inside a hidden folder: a writer's temporaries, or a staging folder that a killed
+        writer left (harness.data.staging_folder) and the next one removes."""
         out: dict[str, str] = {}
         for path in paths:
             files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
             for file in files:
-                if not file.name.startswith("."):
+                inside = file.relative_to(path).parts if path.is_dir() else (file.name,)
+                if not any(part.startswith(".") for part in inside):
                     out[str(file.relative_to(self.layout.root))] = file_sha256(file)
         return out
 

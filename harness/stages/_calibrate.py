@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -25,6 +24,7 @@ from ..data import (
     check_writable,
     read_scores,
     simulate_scores,
+    staging_folder,
     write_json,
     write_jsonl,
     write_parquet_parts,
@@ -264,12 +264,11 @@ def calibrate_scores(
         **_joint_counts(config, at_largest),
         "elapsed_s": round(elapsed, 3),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     # Written into a staging folder inside, then renamed in: a sweep killed while writing leaves the
     # previous one whole (a run's report reads these files together), not a new sweep.csv over old
-    # decisions.
-    staging = SweepLayout(Path(tempfile.mkdtemp(prefix=".sweep.", dir=out_dir)))
-    try:
+    # decisions; the next sweep removes what a killed one staged.
+    with staging_folder(out_dir, ".sweep.") as staged:
+        staging = SweepLayout(staged)
         write_table(staging.table, result.table)
         write_table(staging.groups, result.groups)
         write_parquet_parts(
@@ -280,10 +279,8 @@ def calibrate_scores(
         write_table(staging.baselines, result.baselines)
         write_jsonl(staging.ltt, result.ltt)
         write_json(staging.summary, summary)
-        for staged, final in zip(staging.files, files.files, strict=True):  # summary.json last
-            os.replace(staged, final)
-    finally:
-        shutil.rmtree(staging.root, ignore_errors=True)
+        for staged_file, final in zip(staging.files, files.files, strict=True):  # summary.json last
+            os.replace(staged_file, final)
     return summary
 
 
