@@ -440,6 +440,15 @@ async def _load_and_serve(
         # Until now stderr holds nothing, so that a start-up failure is its one line; from now on
         # a request is answered, so a script may wait for this line instead of polling /healthz.
         print(f"ctd monitor: serving {root.name}; ready: listening on {address}", file=sys.stderr, flush=True)
+        cost = monitor.scorer.pass_cost
+        if cost is not None:
+            per_pass, per_token = cost.per_pass * 1e3, cost.per_token * 1e6
+            print(
+                f"ctd monitor: a forward pass costs {per_pass:.1f} ms + {per_token:.2f} us per padded "
+                "token here (timed at start-up); micro-batches are cut into passes by that",
+                file=sys.stderr,
+                flush=True,
+            )
 
     await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
 

@@ -180,13 +180,15 @@ class Monitor:
 
     async def warm_up(self, passes: int = 2) -> None:
         """Forward passes before serving: the first one pays for allocation (seconds on a CPU),
-        and the later ones give the queue a measured cost, so it sheds from the first burst on."""
+        the later ones give the queue a measured cost, so it sheds from the first burst on, and
+        the last ones the cost of a pass by its size, which cuts micro-batches into passes."""
         tokens = self.scorer.tokens("warm-up")
         await asyncio.to_thread(self.scorer.score, [tokens])
         for _ in range(passes - 1):  # measured for the queue, not counted in /metrics
             started = time.perf_counter()
             await asyncio.to_thread(self.scorer.score, [tokens])
             self.admission.served(1, time.perf_counter() - started)
+        await asyncio.to_thread(self.scorer.fit_pass_cost, self.forward.max_batch)
 
     async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
         started = time.perf_counter()

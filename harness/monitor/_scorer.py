@@ -8,6 +8,7 @@ go into them without a copy to the host; only the two scores per conversation co
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +33,24 @@ from probes import (
 
 from .._errors import InputError
 
-__all__ = ["MAX_PADDING", "ProbeScorer", "Tokens", "forward_passes"]
+__all__ = ["PassCost", "ProbeScorer", "Tokens", "forward_passes"]
 
-# The one rule for cutting a micro-batch into forward passes (`forward_passes`): only by the token
-# budget, padding allowed. On a GPU a padded token costs next to nothing and each pass a launch and
-# a sync. On a CPU a padded token costs as much as a real one, yet fewer passes still won when
-# measured (issue 25; 240 test-split conversations of 45 to 123 tokens, micro-batches of 32, the
-# embedded model to layer 2, 2 busy cores): 9.1-9.4 conversations/s cut by the budget alone against
-# 4.3-4.6 with the former 10% padding cap, 7.2-8.0 with a 50% cap.
-MAX_PADDING = 1.0
+# `ProbeScorer.fit_pass_cost` stops timing larger passes once one takes this long: it runs at every
+# monitor start (and in each `ctd score` process), where a CPU pass of 16 conversations of 512
+# tokens at a deep layer takes seconds.
+FIT_PASS_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """What one forward pass of the scorer costs, fitted on this machine (`ProbeScorer.fit_pass_cost`):
+    seconds = per_pass + per_token * (conversations x the pass's longest, in tokens)."""
+
+    per_pass: float
+    per_token: float
+
+    def seconds(self, conversations: np.ndarray, width: np.ndarray) -> np.ndarray:
+        return self.per_pass + self.per_token * conversations * width
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class ProbeScorer:
         self.dv = dv.to(model.device).eval()
         self.reads = reads
         self.batch_tokens = max(batch_tokens, reads.max_tokens)
+        self.pass_cost: PassCost | None = None  # None: as few passes as the budget allows
 
     @classmethod
     def load(
@@ -104,7 +115,7 @@ class ProbeScorer:
         lengths = np.array([len(t.ids) for t in batch], dtype=np.int64)
         device = self.model.device  # the probes'; with device_map="auto", hidden may sit elsewhere
         raw = torch.empty((2, len(batch)), dtype=torch.float32, device=device)  # (safety, dv) x items
-        for rows in forward_passes(lengths, self.batch_tokens):
+        for rows in forward_passes(lengths, self.batch_tokens, self.pass_cost):
             input_ids, mask = pad_batch(
                 [list(batch[i].ids) for i in rows], self.model.tokenizer.pad_token_id, self.model.device
             )
@@ -115,11 +126,70 @@ class ProbeScorer:
         safety, dv = raw.double().cpu()  # the one copy to the host: two numbers per conversation
         return [(float(p), float(d)) for p, d in zip(torch.sigmoid(safety), dv, strict=True)]
 
+    def fit_pass_cost(self, max_batch: int) -> PassCost:
+        """Fit `PassCost` through the time of a pass of one short conversation and of the largest
+        pass timed, and cut micro-batches by it from now on. The large pass grows by doubling from
+        one conversation of the probes' full width to a micro-batch of `max_batch`, or until a pass
+        takes FIT_PASS_SECONDS (on a CPU the cost is linear long before that; a GPU gets there fast).
+        Each size runs once untimed first (allocation, kernel choice); the time is the faster of two
+        runs for the short pass, of one for the others."""
+        filler = self.tokens("warm-up").ids[-1]
+        wide = self.reads.max_tokens
+        short = min(16, wide)
+        most = max(1, min(max_batch, self.batch_tokens // wide))
+        batch = [Tokens((filler,) * short, False)]
+        self.score(batch)
+        small, t_small = short, min(self._timed(batch) for _ in range(2))
+        n = 1
+        while True:
+            batch = [Tokens((filler,) * wide, False)] * n
+            self.score(batch)
+            large, t_large = n * wide, self._timed(batch)
+            if n == most or t_large >= FIT_PASS_SECONDS:
+                break
+            n = min(2 * n, most)
+        per_token = max((t_large - t_small) / (large - small), 0.0) if large > small else 0.0
+        self.pass_cost = PassCost(max(t_small - per_token * small, 0.0), per_token)
+        return self.pass_cost
 
-def forward_passes(lengths: np.ndarray, batch_tokens: int) -> tuple[tuple[int, ...], ...]:
-    """The forward passes of one micro-batch (item indices, longest first): as few as
-    `batch_tokens` padded tokens per pass allow, whatever the padding (see MAX_PADDING for why)."""
-    return bucket_batches(lengths, batch_tokens, max_batch=len(lengths), max_padding=MAX_PADDING)
+    def _timed(self, batch: list[Tokens]) -> float:
+        started = time.perf_counter()
+        self.score(batch)  # ends with the scores' copy to the host: the device's work is done
+        return time.perf_counter() - started
+
+
+def forward_passes(
+    lengths: np.ndarray, batch_tokens: int, cost: PassCost | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """The forward passes of one micro-batch (item indices, longest first), each at most
+    `batch_tokens` padded tokens: the cut of the items in length order that costs least under `cost`
+    (no other grouping costs less: a pass is as wide as its longest item), or without one, as few
+    passes as the budget allows, whatever the padding.
+
+    Neither rule suits every machine and data set (issue 25, 2 cores): on the built-in split's 45 to
+    123 tokens one pass per micro-batch of 32 ran 117 conversations/s against 170 with passes cut at
+    25% padding, and on McKenzie-length ones (up to 512) 135 against 218; on a GPU a pass is a launch
+    and a sync, and a padded token nearly free until the pass is compute-bound."""
+    if cost is None:
+        return bucket_batches(lengths, batch_tokens, max_batch=len(lengths), max_padding=1.0)
+    order = np.argsort(-lengths, kind="stable")
+    width = lengths[order].astype(np.float64)  # longest first: a pass from i on is width[i] wide
+    n = len(order)
+    best = np.zeros(n + 1)  # best[j]: the least cost of the first j items in passes
+    start = np.zeros(n + 1, dtype=np.int64)  # where the last pass of that cut starts
+    for j in range(1, n + 1):
+        first = np.arange(j)  # a last pass of items first..j-1, as wide as item `first`
+        size = j - first
+        total = best[:j] + cost.seconds(size, width[:j])
+        total[size * width[:j] > max(batch_tokens, width[0])] = np.inf  # one item always fits
+        start[j] = int(np.argmin(total))  # the first of equals: the larger pass
+        best[j] = total[start[j]]
+    passes = []
+    j = n
+    while j > 0:
+        passes.append(tuple(int(i) for i in order[start[j] : j]))
+        j = start[j]
+    return tuple(reversed(passes))
 
 
 def probe_inputs(hidden: Tensor, mask: Tensor, *, pooled: bool) -> tuple[Tensor, Tensor]:

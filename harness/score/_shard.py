@@ -122,6 +122,9 @@ class ShardScorer:
         self.scorer: ProbeScorer = ProbeScorer.load(
             self.bundle.layout.safety_probe, self.bundle.layout.dv_probe, model=options.model
         )
+        self.scorer.fit_pass_cost(
+            options.micro_batch
+        )  # micro-batches cut into passes by this machine's costs
 
     def __call__(self, task: ShardTask) -> ShardDone:
         target = self.layout.shard(task.index)

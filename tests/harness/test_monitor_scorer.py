@@ -4,12 +4,15 @@
   each conversation's scores equal those of `probes.extract` + `probes.predict` (the run's path)
   and those of the conversation scored alone, with no padding at all (tolerance 1e-5), for a
   pooled probe (mean) and a token-reading one (attention);
-- the passes are cut by the token budget only.
+- without a fitted cost the passes are cut by the token budget only; with one, the cut costs no
+  more than any other grouping of the items (brute force over every set partition), and the
+  scores are the same whatever the cut.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ from monitor_bundle import write_untrained_bundle
 from harness.data.builtin import builtin_dir
 
 # Private: the scorer's forward passes, checked against the probes'.
-from harness.monitor._scorer import ProbeScorer, forward_passes
+from harness.monitor._scorer import PassCost, ProbeScorer, forward_passes
 from probes import ProbeConfig, extract, predict
 
 # Private: a probe built without training.
@@ -78,10 +81,71 @@ def test_one_pass_per_micro_batch_scores_as_the_offline_path_and_as_alone(
     assert all(type(v) is float for row in scorer.score(tokens[:2]) for v in row)
 
 
-def test_passes_are_cut_by_the_token_budget_only() -> None:
+def test_without_a_cost_passes_are_cut_by_the_token_budget_only() -> None:
     lengths = np.array([100, 10, 60, 30, 100, 5])
     assert forward_passes(lengths, 1000) == ((0, 4, 2, 3, 1, 5),)
     cut = forward_passes(lengths, 250)
     assert sorted(i for rows in cut for i in rows) == list(range(6))
     assert all(len(rows) * max(lengths[list(rows)]) <= 250 for rows in cut)
     assert len(cut) == 2  # 100+100, then 60+30+10+5, four rows padded to 60: 240 tokens
+
+
+def set_partitions(items: list[int]) -> Iterator[list[list[int]]]:
+    """Every way to cut `items` into non-empty groups, in any grouping (not only runs in order)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in set_partitions(rest):
+        yield [[first], *partition]
+        for k in range(len(partition)):
+            yield [*partition[:k], [first, *partition[k]], *partition[k + 1 :]]
+
+
+def cost_of(passes: object, lengths: np.ndarray, cost: PassCost) -> float:
+    return sum(
+        float(cost.seconds(np.array(len(rows)), np.array(lengths[list(rows)].max()))) for rows in passes
+    )
+
+
+@pytest.mark.parametrize("case", range(60))
+def test_the_cut_by_cost_is_the_cheapest_grouping_of_all(case: int) -> None:
+    rng = np.random.default_rng(case)
+    n = int(rng.integers(1, 8))
+    lengths = rng.integers(1, 60, size=n)
+    budget = int(rng.integers(int(lengths.max()), 4 * int(lengths.max()) + 1))
+    cost = PassCost(
+        per_pass=float(rng.choice([0.0, 1.0, 20.0, 200.0])), per_token=float(rng.choice([0.0, 1.0]))
+    )
+    cut = forward_passes(lengths, budget, cost)
+    assert sorted(i for rows in cut for i in rows) == list(range(n))
+    assert all(len(rows) * lengths[list(rows)].max() <= budget for rows in cut)
+    assert all(list(lengths[list(rows)]) == sorted(lengths[list(rows)], reverse=True) for rows in cut)
+    cheapest = min(
+        cost_of(p, lengths, cost)
+        for p in set_partitions(list(range(n)))
+        if all(len(rows) * lengths[rows].max() <= budget for rows in p)
+    )
+    assert cost_of(cut, lengths, cost) == pytest.approx(cheapest, rel=1e-12, abs=1e-12)
+
+
+def test_a_pass_cost_alone_keeps_passes_few_and_a_token_cost_alone_pads_nothing() -> None:
+    lengths = np.array([100, 10, 60, 30, 100, 5])
+    assert len(forward_passes(lengths, 250, PassCost(1.0, 0.0))) == len(forward_passes(lengths, 250))
+    assert forward_passes(lengths, 1000, PassCost(1.0, 0.0)) == ((0, 4, 2, 3, 1, 5),)
+    padding_free = forward_passes(lengths, 1000, PassCost(0.0, 1.0))
+    assert all(len(set(lengths[list(rows)])) == 1 for rows in padding_free)
+
+
+def test_a_fitted_cost_cuts_passes_and_leaves_every_score_as_it_was(scorer: ProbeScorer) -> None:
+    tokens = [scorer.tokens(c) for c in [*conversations(30), "hi", "Is it safe?"]]
+    scorer.pass_cost = None
+    one_pass = np.array(scorer.score(tokens))
+    try:
+        cost = scorer.fit_pass_cost(max_batch=32)
+        assert cost.per_pass >= 0 and cost.per_token > 0 and scorer.pass_cost == cost
+        lengths = np.array([len(t.ids) for t in tokens])
+        assert len(forward_passes(lengths, scorer.batch_tokens, cost)) > 1  # 45 to 123 tokens and 2
+        np.testing.assert_allclose(np.array(scorer.score(tokens)), one_pass, atol=TOLERANCE, rtol=0)
+    finally:
+        scorer.pass_cost = None
