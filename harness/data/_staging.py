@@ -7,10 +7,17 @@ exclusive flock(2) for as long as its writer lives; the kernel drops the lock wh
 dies, however it dies. The next writer with the same prefix removes every folder whose lock it
 can take, and none that a live writer holds. Creating (folder, then lock) and clearing happen
 under a lock on the parent, so a cleaner never sees a new folder before its lock is taken.
+
+Where the file system takes no flock on a folder (NFS turns flock into a byte-range lock on a file
+open for writing; Lustre without `-o flock` refuses it), staging goes on without locks, and
+nothing is cleared there. Locks of an NFS mount with `local_lock=flock` are seen on their own
+machine only, so writers on two machines must not share an output folder (they would overwrite
+each other's results anyway).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -24,6 +31,9 @@ from ._tables import _umask
 
 __all__ = ["staging_folder"]
 
+# What flock on a folder fails with where the file system cannot lock one.
+_NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
 
 @contextmanager
 def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
@@ -31,35 +41,56 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     remove folders of the same prefix left by dead writers first, and this one (if still there)
     on exit."""
     parent = Path(parent)
+    held: int | None = None
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        with _locked(parent):
-            _remove_abandoned(parent, prefix)
+        with _locked(parent) as can_lock:
+            if can_lock:
+                _remove_abandoned(parent, prefix)
             folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-            held = _hold(folder)
-    except OSError as exc:
-        raise named(exc, parent) from None
+            try:
+                held = _lock(folder) if can_lock else None
+                os.chmod(folder, 0o777 & ~_umask())  # mkdtemp makes it owner-only
+            except BaseException:
+                folder.rmdir()
+                raise
+    except OSError as exc:  # name the folder the user knows, not a temporary's random name
+        temporary = exc.filename if exc.filename and Path(exc.filename).name.startswith(prefix) else None
+        raise named(exc, parent, unless_named=temporary) from None
     try:
-        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp makes it owner-only
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        os.close(held)  # after the removal: no cleaner may take a folder still being removed
+        if held is not None:
+            os.close(held)  # after the removal: no cleaner may take a folder still being removed
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(folder: Path) -> Iterator[bool]:
+    """Hold `folder`'s lock for the block; yields False (and holds nothing) where the file system
+    takes no lock on a folder."""
+    fd = _lock(folder, wait=True)
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _lock(folder: Path, *, wait: bool = False) -> int | None:
+    """An open descriptor of `folder` holding its exclusive flock, or None where the file system
+    cannot lock a folder. Without `wait`, a lock held elsewhere raises BlockingIOError."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
         os.close(fd)
-
-
-def _hold(folder: Path) -> int:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and unseen by cleaners: never contended
+        if isinstance(error, BlockingIOError) or error.errno not in _NO_LOCKS:
+            raise
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -68,14 +99,12 @@ def _remove_abandoned(parent: Path, prefix: str) -> None:
         if folder.is_symlink() or not folder.is_dir():
             continue
         try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            continue  # gone meanwhile, or not ours to open
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = _lock(folder)
         except BlockingIOError:
             continue  # a live writer's
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            os.close(fd)
+        except OSError:
+            continue  # gone meanwhile, or not ours to open
+        if fd is None:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)

@@ -129,7 +129,8 @@ def _publish(staging: Path, final: Path) -> None:
     """Rename the finished staging folder to report/, replacing any previous report."""
     old = None
     if final.exists():
-        old = Path(tempfile.mkdtemp(prefix=".report.old.", dir=final.parent))
+        # Not ".report.": the next report's staging would clear it as a dead writer's folder.
+        old = Path(tempfile.mkdtemp(prefix=".old-report.", dir=final.parent))
         os.replace(final, old)  # onto an empty folder: allowed by rename(2)
     os.replace(staging, final)
     if old is not None:

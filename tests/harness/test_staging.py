@@ -5,6 +5,7 @@ The writers are real processes, killed with SIGKILL (nothing of theirs runs afte
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -90,3 +91,25 @@ def test_a_manifest_records_nothing_inside_a_hidden_folder(tmp_path: Path) -> No
     assert list(recorded["outputs"]) == [str((sweep / "sweep.csv").relative_to(layout.root))]
     (sweep / ".sweep.killed" / "sweep.csv").unlink()  # the next sweep removes it: nothing changed
     assert manifests.changed_outputs("calibrate") == []
+
+
+def test_where_folders_cannot_be_locked_staging_goes_on_and_clears_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on NFS (flock of a folder: EBADF) or Lustre without -o flock (ENOSYS): the writer still
+    gets its folder and removes it, and leaves every other folder alone (it cannot tell a dead
+    writer's), with no descriptor left open."""
+    # Private: the module's flock, made to fail as those file systems fail it.
+    from harness.data import _staging
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(_staging.fcntl, "flock", no_locks)
+    other = tmp_path / ".sweep.other"
+    other.mkdir()
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with staging_folder(tmp_path, ".sweep.") as ours:
+        (ours / "sweep.csv").write_text("a\n")
+    assert not ours.exists() and other.is_dir()
+    assert len(os.listdir("/proc/self/fd")) == descriptors
