@@ -319,7 +319,10 @@ def monitor_serve(
         typer.Option("--max-pending", help="Shed a check when this many are already queued (default 512)."),
     ] = None,
 ) -> None:
-    """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz."""
+    """Serve a bundle: POST /v1/check, POST /v1/feedback, GET /metrics, GET /healthz.
+
+    SIGTERM or Ctrl-C stops it gracefully; SIGHUP starts a new decision log
+    at the same path once the old one was renamed away (log rotation)."""
     import asyncio
 
     from ..monitor import (
@@ -427,6 +430,9 @@ async def _load_and_serve(
 ) -> None:
     """Load the monitor in this event loop (a load failure is an ordinary error here, before any
     request is accepted), then serve on the bound socket until SIGINT/SIGTERM."""
+    import asyncio
+    import signal
+
     from ..monitor import Monitor, create_app, serve
 
     monitor = await Monitor.load(root, **options)
@@ -450,7 +456,13 @@ async def _load_and_serve(
                 flush=True,
             )
 
-    await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
+    loop = asyncio.get_running_loop()
+    # SIGHUP reopens the decision log (log rotation) instead of killing the server, as daemons do.
+    loop.add_signal_handler(signal.SIGHUP, monitor.reopen_log)
+    try:
+        await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,7 @@ refusal (`LogUnavailable`, a 503) before anything is paid. A write that fails an
 error) is cut back to the end of the last whole record, so no torn line is left to swallow the
 next record; a torn tail found when the log is opened (a crash mid-write) is cut off and kept in
 PATH.torn. Records are written by one writer that syncs once per group of records (group commit).
+`reopen` (SIGHUP) goes on in a new file at the same path after a rotation renamed the old one.
 """
 
 from __future__ import annotations
@@ -73,25 +74,70 @@ class DecisionLog:
         if self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a log file", str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        try:  # one writer: another's records would be cut by this one's recovery and close
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise InputError(
-                f"{self.path}: another monitor is writing this decision log; give each replica its own --log"
-            ) from None
+        self._fd = self._open()
         self._end = self._recover()  # the end of the last whole record
         self._reserved_to = self._end  # blocks are allocated up to here
         self._promised = 0  # bytes reserved for records not yet written
         self._can_reserve = True  # False where fallocate is not supported: statvfs is the check
         self._queue: list[tuple[bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._reopen = False  # asked to go on in a new file at `path` (see `reopen`)
         self.healthy = True
         self.problem: str | None = None
         self._failed_writing = False
         self.records = 0  # written since the log was opened
         self.failures = 0  # records refused or lost to a failed write
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:  # one writer: another's records would be cut by this one's recovery and close
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(
+                f"{self.path}: another monitor is writing this decision log; give each replica its own --log"
+            ) from None
+        return fd
+
+    def reopen(self) -> None:
+        """Go on in a new file at `path` after the write in progress (if any): once the log was
+        renamed away (logrotate's default; SIGHUP asks for it), the old file is closed whole and
+        the next record starts the new one. Nothing happens while `path` is still this file."""
+        self._reopen = True
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="decision-log")
+
+    def _switch(self) -> None:
+        """Between two groups of records (no write in flight, and on the event loop, so that no
+        reservation runs meanwhile): open the new file, carry the space reserved for records not
+        yet written over to it, and close the old one. A new file that cannot be opened leaves
+        the log where it was, said in the process log."""
+        if self._fd < 0:
+            return  # closed meanwhile
+        try:
+            same = os.path.samestat(os.stat(self.path), os.fstat(self._fd))
+        except OSError:  # gone (renamed away), or not to be looked at: try a new file
+            same = False
+        if same:
+            log.warning("%s: asked to reopen it, but it was not renamed away; still writing to it", self.path)
+            return
+        old = (self._fd, self._end)
+        try:
+            self._fd = self._open()
+            self._end = self._recover()
+        except (OSError, InputError) as error:
+            self._fd, self._end = old
+            log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
+            return
+        self._reserved_to = self._end
+        promised, self._promised = self._promised, 0
+        try:
+            self.reserve(promised)  # a refusal here marks the log unhealthy; the writes will tell
+        except LogUnavailable as error:
+            log.error("%s: %s", self.path, error)
+        self._promised = promised
+        self._close_fd(old[0], old[1])
+        log.warning("%s: reopened; the records before are in the file it was renamed to", self.path)
 
     def _recover(self) -> int:
         """Cut a torn last line (no newline: a crash mid-write) and keep its bytes in PATH.torn."""
@@ -200,8 +246,13 @@ class DecisionLog:
             self.release(reserved)
 
     async def _drain(self) -> None:
-        """Write what is queued, a group at a time, each group synced once."""
-        while self._queue:
+        """Write what is queued, a group at a time, each group synced once (and switch files
+        between two groups when `reopen` asked)."""
+        while self._queue or self._reopen:
+            if self._reopen:
+                self._reopen = False
+                self._switch()
+                continue
             group, self._queue = self._queue, []
             data = b"".join(line for line, _ in group)
             try:
@@ -226,6 +277,9 @@ class DecisionLog:
     def _append(self, data: bytes) -> int:
         """All of `data` at the end of the file and synced, or none of it (cut back on error);
         returns the new end (the caller keeps it, on its own thread)."""
+        # The file's own end, not the one kept: another program may have cut the log short
+        # (logrotate's copytruncate), and a cut back to the kept end would then pad it with zeros.
+        start = os.fstat(self._fd).st_size
         try:
             view = memoryview(data)
             while view:
@@ -233,11 +287,11 @@ class DecisionLog:
             os.fdatasync(self._fd)
         except OSError:
             try:
-                os.ftruncate(self._fd, self._end)  # no torn line: the next record starts clean
+                os.ftruncate(self._fd, start)  # no torn line: the next record starts clean
             except OSError as cut:
                 log.error("%s: could not cut a failed write back (%s)", self.path, cut.strerror)
             raise
-        return self._end + len(data)
+        return start + len(data)
 
     def write_sync(self, record: dict[str, Any]) -> None:
         """Append one record from synchronous code (tests, tools); the same all-or-nothing write."""
@@ -254,7 +308,13 @@ class DecisionLog:
 
     def close(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):  # give back the blocks reserved past the end
-                os.ftruncate(self._fd, max(self._end, os.fstat(self._fd).st_size))
-            os.close(self._fd)
+            self._close_fd(self._fd, self._end)
             self._fd = -1
+
+    @staticmethod
+    def _close_fd(fd: int, end: int) -> None:
+        with contextlib.suppress(OSError):  # give back the blocks reserved past the end
+            # Never longer than it is: a log cut short by another program (logrotate's
+            # copytruncate) must not grow back to `end` with zero bytes.
+            os.ftruncate(fd, min(end, os.fstat(fd).st_size))
+        os.close(fd)

@@ -426,6 +426,14 @@ class Monitor:
             )
             yield GaugeValue("drift_requests_since_restart", "Outcomes the evidence covers.", now.since, risk)
 
+    def reopen_log(self) -> None:
+        """SIGHUP: go on in a new decision log at the same path once the current one was renamed
+        away (log rotation); without a log, nothing to do."""
+        if self.decisions is None:
+            log.warning("SIGHUP: no decision log to reopen (serve with --log); ignored")
+        else:
+            self.decisions.reopen()
+
     async def aclose(self) -> None:
         await self.forward.aclose()
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)

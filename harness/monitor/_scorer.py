@@ -131,8 +131,8 @@ class ProbeScorer:
         pass timed, and cut micro-batches by it from now on. The large pass grows by doubling from
         one conversation of the probes' full width to a micro-batch of `max_batch`, or until a pass
         takes FIT_PASS_SECONDS (on a CPU the cost is linear long before that; a GPU gets there fast).
-        Each size runs once untimed first (allocation, kernel choice); the time is the faster of two
-        runs for the short pass, of one for the others."""
+        Each size runs once untimed first (allocation, kernel choice); the times of the short and
+        the largest pass are the faster of two runs."""
         filler = self.tokens("warm-up").ids[-1]
         wide = self.reads.max_tokens
         short = min(16, wide)
@@ -148,8 +148,11 @@ class ProbeScorer:
             if n == most or t_large >= FIT_PASS_SECONDS:
                 break
             n = min(2 * n, most)
+        t_large = min(t_large, self._timed(batch))  # one slow run must not make tokens look dear
         per_token = max((t_large - t_small) / (large - small), 0.0) if large > small else 0.0
-        self.pass_cost = PassCost(max(t_small - per_token * small, 0.0), per_token)
+        # The short pass is nearly all per-pass cost; a floor keeps noise from pricing passes at
+        # nothing, which would cut a pass per distinct length.
+        self.pass_cost = PassCost(max(t_small - per_token * small, t_small / 2), per_token)
         return self.pass_cost
 
     def _timed(self, batch: list[Tokens]) -> float:
@@ -170,6 +173,7 @@ def forward_passes(
     123 tokens one pass per micro-batch of 32 ran 117 conversations/s against 170 with passes cut at
     25% padding, and on McKenzie-length ones (up to 512) 135 against 218; on a GPU a pass is a launch
     and a sync, and a padded token nearly free until the pass is compute-bound."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     if cost is None:
         return bucket_batches(lengths, batch_tokens, max_batch=len(lengths), max_padding=1.0)
     order = np.argsort(-lengths, kind="stable")
@@ -181,7 +185,7 @@ def forward_passes(
         first = np.arange(j)  # a last pass of items first..j-1, as wide as item `first`
         size = j - first
         total = best[:j] + cost.seconds(size, width[:j])
-        total[size * width[:j] > max(batch_tokens, width[0])] = np.inf  # one item always fits
+        total[(size > 1) & (size * width[:j] > batch_tokens)] = np.inf  # one item always fits
         start[j] = int(np.argmin(total))  # the first of equals: the larger pass
         best[j] = total[start[j]]
     passes = []

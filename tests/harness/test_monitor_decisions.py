@@ -143,3 +143,53 @@ def test_a_second_writer_of_one_log_is_refused_at_open(tmp_path: Path) -> None:
         DecisionLog(tmp_path / "decisions.jsonl")
     first.close()
     DecisionLog(tmp_path / "decisions.jsonl").close()  # free again once the first is closed
+
+
+def test_reopen_after_a_rename_goes_on_in_a_new_file_and_carries_the_reservations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Log rotation by rename (logrotate's default), then `reopen` (SIGHUP): every record is whole
+    in exactly one of the two files, and a record reserved before the switch, written after it,
+    was reserved again in the new file (so a full disk there still refuses before a payment)."""
+    path = tmp_path / "decisions.jsonl"
+
+    async def scenario() -> None:
+        log = DecisionLog(path)
+        for n in range(3):
+            await _write(log, {**RECORD, "n": n})
+        bound = record_bound(None)
+        log.reserve(bound)  # a request in flight: reserved, its expert not yet answered
+        path.rename(tmp_path / "decisions.jsonl.1")
+        reserved: list[tuple[int, int]] = []
+        real = _decisions._fallocate
+        monkeypatch.setattr(_decisions, "_fallocate", lambda *a: (reserved.append(a[:2]), real(*a)))
+        log.reopen()
+        await asyncio.sleep(0.1)  # the switch runs on the writer task, with nothing to write
+        assert path.is_file() and reserved and reserved[0][1] == 0  # the new file, from its start
+        await log.write({**RECORD, "n": 3}, reserved=bound)
+        await _write(log, {**RECORD, "n": 4})
+        log.reopen()  # not renamed this time: it stays in the same file
+        await _write(log, {**RECORD, "n": 5})
+        await log.aclose()
+
+    asyncio.run(scenario())
+    assert [r["n"] for r in _lines(tmp_path / "decisions.jsonl.1")] == [0, 1, 2]
+    assert [r["n"] for r in _lines(path)] == [3, 4, 5]
+
+
+def test_a_log_cut_short_by_another_program_is_not_padded_with_zeros(tmp_path: Path) -> None:
+    """logrotate's copytruncate empties the file under the writer: the records after it start the
+    file, and closing the log does not grow it back to its former length."""
+    path = tmp_path / "decisions.jsonl"
+
+    async def scenario() -> None:
+        log = DecisionLog(path)
+        for n in range(20):
+            await _write(log, {**RECORD, "n": n})
+        os.truncate(path, 0)  # as copytruncate does, after copying the file away
+        await _write(log, {**RECORD, "n": "after"})
+        await log.aclose()
+
+    asyncio.run(scenario())
+    assert b"\0" not in path.read_bytes()
+    assert [r["n"] for r in _lines(path)] == ["after"]

@@ -13,6 +13,7 @@ model, see tests/monitor_bundle.py) served by the real command in a subprocess:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import resource
@@ -289,14 +290,32 @@ def test_serve_says_ready_once_it_accepts_connections(bundle: Path, tmp_path: Pa
     assert process.stdout.read() == ""  # stdout is for results: nothing here
 
 
-def test_sigterm_stops_the_server_within_a_bounded_time(bundle: Path, tmp_path: Path) -> None:
+def test_sighup_reopens_the_log_and_sigterm_stops_the_server_within_a_bounded_time(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """SIGHUP after the log was renamed away (log rotation) starts a new log and the server goes on
+    (it used to die: SIGHUP's default action); SIGTERM then stops it within the bound."""
     port = free_port()
+    log = tmp_path / "d.jsonl"
     process = start_ctd(
         "monitor", "serve", str(bundle), "--no-expert", "--port", str(port),
-        "--log", str(tmp_path / "d.jsonl"), cwd=tmp_path,
+        "--log", str(log), cwd=tmp_path,
     )  # fmt: skip
     try:
         _wait_ready(process, port)
+        url = f"http://127.0.0.1:{port}/v1/check"
+        for n in range(3):
+            assert httpx.post(url, json={"input": f"before {n}"}, timeout=30).status_code == 200
+        log.rename(tmp_path / "d.jsonl.1")
+        process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for n in range(2):
+            assert httpx.post(url, json={"input": f"after {n}"}, timeout=30).status_code == 200
+        rotated = [json.loads(line) for line in (tmp_path / "d.jsonl.1").read_text().splitlines()]
+        current = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [r["event"] for r in rotated] == ["decision"] * 3 and len(current) == 2, (rotated, current)
         # A request whose body stalls: the server is mid-request when SIGTERM comes.
         stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
         stalled.sendall(

@@ -137,15 +137,24 @@ def test_a_pass_cost_alone_keeps_passes_few_and_a_token_cost_alone_pads_nothing(
     assert all(len(set(lengths[list(rows)])) == 1 for rows in padding_free)
 
 
-def test_a_fitted_cost_cuts_passes_and_leaves_every_score_as_it_was(scorer: ProbeScorer) -> None:
+def test_a_fitted_cost_and_a_cut_into_many_passes_leave_every_score_as_it_was(scorer: ProbeScorer) -> None:
     tokens = [scorer.tokens(c) for c in [*conversations(30), "hi", "Is it safe?"]]
+    lengths = np.array([len(t.ids) for t in tokens])
     scorer.pass_cost = None
     one_pass = np.array(scorer.score(tokens))
     try:
         cost = scorer.fit_pass_cost(max_batch=32)
-        assert cost.per_pass >= 0 and cost.per_token > 0 and scorer.pass_cost == cost
-        lengths = np.array([len(t.ids) for t in tokens])
-        assert len(forward_passes(lengths, scorer.batch_tokens, cost)) > 1  # 45 to 123 tokens and 2
+        assert cost.per_pass > 0 and cost.per_token >= 0 and scorer.pass_cost == cost
+        np.testing.assert_allclose(np.array(scorer.score(tokens)), one_pass, atol=TOLERANCE, rtol=0)
+        scorer.pass_cost = PassCost(per_pass=1e-3, per_token=1.0)  # padding dear: a pass per length
+        assert len(forward_passes(lengths, scorer.batch_tokens, scorer.pass_cost)) == len(set(lengths))
         np.testing.assert_allclose(np.array(scorer.score(tokens)), one_pass, atol=TOLERANCE, rtol=0)
     finally:
         scorer.pass_cost = None
+
+
+def test_the_token_budget_holds_for_every_pass_of_several() -> None:
+    lengths = np.array([300, 100, 100, 100], dtype=np.uint16)  # one item wider than the budget
+    cut = forward_passes(lengths, 250, PassCost(per_pass=1.0, per_token=0.0))
+    assert cut[0] == (0,)  # alone, as it must be
+    assert all(len(rows) * lengths[list(rows)].max() <= 250 for rows in cut[1:])
