@@ -3,11 +3,12 @@ imported at start-up (torch, the server): each command imports what it needs."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +18,9 @@ from .._errors import InputError
 from ..monitor import ServeLimits
 from ..run import BundleLayout, Roots
 from ._common import clean_errors, print_json
+
+if TYPE_CHECKING:
+    from ..monitor import PassCost  # torch: only for the type
 
 __all__ = ["register"]
 
@@ -429,40 +433,53 @@ async def _load_and_serve(
     root: Path, listener: socket.socket, address: str, limits: ServeLimits, token: str | None, **options: Any
 ) -> None:
     """Load the monitor in this event loop (a load failure is an ordinary error here, before any
-    request is accepted), then serve on the bound socket until SIGINT/SIGTERM."""
+    request is accepted), then serve on the bound socket until SIGINT/SIGTERM. SIGHUP reopens
+    the decision log (log rotation) instead of killing the server, as daemons do; one that comes
+    while the model loads is acted on once it has."""
     import asyncio
     import signal
 
     from ..monitor import Monitor, create_app, serve
 
-    monitor = await Monitor.load(root, **options)
-    try:
-        app = create_app(monitor, auth_token=token, body_timeout=limits.body_timeout)
-    except BaseException:
-        await monitor.aclose()
-        raise
+    monitor: Monitor | None = None
+    hung_up = False
 
-    def ready() -> None:
-        # Until now stderr holds nothing, so that a start-up failure is its one line; from now on
-        # a request is answered, so a script may wait for this line instead of polling /healthz.
-        print(f"ctd monitor: serving {root.name}; ready: listening on {address}", file=sys.stderr, flush=True)
-        cost = monitor.scorer.pass_cost
-        if cost is not None:
-            per_pass, per_token = cost.per_pass * 1e3, cost.per_token * 1e6
-            print(
-                f"ctd monitor: a forward pass costs {per_pass:.1f} ms + {per_token:.2f} us per padded "
-                "token here (timed at start-up); micro-batches are cut into passes by that",
-                file=sys.stderr,
-                flush=True,
-            )
+    def on_hangup() -> None:
+        nonlocal hung_up
+        if monitor is None:
+            hung_up = True
+        else:
+            monitor.reopen_log()
 
     loop = asyncio.get_running_loop()
-    # SIGHUP reopens the decision log (log rotation) instead of killing the server, as daemons do.
-    loop.add_signal_handler(signal.SIGHUP, monitor.reopen_log)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
+        monitor = await Monitor.load(root, **options)
+        if hung_up:
+            monitor.reopen_log()
+        try:
+            app = create_app(monitor, auth_token=token, body_timeout=limits.body_timeout)
+        except BaseException:
+            await monitor.aclose()
+            raise
+        ready = functools.partial(_say_ready, root.name, address, monitor.scorer.pass_cost)
         await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+
+
+def _say_ready(name: str, address: str, cost: PassCost | None) -> None:
+    # Until now stderr holds nothing, so that a start-up failure is its one line; from now on a
+    # request is answered, so a script may wait for this line instead of polling /healthz.
+    print(f"ctd monitor: serving {name}; ready: listening on {address}", file=sys.stderr, flush=True)
+    if cost is not None:
+        per_pass, per_token = cost.per_pass * 1e3, cost.per_token * 1e6
+        print(
+            f"ctd monitor: a forward pass costs {per_pass:.1f} ms + {per_token:.2f} us per padded token "
+            "here (timed at start-up); micro-batches are cut into passes by that",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "Bundle": "._bundle",
     "LogUnavailable": "._errors",
     "Overloaded": "._errors",
+    "PassCost": "._scorer",
     "ProbeScorer": "._scorer",
     "Tokens": "._scorer",
     "BundleRecord": "._bundle_record",

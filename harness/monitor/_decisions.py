@@ -97,6 +97,9 @@ class DecisionLog:
             raise InputError(
                 f"{self.path}: another monitor is writing this decision log; give each replica its own --log"
             ) from None
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def reopen(self) -> None:
@@ -121,23 +124,34 @@ class DecisionLog:
         if same:
             log.warning("%s: asked to reopen it, but it was not renamed away; still writing to it", self.path)
             return
-        old = (self._fd, self._end)
+        old_fd, old_end = self._fd, self._end
         try:
             self._fd = self._open()
-            self._end = self._recover()
+            try:
+                self._end = self._recover()
+            except BaseException:
+                os.close(self._fd)  # and its lock: a later SIGHUP must not find it held
+                raise
         except (OSError, InputError) as error:
-            self._fd, self._end = old
+            self._fd, self._end = old_fd, old_end
             log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
             return
         self._reserved_to = self._end
-        promised, self._promised = self._promised, 0
+        self._reserve_again()
+        self._close_fd(old_fd, old_end)
+        log.warning("%s: reopened; the records before are in the file it was renamed to", self.path)
+
+    def _reserve_again(self) -> None:
+        """Reserve anew the bytes promised to records not yet written, whose blocks are gone (a new
+        file, or a file cut short under the writer). A refusal marks the log unhealthy: the next
+        request is refused before its expert is paid."""
+        promised, failures, self._promised = self._promised, self.failures, 0
         try:
-            self.reserve(promised)  # a refusal here marks the log unhealthy; the writes will tell
+            self.reserve(promised)
         except LogUnavailable as error:
             log.error("%s: %s", self.path, error)
-        self._promised = promised
-        self._close_fd(old[0], old[1])
-        log.warning("%s: reopened; the records before are in the file it was renamed to", self.path)
+        finally:
+            self._promised, self.failures = promised, failures  # no record was refused by this
 
     def _recover(self) -> int:
         """Cut a torn last line (no newline: a crash mid-write) and keep its bytes in PATH.torn."""
@@ -248,55 +262,71 @@ class DecisionLog:
     async def _drain(self) -> None:
         """Write what is queued, a group at a time, each group synced once (and switch files
         between two groups when `reopen` asked)."""
-        while self._queue or self._reopen:
-            if self._reopen:
-                self._reopen = False
-                self._switch()
-                continue
-            group, self._queue = self._queue, []
-            data = b"".join(line for line, _ in group)
-            try:
-                self._end = await asyncio.to_thread(self._append, data)
-            except OSError as error:
-                # Cutting the file back frees the blocks reserved past its end (ext4, XFS):
-                # what was reserved must be reserved again before another expert is paid.
-                self._reserved_to = self._end
-                self._fail(error, "cannot write")
-                self.failures += len(group)
-                refusal = LogUnavailable(f"decision log unavailable: {self.problem}", retry_after=30)
+        group: list[tuple[bytes, asyncio.Future[None]]] = []
+        try:
+            while self._queue or self._reopen:
+                if self._reopen:
+                    self._reopen = False
+                    self._switch()
+                    continue
+                group, self._queue = self._queue, []
+                data = b"".join(line for line, _ in group)
+                try:
+                    start, end = await asyncio.to_thread(self._append, data)
+                except OSError as error:
+                    # Cutting the file back frees the blocks reserved past its end (ext4, XFS):
+                    # what was reserved must be reserved again before another expert is paid.
+                    self._reserved_to = self._end
+                    self._fail(error, "cannot write")
+                    self.failures += len(group)
+                    refusal = LogUnavailable(f"decision log unavailable: {self.problem}", retry_after=30)
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(refusal)
+                    continue
+                cut = start < self._end  # another program cut the file short (copytruncate)
+                self._end = end
+                if cut:  # the blocks reserved past its old end went with the cut
+                    self._reserved_to = end
+                    self._reserve_again()
+                self._ok(wrote=True)
+                self.records += len(group)
                 for _, future in group:
                     if not future.done():
-                        future.set_exception(refusal)
-                continue
-            self._ok(wrote=True)
-            self.records += len(group)
-            for _, future in group:
+                        future.set_result(None)
+        except BaseException as error:  # nothing unforeseen may leave a request waiting for ever
+            refusal = LogUnavailable(f"decision log unavailable: {error!r}", retry_after=30)
+            for _, future in [*group, *self._queue]:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_exception(refusal)
+            self._queue = []
+            raise
 
-    def _append(self, data: bytes) -> int:
+    def _append(self, data: bytes) -> tuple[int, int]:
         """All of `data` at the end of the file and synced, or none of it (cut back on error);
-        returns the new end (the caller keeps it, on its own thread)."""
-        # The file's own end, not the one kept: another program may have cut the log short
-        # (logrotate's copytruncate), and a cut back to the kept end would then pad it with zeros.
-        start = os.fstat(self._fd).st_size
+        returns where it starts and ends (the caller keeps them, on its own thread). Both are read
+        from the file's offset, not from the end kept: another program may have cut the log short
+        (logrotate's copytruncate), and a cut back to the kept end would pad it with zeros."""
+        fd = self._fd
+        start = os.fstat(fd).st_size
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view) :]
-            os.fdatasync(self._fd)
+                view = view[os.write(fd, view) :]  # O_APPEND: at the file's end, wherever it is now
+            os.fdatasync(fd)
         except OSError:
-            try:
-                os.ftruncate(self._fd, start)  # no torn line: the next record starts clean
+            try:  # no torn line: the next record starts clean
+                os.ftruncate(fd, min(start, os.fstat(fd).st_size))
             except OSError as cut:
                 log.error("%s: could not cut a failed write back (%s)", self.path, cut.strerror)
             raise
-        return start + len(data)
+        end = os.lseek(fd, 0, os.SEEK_CUR)  # after an append: the end of what it wrote
+        return end - len(data), end
 
     def write_sync(self, record: dict[str, Any]) -> None:
         """Append one record from synchronous code (tests, tools); the same all-or-nothing write."""
         try:
-            self._end = self._append(_line(record))
+            self._end = self._append(_line(record))[1]
         except OSError:
             self._reserved_to = self._end
             raise
@@ -317,4 +347,5 @@ class DecisionLog:
             # Never longer than it is: a log cut short by another program (logrotate's
             # copytruncate) must not grow back to `end` with zero bytes.
             os.ftruncate(fd, min(end, os.fstat(fd).st_size))
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)

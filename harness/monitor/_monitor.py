@@ -430,7 +430,7 @@ class Monitor:
         """SIGHUP: go on in a new decision log at the same path once the current one was renamed
         away (log rotation); without a log, nothing to do."""
         if self.decisions is None:
-            log.warning("SIGHUP: no decision log to reopen (serve with --log); ignored")
+            log.warning("SIGHUP: this monitor keeps no decision log; ignored")
         else:
             self.decisions.reopen()
 

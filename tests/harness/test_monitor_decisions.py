@@ -177,19 +177,47 @@ def test_reopen_after_a_rename_goes_on_in_a_new_file_and_carries_the_reservation
     assert [r["n"] for r in _lines(path)] == [3, 4, 5]
 
 
-def test_a_log_cut_short_by_another_program_is_not_padded_with_zeros(tmp_path: Path) -> None:
+def test_a_log_cut_short_by_another_program_is_not_padded_with_zeros(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """logrotate's copytruncate empties the file under the writer: the records after it start the
-    file, and closing the log does not grow it back to its former length."""
+    file, closing the log does not grow it back to its former length, and the blocks reserved
+    past the old end, gone with the cut, are reserved again before the next expert is paid."""
     path = tmp_path / "decisions.jsonl"
 
     async def scenario() -> None:
         log = DecisionLog(path)
         for n in range(20):
             await _write(log, {**RECORD, "n": n})
+        reserved: list[int] = []
+        real = _decisions._fallocate
+        monkeypatch.setattr(_decisions, "_fallocate", lambda *a: (reserved.append(a[1]), real(*a)))
         os.truncate(path, 0)  # as copytruncate does, after copying the file away
         await _write(log, {**RECORD, "n": "after"})
+        await _write(log, {**RECORD, "n": "next"})
+        assert reserved and reserved[0] < 1000  # from the new end, not from past the old one
         await log.aclose()
 
     asyncio.run(scenario())
     assert b"\0" not in path.read_bytes()
-    assert [r["n"] for r in _lines(path)] == ["after"]
+    assert [r["n"] for r in _lines(path)] == ["after", "next"]
+
+
+def test_an_unforeseen_error_in_the_writer_refuses_every_waiting_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever ends the writer task, no request is left waiting for its record for ever."""
+
+    async def scenario() -> None:
+        log = DecisionLog(tmp_path / "decisions.jsonl")
+        monkeypatch.setattr(log, "_append", lambda data: 1 / 0)
+        writes = [asyncio.ensure_future(_write(log, {**RECORD, "n": n})) for n in range(3)]
+        done, pending = await asyncio.wait(writes, timeout=10)
+        assert not pending
+        assert all(isinstance(w.exception(), LogUnavailable) for w in done)
+        monkeypatch.undo()
+        await _write(log, {**RECORD, "n": 3})  # the next record starts a new writer
+        await log.aclose()
+
+    asyncio.run(scenario())
+    assert [r["n"] for r in _lines(tmp_path / "decisions.jsonl")] == [3]
