@@ -36,6 +36,7 @@ log = logging.getLogger("ctd.monitor")
 RECORD_BYTES = 2048  # a decision record without its text is about 400 bytes: room to spare
 RESERVE_CHUNK = 1 << 20  # blocks are reserved a MiB at a time
 FALLOC_FL_KEEP_SIZE = 1
+_Queued = tuple[bytes, asyncio.Future[None]]  # a record's line, and its writer's answer to it
 
 
 def record_bound(text: object | None) -> int:
@@ -79,7 +80,7 @@ class DecisionLog:
         self._reserved_to = self._end  # blocks are allocated up to here
         self._promised = 0  # bytes reserved for records not yet written
         self._can_reserve = True  # False where fallocate is not supported: statvfs is the check
-        self._queue: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._queue: list[_Queued] = []
         self._writer: asyncio.Task[None] | None = None
         self._reopen = False  # asked to go on in a new file at `path` (see `reopen`)
         self.healthy = True
@@ -127,13 +128,16 @@ class DecisionLog:
         old_fd, old_end = self._fd, self._end
         try:
             self._fd = self._open()
-            try:
-                self._end = self._recover()
-            except BaseException:
-                os.close(self._fd)  # and its lock: a later SIGHUP must not find it held
-                raise
         except (OSError, InputError) as error:
+            log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
+            return
+        try:
+            self._end = self._recover()
+        except BaseException as error:
+            os.close(self._fd)  # and its lock: a later SIGHUP must not find it held
             self._fd, self._end = old_fd, old_end
+            if not isinstance(error, OSError):
+                raise
             log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
             return
         self._reserved_to = self._end
@@ -262,7 +266,7 @@ class DecisionLog:
     async def _drain(self) -> None:
         """Write what is queued, a group at a time, each group synced once (and switch files
         between two groups when `reopen` asked)."""
-        group: list[tuple[bytes, asyncio.Future[None]]] = []
+        group: list[_Queued] = []
         try:
             while self._queue or self._reopen:
                 if self._reopen:
@@ -272,7 +276,7 @@ class DecisionLog:
                 group, self._queue = self._queue, []
                 data = b"".join(line for line, _ in group)
                 try:
-                    start, end = await asyncio.to_thread(self._append, data)
+                    start, end = await self._appended(data, group)
                 except OSError as error:
                     # Cutting the file back frees the blocks reserved past its end (ext4, XFS):
                     # what was reserved must be reserved again before another expert is paid.
@@ -284,23 +288,42 @@ class DecisionLog:
                         if not future.done():
                             future.set_exception(refusal)
                     continue
-                cut = start < self._end  # another program cut the file short (copytruncate)
-                self._end = end
-                if cut:  # the blocks reserved past its old end went with the cut
-                    self._reserved_to = end
-                    self._reserve_again()
-                self._ok(wrote=True)
-                self.records += len(group)
-                for _, future in group:
-                    if not future.done():
-                        future.set_result(None)
+                self._written(group, start, end)
         except BaseException as error:  # nothing unforeseen may leave a request waiting for ever
+            if not isinstance(error, asyncio.CancelledError):
+                log.exception("%s: the decision log's writer failed", self.path)
             refusal = LogUnavailable(f"decision log unavailable: {error!r}", retry_after=30)
             for _, future in [*group, *self._queue]:
                 if not future.done():
                     future.set_exception(refusal)
             self._queue = []
             raise
+
+    async def _appended(self, data: bytes, group: list[_Queued]) -> tuple[int, int]:
+        """`_append` in a thread. Cancelled meanwhile, it still waits for the thread (no second
+        writer may start, and no close may come, while it writes) and answers the group by what
+        the write did before the cancellation goes on."""
+        append = asyncio.ensure_future(asyncio.to_thread(self._append, data))
+        try:
+            return await asyncio.shield(append)
+        except asyncio.CancelledError:
+            await asyncio.wait([append])
+            if not append.cancelled() and append.exception() is None:
+                self._written(group, *append.result())  # on disk: those requests are answered
+            raise
+
+    def _written(self, group: list[_Queued], start: int, end: int) -> None:
+        """Keep the new end and answer a group that is on disk."""
+        cut = start < self._end  # another program cut the file short (copytruncate)
+        self._end = end
+        self._ok(wrote=True)
+        if cut:  # the blocks reserved past its old end went with the cut (a refusal: unhealthy)
+            self._reserved_to = end
+            self._reserve_again()
+        self.records += len(group)
+        for _, future in group:
+            if not future.done():
+                future.set_result(None)
 
     def _append(self, data: bytes) -> tuple[int, int]:
         """All of `data` at the end of the file and synced, or none of it (cut back on error);

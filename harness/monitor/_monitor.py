@@ -160,22 +160,27 @@ class Monitor:
             ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
         )
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
-        gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
-        monitor = cls(
-            read,
-            scorer,
-            gate=gate,
-            decisions=decisions,
-            max_delegation_rate=max_delegation_rate,
-            max_batch=max_batch,
-            max_wait=max_wait,
-            drift_mtfa=drift_mtfa,
-            max_queue=max_queue,
-            max_pending=max_pending,
-        )
-        await monitor.warm_up()
-        if gate is not None:  # last: nothing after it can fail and leave its client open
-            await gate.open()  # one client (pool, limiter, breaker) until `aclose`
+        try:
+            gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
+            monitor = cls(
+                read,
+                scorer,
+                gate=gate,
+                decisions=decisions,
+                max_delegation_rate=max_delegation_rate,
+                max_batch=max_batch,
+                max_wait=max_wait,
+                drift_mtfa=drift_mtfa,
+                max_queue=max_queue,
+                max_pending=max_pending,
+            )
+            await monitor.warm_up()
+            if gate is not None:  # last: nothing after it can fail and leave its client open
+                await gate.open()  # one client (pool, limiter, breaker) until `aclose`
+        except BaseException:
+            if decisions is not None:  # its lock too: a second load in this process must not find it held
+                decisions.close()
+            raise
         return monitor
 
     async def warm_up(self, passes: int = 2) -> None:

@@ -9,15 +9,18 @@ import errno
 import json
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from monitor_bundle import write_untrained_bundle
 from monitor_run import fill
 
 from harness import InputError
 
 # Private: the decision log, unit-tested.
-from harness.monitor import _decisions
+from harness.monitor import Monitor, _decisions
 from harness.monitor._decisions import DecisionLog, record_bound
 from harness.monitor._errors import LogUnavailable
 
@@ -221,3 +224,54 @@ def test_an_unforeseen_error_in_the_writer_refuses_every_waiting_record(
 
     asyncio.run(scenario())
     assert [r["n"] for r in _lines(tmp_path / "decisions.jsonl")] == [3]
+
+
+def test_a_writer_cancelled_mid_write_answers_what_reached_the_disk_and_leaves_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling the writer task cannot stop the thread doing the write: the task waits for it,
+    answers the records it wrote as written (they are in the file), and only then ends, so that
+    the next writer never runs beside it."""
+
+    async def scenario() -> None:
+        log = DecisionLog(tmp_path / "decisions.jsonl")
+        real = log._append
+        started = threading.Event()
+
+        def slow_append(data: bytes) -> tuple[int, int]:
+            started.set()
+            time.sleep(0.3)
+            return real(data)
+
+        monkeypatch.setattr(log, "_append", slow_append)
+        writes = [asyncio.ensure_future(_write(log, {**RECORD, "n": n})) for n in range(3)]
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        assert log._writer is not None
+        log._writer.cancel()
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert results == [None, None, None]  # on disk, so answered as written
+        monkeypatch.undo()
+        await _write(log, {**RECORD, "n": 3})
+        await log.aclose()
+
+    asyncio.run(scenario())
+    assert [r["n"] for r in _lines(tmp_path / "decisions.jsonl")] == [0, 1, 2, 3]
+
+
+def test_a_monitor_that_fails_to_load_lets_go_of_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that fails after the log was opened (here: its warm-up) closes the log, lock and
+    all, so that the next load in the same process may write it."""
+    bundle = write_untrained_bundle(tmp_path / "bundle")
+    path = tmp_path / "decisions.jsonl"
+
+    async def no_warm_up(self: Monitor, passes: int = 2) -> None:
+        raise RuntimeError("warm-up failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Monitor, "warm_up", no_warm_up)
+        with pytest.raises(RuntimeError, match="warm-up failed"):
+            asyncio.run(Monitor.load(bundle, expert=False, log_path=path))
+    DecisionLog(path).close()  # not "another monitor is writing this decision log"
