@@ -310,6 +310,8 @@ class DecisionLog:
             await asyncio.wait([append])
             if not append.cancelled() and append.exception() is None:
                 self._written(group, *append.result())  # on disk: those requests are answered
+            elif not append.cancelled() and isinstance(append.exception(), OSError):
+                self._reserved_to = self._end  # cut back, as in `_drain`: reserve again
             raise
 
     def _written(self, group: list[_Queued], start: int, end: int) -> None:
