@@ -100,10 +100,8 @@ def _remove_abandoned(parent: Path, prefix: str) -> None:
             continue
         try:
             fd = _lock(folder)
-        except BlockingIOError:
-            continue  # a live writer's
-        except OSError:
-            continue  # gone meanwhile, or not ours to open
+        except OSError:  # a live writer's (BlockingIOError), gone meanwhile, or not ours to open
+            continue
         if fd is None:
             continue
         shutil.rmtree(folder, ignore_errors=True)

@@ -75,8 +75,7 @@ class DecisionLog:
         if self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a log file", str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = self._open()
-        self._end = self._recover()  # the end of the last whole record
+        self._fd, self._end = self._open()  # _end: the end of the last whole record
         self._reserved_to = self._end  # blocks are allocated up to here
         self._promised = 0  # bytes reserved for records not yet written
         self._can_reserve = True  # False where fallocate is not supported: statvfs is the check
@@ -89,27 +88,29 @@ class DecisionLog:
         self.records = 0  # written since the log was opened
         self.failures = 0  # records refused or lost to a failed write
 
-    def _open(self) -> int:
+    def _open(self) -> tuple[int, int]:
+        """The file at `path` opened, locked and recovered: (its descriptor, the end of its last
+        whole record). Nothing stays open, or locked, when any of it fails."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        try:  # one writer: another's records would be cut by this one's recovery and close
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise InputError(
-                f"{self.path}: another monitor is writing this decision log; give each replica its own --log"
-            ) from None
+        try:
+            try:  # one writer: another's records would be cut by this one's recovery and close
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(
+                    f"{self.path}: another monitor is writing this decision log; "
+                    "give each replica its own --log"
+                ) from None
+            return fd, self._recover(fd)
         except BaseException:
             os.close(fd)
             raise
-        return fd
 
     def reopen(self) -> None:
         """Go on in a new file at `path` after the write in progress (if any): once the log was
         renamed away (logrotate's default; SIGHUP asks for it), the old file is closed whole and
         the next record starts the new one. Nothing happens while `path` is still this file."""
         self._reopen = True
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain(), name="decision-log")
+        self._wake_writer()
 
     def _switch(self) -> None:
         """Between two groups of records (no write in flight, and on the event loop, so that no
@@ -125,22 +126,13 @@ class DecisionLog:
         if same:
             log.warning("%s: asked to reopen it, but it was not renamed away; still writing to it", self.path)
             return
-        old_fd, old_end = self._fd, self._end
         try:
-            self._fd = self._open()
+            fd, end = self._open()
         except (OSError, InputError) as error:
             log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
             return
-        try:
-            self._end = self._recover()
-        except BaseException as error:
-            os.close(self._fd)  # and its lock: a later SIGHUP must not find it held
-            self._fd, self._end = old_fd, old_end
-            if not isinstance(error, OSError):
-                raise
-            log.error("%s: could not start a new log (%s); still writing to the old file", self.path, error)
-            return
-        self._reserved_to = self._end
+        old_fd, old_end = self._fd, self._end
+        self._fd, self._end, self._reserved_to = fd, end, end
         self._reserve_again()
         self._close_fd(old_fd, old_end)
         log.warning("%s: reopened; the records before are in the file it was renamed to", self.path)
@@ -157,14 +149,15 @@ class DecisionLog:
         finally:
             self._promised, self.failures = promised, failures  # no record was refused by this
 
-    def _recover(self) -> int:
-        """Cut a torn last line (no newline: a crash mid-write) and keep its bytes in PATH.torn."""
-        size = os.fstat(self._fd).st_size
+    def _recover(self, fd: int) -> int:
+        """Cut a torn last line (no newline: a crash mid-write) and keep its bytes in PATH.torn;
+        returns the end of the last whole record."""
+        size = os.fstat(fd).st_size
         if size == 0:
             return 0
         tail_start = max(0, size - RESERVE_CHUNK)
         while True:
-            tail = os.pread(self._fd, size - tail_start, tail_start)
+            tail = os.pread(fd, size - tail_start, tail_start)
             newline = tail.rfind(b"\n")
             if newline >= 0 or tail_start == 0:
                 break
@@ -174,7 +167,7 @@ class DecisionLog:
             torn = self.path.with_name(self.path.name + ".torn")
             with torn.open("ab") as handle:
                 handle.write(tail[newline + 1 :] + b"\n")
-            os.ftruncate(self._fd, end)
+            os.ftruncate(fd, end)
             log.warning(
                 "%s: cut a torn last record of %d bytes (kept in %s)", self.path, size - end, torn.name
             )
@@ -257,11 +250,15 @@ class DecisionLog:
             line = _line(record)
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._queue.append((line, future))
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.create_task(self._drain(), name="decision-log")
+            self._wake_writer()
             await asyncio.shield(future)
         finally:
             self.release(reserved)
+
+    def _wake_writer(self) -> None:
+        """Start the writer task unless it is running (it drains the queue and any reopen asked)."""
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="decision-log")
 
     async def _drain(self) -> None:
         """Write what is queued, a group at a time, each group synced once (and switch files

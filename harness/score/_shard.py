@@ -122,9 +122,8 @@ class ShardScorer:
         self.scorer: ProbeScorer = ProbeScorer.load(
             self.bundle.layout.safety_probe, self.bundle.layout.dv_probe, model=options.model
         )
-        self.scorer.fit_pass_cost(
-            options.micro_batch
-        )  # micro-batches cut into passes by this machine's costs
+        # Micro-batches are cut into passes by what a pass costs on this machine.
+        self.scorer.fit_pass_cost(options.micro_batch)
 
     def __call__(self, task: ShardTask) -> ShardDone:
         target = self.layout.shard(task.index)
