@@ -15,6 +15,8 @@ Parts, each printed as it ends, with the GPU's mean use over the part (NVML, sam
   train    `probes.train_probe` of each of --archs x --seeds on the store (safety labels); seconds
   monitor  `ctd monitor serve` of a bundle over the model (the attention probe trained above, as
            both probes), expert disabled; requests/s and latency at --clients closed-loop clients
+           (spread over --load-processes processes), with the server's and the busiest client
+           process's CPU share: a share near 1.0 says which side bounds the number
   eval     `ctd eval` of the same files (attention, 3 seeds) with a local fault-free stand-in
            expert (tests/fault_server.py); wall time and the share of it the GPU was busy
 A JSON line with every number ends the output (and --out FILE gets it).
@@ -23,15 +25,17 @@ A JSON line with every number ends the output (and --out FILE gets it).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))  # first: tests/experts/ must not shadow the experts package
 
-from bench_monitor import load as monitor_load  # noqa: E402
+from bench_monitor import load_spread, process_cpu_seconds  # noqa: E402
 from bench_monitor import serve as monitor_serve  # noqa: E402
 from ctd_cli import CTD, free_port  # noqa: E402
 
@@ -306,30 +310,82 @@ def write_bundle(folder: Path, model_folder: Path, store, kept) -> Path:
 def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
     rows = []
     no_shedding = ["--no-expert", "--max-queue-ms", "600000", "--max-pending", "100000"]
-    for log_dir, max_batch in (
-        (Path(d) if d else None, int(b)) for d in args.log_dirs.split(",") for b in args.max_batch.split(",")
-    ):
+    processes = args.load_processes
+    # spawn, not fork: this process holds a CUDA context and the GPU sampler's thread.
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    configs = [
+        (Path(d) if d else None, int(b), int(t))
+        for d in args.log_dirs.split(",")
+        for b in args.max_batch.split(",")
+        for t in args.monitor_batch_tokens.split(",")
+    ]
+    for log_dir, max_batch, batch_tokens in configs:
         port = free_port()
-        process = monitor_serve(bundle, port, [*no_shedding, "--max-batch", str(max_batch)], log_dir)
+        options = ["--max-batch", str(max_batch), "--batch-tokens", str(batch_tokens)]
+        process = monitor_serve(bundle, port, [*no_shedding, *options], log_dir)
         try:
-            asyncio.run(monitor_load(port, conversations[:64], 16, args.max_seconds))  # warm-up
-            for clients in (int(c) for c in args.clients.split(",")):
+            load_spread(
+                pool, processes, port, conversations[: 64 * processes], 16 * processes, args.max_seconds
+            )  # warm-up
+            levels = [int(c) for c in args.clients.split(",")]
+            for level, clients in enumerate(levels):
                 n = max(clients * 16, 64)
                 texts = [conversations[i % len(conversations)] for i in range(n)]
-                since = time.monotonic()
-                row = asyncio.run(monitor_load(port, texts, clients, args.max_seconds))
-                row.update(max_batch=max_batch, gpu_mean_use=gpu.mean(since), log_dir=str(log_dir))
+                last = level == len(levels) - 1
+                spy = _spy(args, process.pid, f"monitor-{max_batch}-{batch_tokens}") if last else None
+                server_cpu = process_cpu_seconds(process.pid)  # idle until the load starts
+                batches = _forward_counts(port)
+                row = load_spread(pool, processes, port, texts, clients, args.max_seconds)
+                if spy is not None:  # its profile: this level's second of start-up and its load
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(60)
+                passes, items = (
+                    after - before for after, before in zip(_forward_counts(port), batches, strict=True)
+                )
+                row.update(
+                    max_batch=max_batch, batch_tokens=batch_tokens, gpu_mean_use=gpu.mean(row["started"]),
+                    log_dir=str(log_dir), mean_micro_batch=items / max(passes, 1), profiled=spy is not None,
+                    server_cpu=(process_cpu_seconds(process.pid) - server_cpu) / row["elapsed"],
+                )  # fmt: skip
                 rows.append(row)
                 print(
-                    f"  monitor log in {log_dir or 'tmp'}, max-batch {max_batch} clients {clients:3d}: "
-                    f"{row['rps']:7.1f} req/s, "
-                    f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, GPU {row['gpu_mean_use']}",
+                    f"  monitor log in {log_dir or 'tmp'}, max-batch {max_batch} batch-tokens {batch_tokens} "
+                    f"clients {clients:3d}: {row['rps']:7.1f} req/s, p50 {row['p50_ms']:7.1f} ms, "
+                    f"p99 {row['p99_ms']:7.1f} ms, micro-batches of {row['mean_micro_batch']:.1f}, "
+                    f"GPU {row['gpu_mean_use']}, CPU server {row['server_cpu']:.2f} "
+                    f"busiest of {row['processes']} client processes {row['client_cpu']:.2f}"
+                    + (" (under py-spy)" if row["profiled"] else ""),
                     flush=True,
                 )
         finally:
             process.terminate()
             process.wait(30)
+    pool.shutdown()
     return {"levels": rows}
+
+
+def _forward_counts(port: int) -> tuple[float, float]:
+    """The monitor's /metrics counters of micro-batches run and conversations in them."""
+    import httpx
+
+    counts = {"ctd_monitor_forward_batches_total": 0.0, "ctd_monitor_forward_items_total": 0.0}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in counts:
+            counts[name] = float(value)
+    return counts["ctd_monitor_forward_batches_total"], counts["ctd_monitor_forward_items_total"]
+
+
+def _spy(args, pid: int, name: str) -> subprocess.Popen | None:
+    """With --spy DIR: py-spy sampling process `pid` until it is sent SIGINT, every thread's stack
+    (waiting too) or with --spy-gil only the thread holding the GIL; None without --spy."""
+    if args.spy is None:
+        return None
+    args.spy.mkdir(parents=True, exist_ok=True)
+    out = ["-f", "raw", "-o", str(args.spy / f"{name}.txt")]
+    mode = ["--gil", "-r", "200"] if args.spy_gil else ["--idle", "-r", "100"]
+    spy = ["py-spy", "record", "-p", str(pid), *mode, "--threads", *out]
+    return subprocess.Popen(spy, stdout=subprocess.DEVNULL)
 
 
 def part_eval(args, folder: Path, train: list[Path], dev: list[Path], gpu: GpuUse) -> dict:
@@ -348,6 +404,10 @@ def part_eval(args, folder: Path, train: list[Path], dev: list[Path], gpu: GpuUs
         ]  # fmt: skip
         since = time.monotonic()
         started = time.perf_counter()
+        if args.spy is not None and args.spy_eval:  # the same run under py-spy, which runs it
+            command = ["py-spy", "record", "--idle", "--threads", "-r", "50", "-f", "raw",
+                       "-o", str(args.spy / "eval.txt"), "--", *command]  # fmt: skip
+            args.spy.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(command, capture_output=True, text=True, env=_env())
         wall = time.perf_counter() - started
     if done.returncode != 0:
@@ -380,6 +440,20 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32,128")
     parser.add_argument("--max-batch", default="32,128", help="the monitor's --max-batch values to try")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="per monitor level")
+    parser.add_argument(
+        "--monitor-batch-tokens", default="8192", help="the monitor's --batch-tokens values to try"
+    )
+    parser.add_argument(
+        "--spy",
+        type=Path,
+        default=None,
+        help="folder for py-spy profiles of the monitor's last --clients level",
+    )
+    parser.add_argument("--spy-gil", action="store_true", help="profile only the thread holding the GIL")
+    parser.add_argument("--spy-eval", action="store_true", help="and run `ctd eval` under py-spy too")
+    parser.add_argument(
+        "--load-processes", type=int, default=8, help="processes the monitor's clients are spread over"
+    )
     parser.add_argument(
         "--log-dirs", default="", help="folders for the monitor's decision log, comma-separated (''=tmp)"
     )

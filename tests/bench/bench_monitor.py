@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -74,14 +75,25 @@ def offline_rate(bundle: Path, conversations: list[object], model_name: str | No
     return best, tokens
 
 
-def serve(bundle: Path, port: int, extra: list[str], log_dir: Path | None = None) -> subprocess.Popen[str]:
+def serve(
+    bundle: Path,
+    port: int,
+    extra: list[str],
+    log_dir: Path | None = None,
+    *,
+    source: Path = ROOT,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     """`ctd monitor serve` of `bundle` once it answers; its decision log in a fresh folder under
-    `log_dir` (default: the temporary directory; each record is synced there before its answer)."""
+    `log_dir` (default: the temporary directory; each record is synced there before its answer).
+    `source`: the source tree it runs (default this one); `env`: more environment variables."""
     process = subprocess.Popen(
-        [sys.executable, "-c", CTD, "monitor", "serve", str(bundle), "--port", str(port),
+        [sys.executable, "-c", CTD, "monitor", "serve", str(bundle.resolve()), "--port", str(port),
          "--log", str(Path(tempfile.mkdtemp(prefix="monitor-log-", dir=log_dir)) / "decisions.jsonl"),
          *extra],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]),
+             **(env or {})},
+        cwd=source,  # `python -c` puts its folder first on sys.path, ahead of PYTHONPATH
         text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 600
@@ -99,11 +111,98 @@ def serve(bundle: Path, port: int, extra: list[str], log_dir: Path | None = None
 
 async def load(port: int, conversations: list[object], clients: int, max_seconds: float) -> dict:
     """`len(conversations)` checks from `clients` closed-loop clients; rps and latency percentiles."""
+    latencies, delegated, elapsed = await _closed_loop(port, conversations, clients, max_seconds)
+    return _summary(clients, latencies, delegated, elapsed)
+
+
+def load_spread(
+    pool: ProcessPoolExecutor,
+    processes: int,
+    port: int,
+    conversations: list[object],
+    clients: int,
+    max_seconds: float,
+) -> dict:
+    """`load` with the clients spread over `processes` processes of `pool`, started together.
+
+    httpx spends about as much CPU per request as the server does, so one client process can be
+    what bounds a fast server's number; `client_cpu`, the busiest client process's CPU share
+    (its set-up and teardown included), says whether it was. `elapsed` is the longest process's
+    time from the common start to its last answer; `started` the start on this process's
+    `time.monotonic()` clock.
+    """
+    processes = max(1, min(processes, clients))
+    # A second for the pool to hand every process its part (the pool's processes are up once the
+    # first call has run); connections open after the start, as a new client's would.
+    start_at = time.time() + 1.0
+    started = time.monotonic() + 1.0
+    parts = [
+        pool.submit(
+            _load_part,
+            port,
+            conversations[i::processes],
+            len(range(i, clients, processes)),
+            max_seconds,
+            start_at,
+        )
+        for i in range(processes)
+    ]
+    results = [part.result() for part in parts]
+    latencies = [x for r in results for x in r["latencies"]]
+    elapsed = max(r["elapsed"] for r in results)
+    summary = _summary(clients, latencies, sum(r["delegated"] for r in results), elapsed)
+    return {
+        **summary,
+        "processes": processes,
+        "started": started,
+        "elapsed": elapsed,
+        "client_cpu": max(r["cpu"] / r["elapsed"] for r in results),
+    }
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load_part(
+    port: int, conversations: list[object], clients: int, max_seconds: float, start_at: float
+) -> dict:
+    """One process's share of `load_spread`: waits for `start_at` (wall clock), then runs."""
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
+    latencies, delegated, elapsed = asyncio.run(_closed_loop(port, conversations, clients, max_seconds))
+    return {
+        "latencies": latencies,
+        "delegated": delegated,
+        "elapsed": elapsed,
+        "cpu": time.process_time() - cpu,
+    }
+
+
+def _summary(clients: int, latencies: list[float], delegated: int, elapsed: float) -> dict:
+    ms = np.array(latencies) * 1e3
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "delegated": delegated,
+    }
+
+
+async def _closed_loop(
+    port: int, conversations: list[object], clients: int, max_seconds: float
+) -> tuple[list[float], int, float]:
     todo = list(range(len(conversations)))
     latencies: list[float] = []
     delegated = 0
     deadline = time.perf_counter() + max_seconds
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+    # httpx pools 100 connections by default: more clients than that would queue inside the pool.
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
 
         async def worker() -> None:
             nonlocal delegated
@@ -121,15 +220,7 @@ async def load(port: int, conversations: list[object], clients: int, max_seconds
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         elapsed = time.perf_counter() - started
-    ms = np.array(latencies) * 1e3
-    return {
-        "clients": clients,
-        "requests": len(latencies),
-        "rps": len(latencies) / elapsed,
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "delegated": delegated,
-    }
+    return latencies, delegated, elapsed
 
 
 def main() -> None:
