@@ -25,6 +25,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 _EXPORTS: dict[str, str] = {
     "ARCHS": "._config",
     "ARTIFACT_VERSION": "._artifact",
+    "BATCH_TOKENS": "._config",
     "EMBEDDED_MODEL": "._embedded",
     "MODEL_CACHE_ENV": "._embedded",
     "TASKS": "._config",

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ._config import BATCH_TOKENS
 from ._dist import process_state
 from ._errors import ProbeError
 from ._model import LoadedModel, decoder_layers
@@ -217,7 +218,7 @@ def extract(
     max_tokens: int,
     data_hash: str,
     store_root,
-    batch_tokens: int = 8192,
+    batch_tokens: int = BATCH_TOKENS,
     max_batch: int = 64,
     commit: CommitCadence | None = None,
     on_batch: Callable[[int, int], None] | None = None,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 import calibrate
+from probes import BATCH_TOKENS
 
 from .._errors import InputError
 from ..monitor import ServeLimits
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 MAX_BATCH = 1024  # conversations in one forward pass
+MAX_BATCH_TOKENS = 1 << 20  # padded tokens in one forward pass
 MAX_WAIT_MS = 1000.0  # a batch waits at most a second to fill
 MAX_TIMEOUT_S = 600.0  # head and body timeouts
 MAX_CONNECTIONS = 65536
@@ -287,6 +289,14 @@ def monitor_serve(
         float,
         typer.Option("--max-wait-ms", help=f"How long a forward batch waits to fill (0-{MAX_WAIT_MS:g})."),
     ] = 5.0,
+    batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-tokens",
+            help=f"Padded tokens in one forward pass at most (bounds its memory; default {BATCH_TOKENS}, "
+            f"at most {MAX_BATCH_TOKENS:,}; below the probes' token limit it is raised to it).",
+        ),
+    ] = None,
     drift_mtfa: Annotated[
         float | None,
         typer.Option(
@@ -343,6 +353,8 @@ def monitor_serve(
     _check_range("--port", port, 1, 65535)
     _check_range("--max-batch", max_batch, 1, MAX_BATCH)
     _check_range("--max-wait-ms", max_wait_ms, 0, MAX_WAIT_MS)
+    if batch_tokens is not None:
+        _check_range("--batch-tokens", batch_tokens, 1, MAX_BATCH_TOKENS)
     _check_range("--head-timeout", head_timeout, 0.1, MAX_TIMEOUT_S)
     _check_range("--body-timeout", body_timeout, 0.1, MAX_TIMEOUT_S)
     _check_range("--max-connections", max_connections, 1, MAX_CONNECTIONS)
@@ -385,6 +397,7 @@ def monitor_serve(
                 max_delegation_rate=max_delegation_rate,
                 max_batch=max_batch,
                 max_wait=max_wait_ms / 1e3,
+                batch_tokens=batch_tokens,
                 drift_mtfa=mtfa,
                 max_queue=max_queue_ms / 1e3,
                 max_pending=max_pending,
@@ -396,7 +409,12 @@ def monitor_serve(
 
 def _check_range(option: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:  # NaN is refused too: every comparison with it is false
-        raise InputError(f"{option} {value:g}: must lie in {low:g}..{high:g}")
+        raise InputError(f"{option} {_number(value)}: must lie in {_number(low)}..{_number(high)}")
+
+
+def _number(x: float) -> str:
+    """Integers as integers (1048576, not 1.04858e+06), other values as %g."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _auth_token(variable: str | None) -> str | None:

@@ -1,8 +1,10 @@
 """The monitor's HTTP transport: a listening socket bound before the model loads, and uvicorn with
-a guarded HTTP/1.1 protocol, so that slow or idle clients cannot hold the server's file descriptors.
+a guarded HTTP/1.1 protocol (uvicorn's httptools one), so that slow or idle clients cannot hold
+the server's file descriptors.
 
 Guard rule: a connection must deliver each request head (request line and headers) within
-`head_timeout` seconds of opening or of its previous response, else it is closed. At most
+`head_timeout` seconds of opening or of its previous response, else it is closed; a head longer
+than MAX_HEAD_BYTES is answered 431 and closed (httptools, unlike h11, has no bound of its own). At most
 `max_connections` are open at once; one more evicts the oldest connection that is still waiting
 for a head (slow or idle), or, when every open connection is busy with a request, is answered 503
 and closed at once. Bodies are timed by the app (`body_timeout`).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import resource
 import socket
 from collections import OrderedDict
@@ -19,26 +22,41 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .._errors import InputError
 from ._limits import ACCEPT_BURST, FD_RESERVE, LISTEN_BACKLOG, ServeLimits
 
-__all__ = ["bind_listener", "guarded_protocol", "raise_open_file_limit", "serve"]
+__all__ = ["MAX_HEAD_BYTES", "bind_listener", "guarded_protocol", "raise_open_file_limit", "serve"]
 
-REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-    b"connection: close\r\ncontent-length: 58\r\n\r\n"
-    b'{"error": "too many open connections: retry in a second"}\n'
+MAX_HEAD_BYTES = 64 * 1024  # a check's head is a few hundred bytes; h11's own bound was 16 KiB
+
+
+def _closing_answer(status: str, error: str, *headers: str) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, {"error": ...} as every refusal."""
+    body = json.dumps({"error": error}).encode() + b"\n"
+    head = [f"HTTP/1.1 {status}", "content-type: application/json", *headers, "connection: close"]
+    return ("\r\n".join([*head, f"content-length: {len(body)}", "", ""])).encode() + body
+
+
+REFUSAL = _closing_answer(
+    "503 Service Unavailable", "too many open connections: retry in a second", "retry-after: 1"
+)
+HEAD_TOO_LARGE = _closing_answer(
+    "431 Request Header Fields Too Large", f"request head over {MAX_HEAD_BYTES} bytes: not accepted"
 )
 
 
-def guarded_protocol(limits: ServeLimits) -> type[H11Protocol]:
-    """An H11Protocol class enforcing the module's guard rule; one class per server, since the
-    connections waiting for a head are shared between its instances."""
+def guarded_protocol(limits: ServeLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol enforcing the module's guard rule; one class per server, since
+    the connections waiting for a head are shared between its instances. (httptools, a C parser,
+    not h11: on the monitor's check h11 was a quarter of the server's main-thread time.)"""
     waiting: OrderedDict[GuardedProtocol, asyncio.TimerHandle] = OrderedDict()  # oldest first
 
-    class GuardedProtocol(H11Protocol):
+    class GuardedProtocol(HttpToolsProtocol):
+        head_bytes: int | None = None  # bytes received of a head begun and not yet complete
+        heads_begun = 0
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
@@ -65,16 +83,35 @@ def guarded_protocol(limits: ServeLimits) -> type[H11Protocol]:
             if not self.transport.is_closing():
                 self.transport.close()
 
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._stop_waiting()  # a head arrived: the request is the app's now
+        def data_received(self, data: bytes) -> None:
+            begun = self.heads_begun
+            super().data_received(data)
+            # All of `data` is head when the same head was under way before it and still is after
+            # it. The read that begins a head may hold the end of the last request too, so it is
+            # not counted: a head is cut at MAX_HEAD_BYTES past its first read (256 KiB at most).
+            if self.head_bytes is not None and self.heads_begun == begun:
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                    self._stop_waiting()
+                    self.transport.write(HEAD_TOO_LARGE)
+                    self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.head_bytes = 0
+            self.heads_begun += 1
+
+        def on_headers_complete(self) -> None:
+            self.head_bytes = None
+            super().on_headers_complete()
+            self._stop_waiting()  # a head arrived: the request is the app's now
 
         def on_response_complete(self) -> None:
-            # Armed before super(), which may parse a pipelined head and so stop the wait again.
             if not self.transport.is_closing():
                 self._await_head()
-            super().on_response_complete()
+            super().on_response_complete()  # may start a pipelined request, whose head is here
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._stop_waiting()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_waiting()

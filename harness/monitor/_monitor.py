@@ -10,16 +10,14 @@ conversation never stalls the event loop), then joins a micro-batch."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import calibrate
 from experts import Item
@@ -28,6 +26,7 @@ from .._errors import InputError
 from ._admission import MAX_PENDING, MAX_QUEUE_SECONDS, Admission
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
+from ._decision import Decision, Latency, request_id
 from ._decisions import DecisionLog, record_bound
 from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
 from ._errors import LogUnavailable, Overloaded
@@ -37,7 +36,7 @@ from ._metrics import GaugeValue, MonitorMetrics
 if TYPE_CHECKING:
     from ._scorer import ProbeScorer, Tokens
 
-__all__ = ["Decision", "Latency", "Monitor", "request_id"]
+__all__ = ["Monitor"]
 
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
@@ -47,43 +46,6 @@ PAID_MEMORY = 10_000  # expert answers of refused requests kept for their retry
 TOKENIZER_THREADS = 2
 # The `risk` label of each certified risk's gauges (the bundle's risk names: calibrate.JOINT_RISKS).
 GAUGE_RISK = {"budget": "delegation", "error": "error", "fnr": "fnr"}
-
-
-@dataclass(frozen=True)
-class Latency:
-    probe_ms: float  # admission, tokenising, queueing and the micro-batched forward pass
-    expert_ms: float  # 0 when the expert was not asked
-    total_ms: float
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One conversation's outcome. `expert` is None when there is no expert score, and `reason`
-    says why: "not-delegated", "expert-disabled", "delegation-cap", "expert-down" or
-    "expert-failed: TAG". `score` is the merged score (the probe's when there is no expert score)
-    and `label` is 1[score >= 0.5]."""
-
-    request_id: str
-    probe: float
-    dv: float
-    delegated: bool
-    expert: float | None
-    score: float
-    label: int
-    reason: str | None
-    truncated: bool
-    latency: Latency
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["latency_ms"] = out.pop("latency")
-        return out
-
-
-def request_id(conversation: str | list[dict[str, str]]) -> str:
-    """A hash of the conversation (its canonical JSON): what the log keeps instead of the text."""
-    text = json.dumps(conversation, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 class Monitor:
@@ -142,13 +104,17 @@ class Monitor:
         max_delegation_rate: float | None = None,
         max_batch: int = 32,
         max_wait: float = 0.005,
+        batch_tokens: int | None = None,
         drift_mtfa: float = DEFAULT_MTFA,
         max_queue: float = MAX_QUEUE_SECONDS,
         max_pending: int = MAX_PENDING,
     ) -> Monitor:
         """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
         ready to check. `expert=False` never asks the expert (the probe-only cascade).
+        `batch_tokens`: padded tokens in one forward pass at most (default `probes.BATCH_TOKENS`).
         `drift_mtfa`: the drift detector's mean number of requests to a false alarm."""
+        from probes import BATCH_TOKENS
+
         from ._scorer import ProbeScorer  # torch is imported here, not at start-up
 
         check_mtfa(drift_mtfa)  # a bad setting is one line before the model loads
@@ -157,7 +123,11 @@ class Monitor:
         read.check_cap(max_delegation_rate)  # before the model loads
         spec = read.expert_spec(expert_url) if expert else None
         scorer = await asyncio.to_thread(
-            ProbeScorer.load, read.layout.safety_probe, read.layout.dv_probe, model=model
+            ProbeScorer.load,
+            read.layout.safety_probe,
+            read.layout.dv_probe,
+            model=model,
+            batch_tokens=BATCH_TOKENS if batch_tokens is None else batch_tokens,
         )
         decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
         try:
@@ -311,7 +281,7 @@ class Monitor:
                 m.expert_scores.inc()
             else:
                 m.expert_failures.labels(reason=str(decision.reason)).inc()
-        for part, ms in asdict(decision.latency).items():
+        for part, ms in decision.latency.to_json().items():
             m.latency.labels(part=part.removesuffix("_ms")).observe(ms / 1e3)
         await self._alarm(self.delegation.add(decision.delegated))
         # The error watch scores the certified cascade: a delegated decision served without an

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from probes import (
+    BATCH_TOKENS,
     Conversation,
     LoadedModel,
     ProbeArtifact,
@@ -77,7 +78,7 @@ class ProbeScorer:
 
     @classmethod
     def load(
-        cls, safety_stem: Path, dv_stem: Path, *, model: str | None = None, batch_tokens: int = 8192
+        cls, safety_stem: Path, dv_stem: Path, *, model: str | None = None, batch_tokens: int = BATCH_TOKENS
     ) -> ProbeScorer:
         """The two probes and the model they read (the one named in their record unless `model`
         names another copy of the same weights); a model, layer or template other than the probes

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from calibrate import EXPERT_CALIBRATIONS, ExpertCalibrationKind
-from probes import ARCHS, EMBEDDED_MODEL, Arch, ProbeConfig
+from probes import ARCHS, BATCH_TOKENS, EMBEDDED_MODEL, Arch, ProbeConfig
 
 from .._errors import InputError
 from ..expert import ResolvedExpert, resolve_expert
@@ -26,7 +26,7 @@ class ProbeSettings:
     revision: str | None = None
     layer: int | None = None  # None: 11 for Llama-3.2-1B, else two thirds of the depth
     max_tokens: int = 512  # longer conversations keep their first max_tokens tokens
-    batch_tokens: int = 8192  # padded tokens per extraction batch (bounds memory)
+    batch_tokens: int = BATCH_TOKENS  # padded tokens per extraction batch (bounds memory)
     device_map: str | None = None  # "auto" for a model larger than one GPU
     archs: tuple[Arch, ...] = (ProbeConfig.arch,)
     seeds: tuple[int, ...] = (0, 1, 2)

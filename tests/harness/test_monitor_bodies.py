@@ -1,4 +1,4 @@
-"""Arbitrary request bodies against the real app: the monitor's own FastAPI app over a real
+"""Arbitrary request bodies against the real app: the monitor's own Starlette app over a real
 `Monitor` (the embedded model and two untrained probes, tests/monitor_bundle.py), driven in
 process through httpx's ASGI transport. Nothing is mocked: a body the parser accepts goes on to
 the model's chat template and a real forward pass. The rule checked: every answer is a decision

@@ -16,7 +16,9 @@ import contextlib
 import json
 import os
 import queue
+import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -32,6 +34,8 @@ import pytest
 from ctd_cli import CTD, assert_one_line_error, free_port, run_ctd, start_ctd
 from monitor_bundle import seal, write_untrained_bundle
 from monitor_run import stop
+
+from harness.monitor import MAX_HEAD_BYTES
 
 TOKEN = "t0ken-for-tests-8f3a"  # given to the server through the environment
 TOKEN_ENV = {"CTD_TEST_MONITOR_TOKEN": TOKEN}
@@ -175,6 +179,72 @@ def test_a_body_that_stalls_is_a_408_after_the_body_timeout(served: dict) -> Non
             answer += more
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"did not arrive within 2 s" in answer and BODY_TIMEOUT_S - 0.5 < waited < BODY_TIMEOUT_S + 5
+
+
+def _until_closed(client: socket.socket, within: float) -> tuple[bytes, bool]:
+    """Everything `client` receives until the server closes it or `within` s pass; and whether
+    it closed."""
+    received = b""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        client.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            data = client.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return received, True
+        if not data:
+            return received, True
+        received += data
+    return received, False
+
+
+def test_a_pipelined_request_is_served_past_the_head_timeout_and_an_idle_connection_is_then_closed(
+    served: dict,
+) -> None:
+    """The head timer starts again when a response completes; a request already waiting behind it
+    (pipelined) has its head in, so the timer stops although its body takes longer than the head
+    timeout. With nothing more sent, the connection is closed after the head timeout."""
+    body = b'{"input": "a pipelined check"}'
+    with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as client:
+        client.sendall(
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+            + f"POST /v1/check HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+            + body[:5]
+        )
+        started = time.monotonic()
+        rest = body[5:]
+        for byte in rest:  # over 1.25 head timeouts, well within the body timeout (2 head timeouts)
+            time.sleep(1.25 * HEAD_TIMEOUT_S / len(rest))
+            client.sendall(bytes([byte]))
+        sent = time.monotonic()
+        received, closed = _until_closed(client, within=ANSWER_WITHIN_S + HEAD_TIMEOUT_S + 5)
+        # Closed by the head timer after the second answer, not by uvicorn's 5 s keep-alive.
+        assert sent - started > HEAD_TIMEOUT_S and time.monotonic() - sent < HEAD_TIMEOUT_S + 3
+    answers = re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", received)  # a body is not followed by CRLF
+    assert answers == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK"], received
+    assert closed
+
+
+def test_a_request_head_without_end_is_a_431_and_closed(served: dict) -> None:
+    """httptools buffers a head however long it grows (h11 stopped at 16 KiB): the guard answers
+    431 and closes once a head passes MAX_HEAD_BYTES, long before the head timeout."""
+    piece = b"a" * 16 * 1024
+    with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as client:
+        client.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-long: ")
+        sent = 0
+        # In pieces, stopping once the server answers: bytes it never reads would reset the
+        # connection and lose its answer.
+        while sent < 40 * len(piece) and not select.select([client], [], [], 0.05)[0]:
+            client.sendall(piece)
+            sent += len(piece)
+        received, closed = _until_closed(client, within=HEAD_TIMEOUT_S / 2)
+    assert received.startswith(b"HTTP/1.1 431 "), (sent, received[:200])
+    assert b"request head over 65536 bytes" in received and closed
+    assert MAX_HEAD_BYTES < sent <= MAX_HEAD_BYTES + 16 * len(piece)
+    assert httpx.get(f"{served['url']}/healthz", timeout=ANSWER_WITHIN_S).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -342,6 +412,8 @@ BAD_OPTIONS = [
     (["--max-wait-ms", "-1"], "--max-wait-ms -1: must lie in 0..1000"),
     (["--max-batch", "0"], "--max-batch 0: must lie in 1..1024"),
     (["--max-batch", "100000"], "--max-batch 100000: must lie in 1..1024"),
+    (["--batch-tokens", "0"], "--batch-tokens 0: must lie in 1..1048576"),
+    (["--batch-tokens", "2000000"], "--batch-tokens 2000000: must lie in 1..1048576"),
     (["--port", "0"], "--port 0: must lie in 1..65535"),
     (["--port", "70000"], "--port 70000: must lie in 1..65535"),
     (["--head-timeout", "0"], "--head-timeout 0: must lie in"),

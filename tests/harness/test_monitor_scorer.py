@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,11 @@ import torch
 from monitor_bundle import write_untrained_bundle
 
 from harness.data.builtin import builtin_dir
+from harness.monitor import Monitor
 
 # Private: the scorer's forward passes, checked against the probes'.
 from harness.monitor._scorer import PassCost, ProbeScorer, forward_passes
-from probes import ProbeConfig, extract, predict
+from probes import BATCH_TOKENS, ProbeConfig, extract, predict
 
 # Private: a probe built without training.
 from probes._build import build_probe
@@ -36,8 +38,12 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def scorer(tmp_path_factory: pytest.TempPathFactory) -> ProbeScorer:
-    bundle = write_untrained_bundle(tmp_path_factory.mktemp("scorer") / "bundle")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_untrained_bundle(tmp_path_factory.mktemp("scorer") / "bundle")
+
+
+@pytest.fixture(scope="module")
+def scorer(bundle: Path) -> ProbeScorer:
     return ProbeScorer.load(bundle / "safety", bundle / "dv")
 
 
@@ -158,3 +164,21 @@ def test_the_token_budget_holds_for_every_pass_of_several() -> None:
     cut = forward_passes(lengths, 250, PassCost(per_pass=1.0, per_token=0.0))
     assert cut[0] == (0,)  # alone, as it must be
     assert all(len(rows) * lengths[list(rows)].max() <= 250 for rows in cut[1:])
+
+
+def test_the_monitor_passes_hold_the_token_budget_it_is_given(bundle: Path, scorer: ProbeScorer) -> None:
+    """`ctd monitor serve --batch-tokens` reaches the scorer (never under the probes' token limit:
+    one conversation always fits a pass); without it the default is `probes.BATCH_TOKENS`."""
+
+    async def budgets() -> list[int]:
+        out = []
+        for asked in (1, 3000):
+            monitor = await Monitor.load(bundle, expert=False, batch_tokens=asked)
+            try:
+                out.append(monitor.scorer.batch_tokens)
+            finally:
+                await monitor.aclose()
+        return out
+
+    assert scorer.batch_tokens == BATCH_TOKENS
+    assert asyncio.run(budgets()) == [scorer.reads.max_tokens, 3000]
