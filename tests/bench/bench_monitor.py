@@ -162,8 +162,23 @@ def load_spread(
 
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (Linux /proc; its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a /proc `stat` file, a process's or one thread's (task/TID/stat)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within a minute."""
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def _load_part(

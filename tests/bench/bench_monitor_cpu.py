@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # first: tests/experts/ must not shadow experts
-from bench_monitor import serve
+from bench_monitor import serve, stat_cpu_seconds, stop
 from ctd_cli import free_port
 from monitor_bundle import write_untrained_bundle
 
@@ -47,10 +45,9 @@ def thread_cpu_seconds(pid: int) -> tuple[float, float]:
     main = other = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = stat_cpu_seconds(task / "stat")
         except OSError:  # a thread that ended meanwhile
             continue
-        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         if task.name == str(pid):
             main += seconds
         else:
@@ -95,12 +92,7 @@ def measure(source: Path, bundle: Path, clients: int, seconds: float, scratch: P
             "other threads ms/check": (other_after - other) / answered * 1e3,
         }
     finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop(server)
 
 
 def main() -> None:
