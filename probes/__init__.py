@@ -64,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "resolve_layer": "._model",
     "save_probe": "._artifact",
     "tokenize": "._extract",
+    "encode": "._extract",
+    "render_each": "._extract",
     "train_probe": "._train",
 }
 

@@ -94,11 +94,21 @@ def _render_all(tokenizer, conversations: Sequence[Conversation]) -> list[str]:
         except Exception:
             pass  # found again below, example by example
     texts = []
-    for number, conversation in enumerate(conversations):
+    for number, text in enumerate(render_each(tokenizer, conversations)):
+        if isinstance(text, ProbeError):
+            raise ProbeError(f"example {number}: {text}")
+        texts.append(text)
+    return texts
+
+
+def render_each(tokenizer, conversations: Sequence[Conversation]) -> list[str | ProbeError]:
+    """`render` of each conversation, or the ProbeError of one the chat template rejects."""
+    texts: list[str | ProbeError] = []
+    for conversation in conversations:
         try:
             texts.append(render(tokenizer, conversation))
         except Exception as error:  # jinja's TemplateError, e.g. a template without a system role
-            raise ProbeError(f"example {number}: the model's chat template rejects it ({error})") from None
+            texts.append(ProbeError(f"the model's chat template rejects it ({error})"))
     return texts
 
 
@@ -107,7 +117,12 @@ def tokenize(
 ) -> tuple[list[list[int]], int]:
     """Token ids of each rendered conversation, cut to its first `max_tokens`; and how many were cut.
     The template already holds the special tokens, so none are added."""
-    texts = _render_all(tokenizer, conversations)
+    return encode(tokenizer, _render_all(tokenizer, conversations), max_tokens)
+
+
+def encode(tokenizer, texts: Sequence[str], max_tokens: int) -> tuple[list[list[int]], int]:
+    """`tokenize`'s second half: token ids of rendered conversations, cut to their first
+    `max_tokens`; and how many were cut."""
     ids: list[list[int]] = []
     truncated = 0
     for start in range(0, len(texts), TOKENIZE_CHUNK):

@@ -19,7 +19,7 @@ from ..monitor import ServeLimits
 from ..run import BundleLayout
 
 if TYPE_CHECKING:
-    from ..monitor import PassCost  # torch: only for the type
+    from ..monitor import ProcessScorer, ThreadScorer
 
 __all__ = ["monitor_serve"]
 
@@ -80,6 +80,15 @@ def monitor_serve(
             "--batch-tokens",
             help=f"Padded tokens in one forward pass at most (bounds its memory; default {BATCH_TOKENS}, "
             f"at most {MAX_BATCH_TOKENS:,}; below the probes' token limit it is raised to it).",
+        ),
+    ] = None,
+    scorer_process: Annotated[
+        bool | None,
+        typer.Option(
+            "--scorer-process/--scorer-threads",
+            help="Tokenise and score in a process of its own, or in threads of the server's "
+            "(default: a process when there is a GPU, whose kernel launches would otherwise take "
+            "turns with the HTTP work under one GIL; threads on a CPU).",
         ),
     ] = None,
     drift_mtfa: Annotated[
@@ -183,6 +192,7 @@ def monitor_serve(
                 max_batch=max_batch,
                 max_wait=max_wait_ms / 1e3,
                 batch_tokens=batch_tokens,
+                scorer_process=scorer_process,
                 drift_mtfa=mtfa,
                 max_queue=max_queue_ms / 1e3,
                 max_pending=max_pending,
@@ -265,21 +275,23 @@ async def _load_and_serve(
         except BaseException:
             await monitor.aclose()
             raise
-        ready = functools.partial(_say_ready, root.name, address, monitor.scorer.pass_cost)
+        ready = functools.partial(_say_ready, root.name, address, monitor.scorer)
         await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
 
 
-def _say_ready(name: str, address: str, cost: PassCost | None) -> None:
+def _say_ready(name: str, address: str, scorer: ThreadScorer | ProcessScorer) -> None:
     # Until now stderr holds nothing, so that a start-up failure is its one line; from now on a
     # request is answered, so a script may wait for this line instead of polling /healthz.
     print(f"ctd monitor: serving {name}; ready: listening on {address}", file=sys.stderr, flush=True)
+    cost = scorer.pass_cost
     if cost is not None:
         per_pass, per_token = cost.per_pass * 1e3, cost.per_token * 1e6
         print(
-            f"ctd monitor: a forward pass costs {per_pass:.1f} ms + {per_token:.2f} us per padded token "
-            "here (timed at start-up); micro-batches are cut into passes by that",
+            f"ctd monitor: scoring {scorer.where}; a forward pass costs {per_pass:.1f} ms + "
+            f"{per_token:.2f} us per padded token here (timed at start-up); micro-batches are cut into "
+            "passes by that",
             file=sys.stderr,
             flush=True,
         )

@@ -4,17 +4,15 @@ scores from one micro-batched forward pass, delegation iff DV > the bundle's thr
 asked only then, the merged score, and why there is no expert score when there is none.
 
 A check is admitted first (`_admission`: refused with `Overloaded` when the queue's expected wait
-is too long, before anything is paid for), then tokenised in a small thread pool (a huge
-conversation never stalls the event loop), then joins a micro-batch."""
+is too long, before anything is paid for), then joins a micro-batch, which the scorer (`_engine`)
+tokenises and scores off the event loop (a huge conversation never stalls it)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,16 +32,15 @@ from ._expert import ExpertGate
 from ._metrics import GaugeValue, MonitorMetrics
 
 if TYPE_CHECKING:
-    from ._scorer import ProbeScorer, Tokens
+    from probes import Conversation
+
+    from ._engine import Outcome, ProcessScorer, Scored, ThreadScorer
 
 __all__ = ["Monitor"]
 
 log = logging.getLogger("ctd.monitor")
 FEEDBACK_MEMORY = 100_000  # recent decisions whose label feedback can still be matched
 PAID_MEMORY = 10_000  # expert answers of refused requests kept for their retry
-# Threads that render chat templates and tokenise: two, so that one huge conversation does not hold
-# up the others, and no more, since on a small machine they compete with the forward pass for CPU.
-TOKENIZER_THREADS = 2
 # The `risk` label of each certified risk's gauges (the bundle's risk names: calibrate.JOINT_RISKS).
 GAUGE_RISK = {"budget": "delegation", "error": "error", "fnr": "fnr"}
 
@@ -54,7 +51,7 @@ class Monitor:
     def __init__(
         self,
         bundle: Bundle,
-        scorer: ProbeScorer,
+        scorer: ThreadScorer | ProcessScorer,
         *,
         gate: ExpertGate | None,
         decisions: DecisionLog | None = None,
@@ -73,9 +70,9 @@ class Monitor:
         self.cap = DelegationCap(max_delegation_rate) if max_delegation_rate is not None else None
         self.metrics = MonitorMetrics(self._gauges)
         self.admission = Admission(max_queue=max_queue, max_pending=max_pending, max_batch=max_batch)
-        self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ctd-tokenize")
-        self.forward: MicroBatcher[Tokens, tuple[float, float]] = MicroBatcher(
-            self._forward, max_batch=max_batch, max_wait=max_wait
+        # Two batches in flight: one tokenised while the one before runs its forward pass.
+        self.forward: MicroBatcher[Conversation, Outcome] = MicroBatcher(
+            self._forward, max_batch=max_batch, max_wait=max_wait, concurrency=2
         )
         # Each certified risk is watched: the delegation rate (budget or joint mode), the cascade's
         # error (from labels posted back; performance or joint mode); the other is counted and
@@ -108,29 +105,34 @@ class Monitor:
         drift_mtfa: float = DEFAULT_MTFA,
         max_queue: float = MAX_QUEUE_SECONDS,
         max_pending: int = MAX_PENDING,
+        scorer_process: bool | None = None,
     ) -> Monitor:
-        """Read the bundle, load the model and probes (in a thread: seconds to minutes), and get
-        ready to check. `expert=False` never asks the expert (the probe-only cascade).
+        """Read the bundle, load the model and probes (seconds to minutes, off the event loop),
+        and get ready to check. `expert=False` never asks the expert (the probe-only cascade).
         `batch_tokens`: padded tokens in one forward pass at most (default `probes.BATCH_TOKENS`).
-        `drift_mtfa`: the drift detector's mean number of requests to a false alarm."""
+        `drift_mtfa`: the drift detector's mean number of requests to a false alarm.
+        `scorer_process`: tokenise and score in a process of its own (True), in threads of this one
+        (False), or None: a process when there is a GPU (`_engine.start_scorer` says why)."""
         from probes import BATCH_TOKENS
 
-        from ._scorer import ProbeScorer  # torch is imported here, not at start-up
+        from ._engine import start_scorer
 
         check_mtfa(drift_mtfa)  # a bad setting is one line before the model loads
 
         read = read_bundle(Path(bundle))
         read.check_cap(max_delegation_rate)  # before the model loads
         spec = read.expert_spec(expert_url) if expert else None
-        scorer = await asyncio.to_thread(
-            ProbeScorer.load,
+        scorer = await start_scorer(
             read.layout.safety_probe,
             read.layout.dv_probe,
             model=model,
             batch_tokens=BATCH_TOKENS if batch_tokens is None else batch_tokens,
+            max_batch=max_batch,
+            process=scorer_process,
         )
-        decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
+        decisions = None
         try:
+            decisions = DecisionLog(log_path, text=log_text) if log_path is not None else None
             gate = ExpertGate(spec, cache=expert_cache) if spec is not None else None
             monitor = cls(
                 read,
@@ -150,44 +152,39 @@ class Monitor:
         except BaseException:
             if decisions is not None:  # its lock too: a second load in this process must not find it held
                 decisions.close()
+            await scorer.aclose()  # a scorer process must not outlive a failed load
             raise
         return monitor
 
-    async def warm_up(self, passes: int = 2) -> None:
-        """Forward passes before serving: the first one pays for allocation (seconds on a CPU),
-        the later ones give the queue a measured cost, so it sheds from the first burst on, and
-        the last ones the cost of a pass by its size, which cuts micro-batches into passes."""
-        tokens = self.scorer.tokens("warm-up")
-        await asyncio.to_thread(self.scorer.score, [tokens])
-        for _ in range(passes - 1):  # measured for the queue, not counted in /metrics
-            started = time.perf_counter()
-            await asyncio.to_thread(self.scorer.score, [tokens])
-            self.admission.served(1, time.perf_counter() - started)
-        await asyncio.to_thread(self.scorer.fit_pass_cost, self.forward.max_batch)
+    async def warm_up(self, passes: int = 1) -> None:
+        """Forward passes before serving (the scorer paid for allocation and fitted the cost of a
+        pass by its size when it started): they give the queue a measured cost, so that it sheds
+        from the first burst on. Not counted in /metrics."""
+        from ._engine import WARM_UP
 
-    async def _forward(self, batch: list[Tokens]) -> list[tuple[float, float]]:
-        started = time.perf_counter()
-        scores = await asyncio.to_thread(self.scorer.score, batch)  # the event loop keeps serving
-        self.admission.served(len(batch), time.perf_counter() - started)
+        for _ in range(passes):
+            _, seconds = await self.scorer.score([WARM_UP])
+            self.admission.served(1, seconds)
+
+    async def _forward(self, batch: list[Conversation]) -> list[Outcome]:
+        outcomes, seconds = await self.scorer.score(batch)  # the event loop keeps serving
+        self.admission.served(len(batch), seconds)
         self.metrics.batches.inc()
         self.metrics.batched_items.inc(len(batch))
-        return scores
+        return outcomes
 
-    async def _probe(self, conversation: str | list[dict[str, str]]) -> tuple[Tokens, float, float]:
-        """Tokens, probe and DV of one admitted conversation (Overloaded when it is not admitted)."""
-        from ._scorer import check_conversation
-
+    async def _probe(self, conversation: Conversation) -> Scored:
+        """The scores of one admitted conversation (Overloaded when it is not admitted; the chat
+        template's refusal is an InputError)."""
         try:
             with self.admission.admitted():
-                loop = asyncio.get_running_loop()
-                tokens = await loop.run_in_executor(
-                    self._tokenizer_pool, check_conversation, self.scorer, conversation
-                )
-                probe, dv = await self.forward.submit(tokens)
+                outcome = await self.forward.submit(conversation)
         except Overloaded:
             self.metrics.shed.inc()
             raise
-        return tokens, probe, dv
+        if isinstance(outcome, InputError):
+            raise outcome
+        return outcome
 
     def shed_if_full(self) -> None:
         """Raise Overloaded now if a new check would be refused (counted as shed): the server asks
@@ -228,7 +225,8 @@ class Monitor:
     async def _decide(self, conversation: str | list[dict[str, str]]) -> tuple[Decision, bool]:
         """(the decision, whether the expert was called for it)."""
         started = time.perf_counter()
-        tokens, probe, dv = await self._probe(conversation)
+        scored = await self._probe(conversation)
+        probe, dv = scored.probe, scored.dv
         probed = time.perf_counter()
         delegated = self.bundle.delegates(dv)
         call = self.cap.allow(delegated) if self.cap is not None else delegated
@@ -260,7 +258,7 @@ class Monitor:
             score=score,
             label=int(calibrate.predict(score)),
             reason=reason,
-            truncated=tokens.truncated,
+            truncated=scored.truncated,
             latency=Latency(
                 probe_ms=(probed - started) * 1e3,
                 expert_ms=(answered - probed) * 1e3,
@@ -411,7 +409,7 @@ class Monitor:
 
     async def aclose(self) -> None:
         await self.forward.aclose()
-        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        await self.scorer.aclose()
         if self.gate is not None:
             await self.gate.aclose()
         if self.decisions is not None:

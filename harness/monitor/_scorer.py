@@ -9,6 +9,7 @@ go into them without a copy to the host; only the two scores per conversation co
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +24,14 @@ from probes import (
     ProbeArtifact,
     ProbeError,
     bucket_batches,
+    encode,
     identity_matches,
     is_legacy_identity,
     layer_activations,
     load_model,
     load_probe,
     pad_batch,
+    render_each,
     tokenize,
 )
 
@@ -109,6 +112,22 @@ class ProbeScorer:
         """The conversation's token ids; a conversation the chat template rejects is a ProbeError."""
         ids, truncated = tokenize(self.model.tokenizer, [conversation], self.reads.max_tokens)
         return Tokens(tuple(ids[0]), bool(truncated))
+
+    def tokens_each(self, conversations: Sequence[Conversation]) -> list[Tokens | InputError]:
+        """`tokens` of each conversation, those the template renders encoded in one batch call, or
+        the InputError (a 4xx at the server) of one the chat template rejects."""
+        limit, texts = self.reads.max_tokens, render_each(self.model.tokenizer, conversations)
+        # One token over the limit marks a cut conversation; the cut ids are those of `tokens`.
+        ids, _ = encode(self.model.tokenizer, [t for t in texts if isinstance(t, str)], limit + 1)
+        encoded = iter(ids)
+        out: list[Tokens | InputError] = []
+        for text in texts:
+            if isinstance(text, ProbeError):
+                out.append(InputError(str(text)))
+            else:
+                e = next(encoded)
+                out.append(Tokens(tuple(e[:limit]), len(e) > limit))
+        return out
 
     @torch.no_grad()
     def score(self, batch: list[Tokens]) -> list[tuple[float, float]]:
@@ -211,11 +230,3 @@ def probe_inputs(hidden: Tensor, mask: Tensor, *, pooled: bool) -> tuple[Tensor,
     mean = stored.double().sum(dim=1) / real.sum(dim=1, keepdim=True)  # (B, d) / (B, 1) -> (B, d)
     x = mean.float()[:, None, :]  # (B, d) -> (B, 1, d), one "token": the mean
     return x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # (B, 1)
-
-
-def check_conversation(scorer: ProbeScorer, conversation: Conversation) -> Tokens:
-    """`scorer.tokens` with the template's refusal as an InputError (a 4xx at the server)."""
-    try:
-        return scorer.tokens(conversation)
-    except ProbeError as error:
-        raise InputError(str(error).removeprefix("example 0: ")) from None

@@ -264,17 +264,19 @@ def create_app(monitor: Monitor, *, auth_token: str | None = None, body_timeout:
         log_problem = (
             None if monitor.decisions is None or monitor.decisions.recheck() else monitor.decisions.problem
         )
+        healthy = log_problem is None and monitor.scorer.gone is None
         return JSONResponse(
             {
-                "status": "ok" if log_problem is None else "unavailable",
+                "status": "ok" if healthy else "unavailable",
                 "log": log_problem or "ok",
+                "scorer": monitor.scorer.gone or "ok",
                 "bundle": monitor.bundle.layout.root.name,  # never the absolute path
                 "bundle_id": health_id,
                 "threshold": json_number(monitor.bundle.threshold),  # as bundle.json holds it
                 "expert": None if monitor.gate is None else ("down" if monitor.gate.down else "up"),
                 "drift_alarm": monitor.delegation.alarm or monitor.errors.alarm,
             },
-            status_code=200 if log_problem is None else 503,  # a load balancer stops sending here
+            status_code=200 if healthy else 503,  # a load balancer stops sending here
         )
 
     return Starlette(

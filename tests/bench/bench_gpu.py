@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))  # first: tests/experts/ must not shadow the experts package
 
-from bench_monitor import load_spread, process_cpu_seconds  # noqa: E402
+from bench_monitor import children_cpu_seconds, load_spread, process_cpu_seconds  # noqa: E402
 from bench_monitor import serve as monitor_serve  # noqa: E402
 from ctd_cli import CTD, free_port  # noqa: E402
 
@@ -314,14 +314,15 @@ def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
     # spawn, not fork: this process holds a CUDA context and the GPU sampler's thread.
     pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
     configs = [
-        (Path(d) if d else None, int(b), int(t))
+        (Path(d) if d else None, int(b), int(t), scorer)
         for d in args.log_dirs.split(",")
         for b in args.max_batch.split(",")
         for t in args.monitor_batch_tokens.split(",")
+        for scorer in args.scorers.split(",")
     ]
-    for log_dir, max_batch, batch_tokens in configs:
+    for log_dir, max_batch, batch_tokens, scorer in configs:
         port = free_port()
-        options = ["--max-batch", str(max_batch), "--batch-tokens", str(batch_tokens)]
+        options = ["--max-batch", str(max_batch), "--batch-tokens", str(batch_tokens), f"--scorer-{scorer}"]
         process = monitor_serve(bundle, port, [*no_shedding, *options], log_dir)
         try:
             load_spread(
@@ -332,8 +333,10 @@ def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
                 n = max(clients * 16, 64)
                 texts = [conversations[i % len(conversations)] for i in range(n)]
                 last = level == len(levels) - 1
-                spy = _spy(args, process.pid, f"monitor-{max_batch}-{batch_tokens}") if last else None
+                name = f"monitor-{max_batch}-{batch_tokens}-{scorer}"
+                spy = _spy(args, process.pid, name) if last else None
                 server_cpu = process_cpu_seconds(process.pid)  # idle until the load starts
+                scorer_cpu = children_cpu_seconds(process.pid)
                 batches = _forward_counts(port)
                 row = load_spread(pool, processes, port, texts, clients, args.max_seconds)
                 if spy is not None:  # its profile: this level's second of start-up and its load
@@ -346,13 +349,17 @@ def part_monitor(args, bundle: Path, conversations: list, gpu: GpuUse) -> dict:
                     max_batch=max_batch, batch_tokens=batch_tokens, gpu_mean_use=gpu.mean(row["started"]),
                     log_dir=str(log_dir), mean_micro_batch=items / max(passes, 1), profiled=spy is not None,
                     server_cpu=(process_cpu_seconds(process.pid) - server_cpu) / row["elapsed"],
+                    scorer=scorer,
+                    scorer_cpu=(children_cpu_seconds(process.pid) - scorer_cpu) / row["elapsed"],
                 )  # fmt: skip
                 rows.append(row)
                 print(
-                    f"  monitor log in {log_dir or 'tmp'}, max-batch {max_batch} batch-tokens {batch_tokens} "
+                    f"  monitor scorer {scorer}, log in {log_dir or 'tmp'}, max-batch {max_batch} "
+                    f"batch-tokens {batch_tokens} "
                     f"clients {clients:3d}: {row['rps']:7.1f} req/s, p50 {row['p50_ms']:7.1f} ms, "
                     f"p99 {row['p99_ms']:7.1f} ms, micro-batches of {row['mean_micro_batch']:.1f}, "
                     f"GPU {row['gpu_mean_use']}, CPU server {row['server_cpu']:.2f} "
+                    f"scorer process {row['scorer_cpu']:.2f} "
                     f"busiest of {row['processes']} client processes {row['client_cpu']:.2f}"
                     + (" (under py-spy)" if row["profiled"] else ""),
                     flush=True,
@@ -384,7 +391,7 @@ def _spy(args, pid: int, name: str) -> subprocess.Popen | None:
     args.spy.mkdir(parents=True, exist_ok=True)
     out = ["-f", "raw", "-o", str(args.spy / f"{name}.txt")]
     mode = ["--gil", "-r", "200"] if args.spy_gil else ["--idle", "-r", "100"]
-    spy = ["py-spy", "record", "-p", str(pid), *mode, "--threads", *out]
+    spy = ["py-spy", "record", "-p", str(pid), *mode, "--threads", "--subprocesses", *out]
     return subprocess.Popen(spy, stdout=subprocess.DEVNULL)
 
 
@@ -442,6 +449,11 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=20.0, help="per monitor level")
     parser.add_argument(
         "--monitor-batch-tokens", default="8192", help="the monitor's --batch-tokens values to try"
+    )
+    parser.add_argument(
+        "--scorers",
+        default="process,threads",
+        help="the monitor's scorer placements to try (--scorer-process, --scorer-threads)",
     )
     parser.add_argument(
         "--spy",

@@ -165,6 +165,23 @@ def process_cpu_seconds(pid: int) -> float:
     return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds so far of the live child processes of `pid` (the monitor's
+    scorer process and multiprocessing's resource tracker)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        for child in children:
+            try:
+                total += process_cpu_seconds(int(child))
+            except OSError:
+                continue
+    return total
+
+
 def stat_cpu_seconds(stat: Path) -> float:
     """User + system CPU seconds in a /proc `stat` file, a process's or one thread's (task/TID/stat)."""
     fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces

@@ -1,6 +1,7 @@
 """The monitor server's Python work per check (run by hand, not in CI; 127.0.0.1 only):
 
     python tests/bench/bench_monitor_cpu.py [--baseline SRC] [--clients 32] [--seconds 8] [--repeats 3]
+        [--scorers threads,process]
 
 On an H200 the monitor answered about 390 checks/s at 128 clients with its GPU 30% busy: every
 thread of the server was waiting most of the time, and the Python work under its one GIL (the
@@ -8,14 +9,16 @@ event loop's HTTP parsing, routing and bookkeeping, the tokenizer threads' templ
 scorer thread's kernel launches) bounded it. This measures the first of these where it can be
 told apart on any machine: the CPU seconds of the server's main thread (the event loop) per
 answered check, from /proc, beside those of all its other threads (tokenizers, the forward pass,
-the decision log's writes).
+the decision log's writes) and of its scorer process when it has one (`--scorer-process`, which
+takes the tokenisation and the forward pass out of the server's process and its GIL).
 
 The server runs `ctd monitor serve` on a bundle of untrained probes over the embedded model
 (tests/monitor_bundle.py) with its decision log, the expert disabled and OMP_NUM_THREADS=1 (so
 that its forward passes leave the cores to the event loop and the clients); `--clients`
 closed-loop httpx clients in this process send short checks for `--seconds`. With `--baseline
 SRC` (a source tree such as `git archive main | tar -x -C SRC`) the same runs against that code
-too, the two alternating `--repeats` times, so that both see the same machine.
+too; this code runs with each placement in `--scorers`; all alternate `--repeats` times, so that
+they see the same machine.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # first: tests/experts/ must not shadow experts
-from bench_monitor import serve, stat_cpu_seconds, stop
+from bench_monitor import children_cpu_seconds, serve, stat_cpu_seconds, stop
 from ctd_cli import free_port
 from monitor_bundle import write_untrained_bundle
 
@@ -76,20 +79,24 @@ async def closed_loop(url: str, clients: int, seconds: float) -> tuple[int, floa
         return answered, time.monotonic() - started
 
 
-def measure(source: Path, bundle: Path, clients: int, seconds: float, scratch: Path) -> dict[str, float]:
+def measure(
+    source: Path, bundle: Path, clients: int, seconds: float, scratch: Path, extra: list[str]
+) -> dict[str, float]:
     port = free_port()
     options = ["--no-expert", "--max-batch", "128", "--max-queue-ms", "600000", "--max-pending", "100000"]
-    server = serve(bundle, port, options, scratch, source=source, env={"OMP_NUM_THREADS": "1"})
+    server = serve(bundle, port, [*options, *extra], scratch, source=source, env={"OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(closed_loop(url, 8, 1.0))  # warm-up, not counted
         main, other = thread_cpu_seconds(server.pid)
+        children = children_cpu_seconds(server.pid)
         answered, elapsed = asyncio.run(closed_loop(url, clients, seconds))
         main_after, other_after = thread_cpu_seconds(server.pid)
         return {
             "checks/s": answered / elapsed,
             "main ms/check": (main_after - main) / answered * 1e3,
             "other threads ms/check": (other_after - other) / answered * 1e3,
+            "scorer process ms/check": (children_cpu_seconds(server.pid) - children) / answered * 1e3,
         }
     finally:
         stop(server)
@@ -101,17 +108,23 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--scorers", default="threads,process", help="this code's scorer placements (--scorer-PLACE)"
+    )
     args = parser.parse_args()
-    runs = [("this code", REPOSITORY)]
+    runs = [
+        (f"this code, --scorer-{scorer}", REPOSITORY, [f"--scorer-{scorer}"])
+        for scorer in args.scorers.split(",")
+    ]
     if args.baseline is not None:
-        runs.insert(0, (f"baseline {args.baseline}", args.baseline))
-    rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in runs}
+        runs.insert(0, (f"baseline {args.baseline}", args.baseline, []))
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
         bundle = write_untrained_bundle(scratch / "bundle")
         for repeat in range(args.repeats):
-            for name, source in runs:
-                row = measure(source, bundle, args.clients, args.seconds, scratch)
+            for name, source, extra in runs:
+                row = measure(source, bundle, args.clients, args.seconds, scratch, extra)
                 rows[name].append(row)
                 shown = ", ".join(f"{key} {value:.2f}" for key, value in row.items())
                 print(f"{repeat + 1}/{args.repeats} {name}: {shown}", flush=True)

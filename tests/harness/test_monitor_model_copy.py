@@ -51,9 +51,10 @@ def test_a_copy_of_the_model_serves_the_bundle_and_a_changed_weight_is_refused(
     weights = copy / "model.safetensors"
     flip_byte(weights, weights.stat().st_size - 4096)  # hashed above; size and time kept
     log = tmp_path / "refused.jsonl"
+    # Refused in the scorer process: the refusal crosses to the server as the same one line.
     result = run_ctd(
         "monitor", "serve", str(bundle), "--no-expert", "--model", str(copy), "--port", str(free_port()),
-        "--log", str(log), cwd=tmp_path, timeout=300,
+        "--log", str(log), "--scorer-process", cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert_one_line_error(result, f"model {copy}: its weights (folder:sha256:", "are not those the probes")
     assert not log.exists()

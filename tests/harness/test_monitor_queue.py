@@ -23,7 +23,7 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd, start_ctd
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import InputError
-from harness.monitor import Monitor, read_bundle
+from harness.monitor import Monitor, ThreadScorer, read_bundle
 
 # Private: the admission queue and the scorer behind it, unit-tested.
 from harness.monitor._admission import Admission
@@ -48,7 +48,7 @@ def scorer(bundle: Path) -> ProbeScorer:
 
 
 def _monitor(bundle: Path, scorer: ProbeScorer, **queue: float) -> Monitor:
-    return Monitor(read_bundle(bundle), scorer, gate=None, **queue)  # type: ignore[arg-type]
+    return Monitor(read_bundle(bundle), ThreadScorer(scorer), gate=None, **queue)  # type: ignore[arg-type]
 
 
 def _huge(number: int) -> list[dict[str, str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import torch
 from monitor_bundle import write_untrained_bundle
 
+from harness import InputError
 from harness.data.builtin import builtin_dir
 from harness.monitor import Monitor
 
@@ -175,10 +177,25 @@ def test_the_monitor_passes_hold_the_token_budget_it_is_given(bundle: Path, scor
         for asked in (1, 3000):
             monitor = await Monitor.load(bundle, expert=False, batch_tokens=asked)
             try:
-                out.append(monitor.scorer.batch_tokens)
+                out.append(monitor.scorer.scorer.batch_tokens)  # type: ignore[union-attr]
             finally:
                 await monitor.aclose()
         return out
 
     assert scorer.batch_tokens == BATCH_TOKENS
     assert asyncio.run(budgets()) == [scorer.reads.max_tokens, 3000]
+
+
+def test_tokens_of_a_batch_are_those_of_each_conversation_alone(scorer: ProbeScorer) -> None:
+    """`tokens_each` (the monitor's batch) gives each conversation the ids and cut flag `tokens`
+    gives it alone, at the token limit and one over it, and the refusal of a rejected one in place."""
+    texts = conversations(12)
+    longest = max(len(scorer.tokens(t).ids) for t in texts)  # untouched: the limit is far above
+    rejected = [{"role": "user", "content": None}]
+    for limit in (longest, longest - 1, 8):
+        cut = ProbeScorer(scorer.model, scorer.safety, scorer.dv, replace(scorer.reads, max_tokens=limit), 1)
+        batch = cut.tokens_each([*texts[:6], rejected, *texts[6:]])
+        assert isinstance(batch[6], InputError) and "chat template" in str(batch[6])
+        assert batch[:6] + batch[7:] == [cut.tokens(t) for t in texts]
+        flags = [t.truncated for t in batch if not isinstance(t, InputError)]
+        assert any(flags) == (limit < longest) and all(flags) == (limit == 8)

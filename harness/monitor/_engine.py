@@ -1,0 +1,354 @@
+"""Where the monitor's micro-batches become scores: each batch of conversations is tokenised all at
+once (`ProbeScorer.tokens_each`), then run through the forward pass and the probes
+(`ProbeScorer.score`). The two stages overlap: the next batch is tokenised while this one runs.
+
+`ThreadScorer` runs the stages in two threads of this process; `ProcessScorer` in a process of its
+own, which alone loads the model. Why a process: on a GPU a forward pass is kernel launches, Python
+work under the GIL (12 ms a pass on an H200's host), and so are template rendering and the server's
+HTTP work; in one process they take turns. On an H200 the monitor served 394 requests/s with the GPU
+30% busy and the GIL held nearly all the time (issue 25). A scorer process has a GIL of its own.
+
+Both answer `await score(conversations)` with one `Scored` or `InputError` (a conversation the chat
+template rejects) per conversation, in order, and the seconds the forward pass took."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._errors import InputError
+from ._errors import Unavailable
+
+if TYPE_CHECKING:
+    from probes import Conversation
+
+    from ._scorer import PassCost, ProbeScorer
+
+__all__ = ["ProcessScorer", "Scored", "ScorerGone", "ThreadScorer", "start_scorer"]
+
+log = logging.getLogger("ctd.monitor")
+STOP_SECONDS = 10.0  # a scorer process asked to stop gets this long before it is killed
+WARM_UP = "warm-up"  # the conversation of the passes before serving
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What the monitor needs of one conversation's pass: the probe's P(y=1), the DV score, and
+    whether the conversation was cut to the probes' token limit."""
+
+    probe: float
+    dv: float
+    truncated: bool
+
+
+Outcome = Scored | InputError
+
+
+class ScorerGone(Unavailable):
+    """The scorer process ended: no check can be scored until the monitor is restarted."""
+
+
+def score_batch(scorer: ProbeScorer, tokens: Sequence[Any]) -> tuple[list[Outcome], float]:
+    """The forward stage: `Scored` for each tokenised conversation (the refusals pass through),
+    and the seconds of the pass."""
+    from ._scorer import Tokens
+
+    kept = [t for t in tokens if isinstance(t, Tokens)]
+    started = time.perf_counter()
+    scores = iter(scorer.score(kept)) if kept else iter(())
+    seconds = time.perf_counter() - started
+    outcomes: list[Outcome] = []
+    for t in tokens:
+        if isinstance(t, Tokens):
+            probe, dv = next(scores)
+            outcomes.append(Scored(probe, dv, t.truncated))
+        else:
+            outcomes.append(t)
+    return outcomes, seconds
+
+
+def warm_up(scorer: ProbeScorer, max_batch: int) -> None:
+    """The passes before serving: the first pays for allocation (seconds on a CPU), then the cost
+    of a pass by its size is fitted, which cuts micro-batches into passes."""
+    scorer.score([scorer.tokens(WARM_UP)])
+    scorer.fit_pass_cost(max_batch)
+
+
+class ThreadScorer:
+    """The two stages in two threads of this process (one each: a stage runs one batch at a time)."""
+
+    def __init__(self, scorer: ProbeScorer) -> None:
+        self.scorer = scorer
+        self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="ctd-tokenize")
+        self._forward = ThreadPoolExecutor(1, thread_name_prefix="ctd-forward")
+
+    where = "in threads of the server's process"
+    gone: str | None = None  # threads of this process end with it
+
+    @property
+    def pass_cost(self) -> PassCost | None:
+        return self.scorer.pass_cost
+
+    async def start(self, max_batch: int) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._forward, warm_up, self.scorer, max_batch)
+
+    async def score(self, conversations: list[Conversation]) -> tuple[list[Outcome], float]:
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(self._tokenize, self.scorer.tokens_each, conversations)
+        return await loop.run_in_executor(self._forward, score_batch, self.scorer, tokens)
+
+    async def aclose(self) -> None:
+        self._tokenize.shutdown(wait=False, cancel_futures=True)
+        self._forward.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class _Load:
+    """What the scorer process loads (picklable: it crosses to the spawned process)."""
+
+    safety: Path
+    dv: Path
+    model: str | None
+    batch_tokens: int
+    max_batch: int
+
+
+class ProcessScorer:
+    """The two stages in a spawned process that loads the model; batches and outcomes cross a pipe.
+    `start` returns once the process scored its warm-up passes, or raises what stopped it (the
+    probes' InputError when the weights differ, say). If the process dies, every pending and later
+    `score` raises ScorerGone."""
+
+    def __init__(self, process: Any, connection: Connection, pass_cost: PassCost | None) -> None:
+        self._process = process
+        self._connection = connection
+        self.pass_cost = pass_cost
+        self.where = f"in a process of its own (pid {process.pid})"
+        self._pending: dict[int, asyncio.Future[tuple[list[Outcome], float]]] = {}
+        self._next = 0
+        self.gone: str | None = None  # why the process ended, once it has
+        self._closing = False
+        self._loop = asyncio.get_running_loop()
+        # One sender: a large batch must not block the event loop while the process is busy.
+        self._send = ThreadPoolExecutor(1, thread_name_prefix="ctd-scorer-send")
+        self._reader = threading.Thread(target=self._read, name="ctd-scorer-read", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    async def start(
+        cls, safety: Path, dv: Path, *, model: str | None, batch_tokens: int, max_batch: int
+    ) -> ProcessScorer:
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        ours, theirs = context.Pipe()
+        process = context.Process(
+            target=_serve, args=(theirs, _Load(safety, dv, model, batch_tokens, max_batch)), name="ctd-scorer"
+        )
+        process.daemon = True
+        process.start()
+        theirs.close()  # the child's end: our reads see EOF when the child is gone
+        try:
+            kind, value = await asyncio.to_thread(_receive_ready, ours, process)
+        except BaseException:  # cancelled while the model loads: nothing of it is worth keeping
+            process.kill()
+            process.join()
+            ours.close()
+            raise
+        if kind == "error":
+            await asyncio.to_thread(_stop, process, ours)
+            raise value
+        return cls(process, ours, value)
+
+    async def score(self, conversations: list[Conversation]) -> tuple[list[Outcome], float]:
+        if self.gone is not None:
+            raise ScorerGone(self.gone, retry_after=60)
+        self._next += 1
+        number = self._next
+        future: asyncio.Future[tuple[list[Outcome], float]] = self._loop.create_future()
+        self._pending[number] = future
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader says why
+            await self._loop.run_in_executor(self._send, self._connection.send, (number, conversations))
+        try:
+            return await future
+        finally:
+            self._pending.pop(number, None)
+
+    def _read(self) -> None:
+        """The reader thread: resolve each batch's future as its outcomes arrive."""
+        while True:
+            try:
+                number, kind, value = self._connection.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._loop.call_soon_threadsafe(self._resolve, number, kind, value)
+            except RuntimeError:  # the loop is closed: nobody is waiting
+                break
+        self._process.join(STOP_SECONDS)
+        why = f"the scorer process ended (exit code {self._process.exitcode}); restart the monitor"
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self._loop.call_soon_threadsafe(self._end, why)
+
+    def _resolve(self, number: int, kind: str, value: Any) -> None:
+        future = self._pending.get(number)
+        if future is None or future.done():
+            return
+        if kind == "scored":
+            future.set_result(value)
+        else:  # "failed": the pass raised in the process; its traceback is in the process's log
+            future.set_exception(RuntimeError(f"the scorer process failed this batch: {value}"))
+
+    def _end(self, why: str) -> None:
+        if self.gone is None:
+            self.gone = why
+            if not self._closing:
+                log.error(why)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ScorerGone(why, retry_after=60))
+
+    async def aclose(self) -> None:
+        self._closing = True
+        # By the sending thread, after any batch it is writing: two writers would interleave.
+        await self._loop.run_in_executor(self._send, _stop, self._process, self._connection)
+        self._send.shutdown(wait=False, cancel_futures=True)
+
+
+async def start_scorer(
+    safety: Path,
+    dv: Path,
+    *,
+    model: str | None,
+    batch_tokens: int,
+    max_batch: int,
+    process: bool | None = None,
+) -> ThreadScorer | ProcessScorer:
+    """The monitor's scorer, warmed up. `process`: in a process of its own (True), in threads of
+    this one (False), or None: a process when there is a GPU, where the launches hold the GIL, and
+    threads on a CPU, where the forward pass does not hold it and a second process only adds a copy
+    of the interpreter."""
+    if process is None:
+        process = await asyncio.to_thread(_has_gpu)
+    if process:
+        return await ProcessScorer.start(
+            safety, dv, model=model, batch_tokens=batch_tokens, max_batch=max_batch
+        )
+    from ._scorer import ProbeScorer  # torch is imported here, not at start-up
+
+    scorer = ThreadScorer(
+        await asyncio.to_thread(ProbeScorer.load, safety, dv, model=model, batch_tokens=batch_tokens)
+    )
+    await scorer.start(max_batch)
+    return scorer
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _receive_ready(connection: Connection, process: Any) -> tuple[str, Any]:
+    try:
+        return connection.recv()
+    except (EOFError, OSError):
+        process.join(STOP_SECONDS)
+        raise RuntimeError(
+            f"the scorer process ended while loading the model (exit code {process.exitcode}); "
+            "its error is above"
+        ) from None
+
+
+def _stop(process: Any, connection: Connection) -> None:
+    """Ask the process to stop (None down the pipe), then kill it if it has not after STOP_SECONDS."""
+    with contextlib.suppress(OSError, ValueError):
+        connection.send(None)
+    process.join(STOP_SECONDS)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    connection.close()
+
+
+def _serve(connection: Connection, load: _Load) -> None:
+    """The scorer process: load and warm up, say ready (or the error that stopped it), then score
+    batches until told to stop or the monitor's end of the pipe closes. Tokenising happens in this
+    thread as batches arrive; the forward passes in another, one batch behind."""
+    import signal
+
+    from ._scorer import ProbeScorer
+
+    # Ctrl-C reaches the whole process group: the monitor stops this process itself, after its
+    # last batch, by the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        scorer = ProbeScorer.load(load.safety, load.dv, model=load.model, batch_tokens=load.batch_tokens)
+        warm_up(scorer, load.max_batch)
+    except Exception as error:
+        connection.send(("error", _picklable(error)))
+        return
+    connection.send(("ready", scorer.pass_cost))
+    sending = threading.Lock()  # both threads answer down the one pipe
+
+    def send(reply: tuple[int, str, Any]) -> None:
+        with sending:
+            connection.send(reply)
+
+    tokenised: queue.Queue[tuple[int, list[Any]] | None] = queue.Queue(maxsize=2)
+    forward = threading.Thread(target=_forward_stage, args=(scorer, tokenised, send), name="ctd-forward")
+    forward.start()
+    try:
+        while True:
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):  # the monitor is gone
+                break
+            if message is None:
+                break
+            number, conversations = message
+            try:
+                tokenised.put((number, scorer.tokens_each(conversations)))
+            except Exception as error:
+                log.exception("the scorer process failed to tokenise a batch")
+                send((number, "failed", f"{type(error).__name__}: {error}"))
+    finally:
+        tokenised.put(None)
+        forward.join()
+
+
+def _forward_stage(
+    scorer: ProbeScorer, tokenised: queue.Queue, send: Callable[[tuple[int, str, Any]], None]
+) -> None:
+    while (item := tokenised.get()) is not None:
+        number, tokens = item
+        try:
+            reply: tuple[int, str, Any] = (number, "scored", score_batch(scorer, tokens))
+        except Exception as error:
+            log.exception("the scorer process failed a forward pass")
+            reply = (number, "failed", f"{type(error).__name__}: {error}")
+        # The monitor is gone: go on taking batches (dropped), so that the receiving thread,
+        # which sees the pipe's end next, is never stuck on a full queue.
+        with contextlib.suppress(OSError, ValueError):
+            send(reply)
+
+
+def _picklable(error: Exception) -> Exception:
+    """The error itself when it crosses the pipe intact (InputError does), else a RuntimeError
+    with its message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
