@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "ARTIFACT_VERSION": "._artifact",
     "BATCH_TOKENS": "._config",
     "EMBEDDED_MODEL": "._embedded",
+    "MAX_BATCH_TOKENS": "._config",
     "MODEL_CACHE_ENV": "._embedded",
     "TASKS": "._config",
     "ActivationStore": "._store",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["ARCHS", "BATCH_TOKENS", "TASKS", "Arch", "ProbeConfig", "Task"]
+__all__ = ["ARCHS", "BATCH_TOKENS", "MAX_BATCH_TOKENS", "TASKS", "Arch", "ProbeConfig", "Task"]
 
 Arch = Literal["attention", "softmax", "mean", "mlp"]
 Task = Literal["safety", "dv"]  # safety: BCE on labels; dv: squared loss on delegation values
@@ -14,6 +14,7 @@ TASKS: tuple[Task, ...] = get_args(Task)
 
 # Padded tokens in one forward pass at most, by default: it bounds a pass's activation memory.
 BATCH_TOKENS = 8192
+MAX_BATCH_TOKENS = 1 << 20  # the most a user may ask for (`--batch-tokens`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from probes import BATCH_TOKENS
+from probes import BATCH_TOKENS, MAX_BATCH_TOKENS
 
 from .._errors import InputError
 from ..monitor import ServeLimits
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["monitor_serve"]
 
 MAX_BATCH = 1024  # conversations in one forward pass
-MAX_BATCH_TOKENS = 1 << 20  # padded tokens in one forward pass
 MAX_WAIT_MS = 1000.0  # a batch waits at most a second to fill
 MAX_TIMEOUT_S = 600.0  # head and body timeouts
 MAX_CONNECTIONS = 65536

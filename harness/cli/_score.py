@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from probes import BATCH_TOKENS, MAX_BATCH_TOKENS
+
 from .._errors import MAX_FAILED, InputError, check_failed_fraction, check_max_failed
 from ..run import Roots, StageProgress
 
@@ -68,6 +70,14 @@ def score_command(
             "--micro-batch", help="Conversations per forward-pass group (as `ctd monitor serve --max-batch`)."
         ),
     ] = DEFAULT_MICRO_BATCH,
+    batch_tokens: Annotated[
+        int,
+        typer.Option(
+            "--batch-tokens",
+            help=f"Padded tokens in one forward pass at most (as `ctd monitor serve --batch-tokens`; "
+            f"1 to {MAX_BATCH_TOKENS:,}).",
+        ),
+    ] = BATCH_TOKENS,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -127,6 +137,7 @@ def score_command(
         expert_cache=(expert_cache or Roots.resolve().cache).absolute() if expert else None,
         model=model,
         micro_batch=micro_batch,
+        batch_tokens=batch_tokens,
     )
     options.check()
     if expert:  # a URL that cannot work is one line now, before anything is written

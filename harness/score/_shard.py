@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import calibrate
+from probes import BATCH_TOKENS, MAX_BATCH_TOKENS
 
 from .._errors import InputError
 from ..monitor import expert_answer, read_bundle
@@ -60,11 +61,14 @@ class ScoreOptions:
     expert_cache: Path | None = None  # the expert cache (SQLite); None: no cache
     model: str | None = None  # another copy of the same weights, as `ctd monitor serve --model`
     micro_batch: int = DEFAULT_MICRO_BATCH
+    batch_tokens: int = BATCH_TOKENS  # padded tokens in one forward pass at most
     threads: int | None = None  # torch threads in this process (a Ray CPU actor sets its share)
 
     def check(self) -> None:
         if self.micro_batch < 1:
             raise InputError(f"--micro-batch {self.micro_batch}: must be at least 1")
+        if not 1 <= self.batch_tokens <= MAX_BATCH_TOKENS:
+            raise InputError(f"--batch-tokens {self.batch_tokens}: must lie in 1..{MAX_BATCH_TOKENS}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads {self.threads}: must be at least 1")
 
@@ -120,7 +124,10 @@ class ShardScorer:
         self._client: ExpertClient | None = None
         self._cache: ScoreCache | None = None
         self.scorer: ProbeScorer = ProbeScorer.load(
-            self.bundle.layout.safety_probe, self.bundle.layout.dv_probe, model=options.model
+            self.bundle.layout.safety_probe,
+            self.bundle.layout.dv_probe,
+            model=options.model,
+            batch_tokens=options.batch_tokens,
         )
         # Micro-batches are cut into passes by what a pass costs on this machine.
         self.scorer.fit_pass_cost(options.micro_batch)

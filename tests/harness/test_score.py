@@ -283,6 +283,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--shard-rows", "0"], "--shard-rows 0: must be at least 1"),
         ({}, ["--limit", "0"], "--limit 0: must be at least 1"),
         ({}, ["--micro-batch", "0"], "--micro-batch 0: must be at least 1"),
+        ({}, ["--batch-tokens", "0"], "--batch-tokens 0: must lie in 1..1048576"),
+        ({}, ["--batch-tokens", "1048577"], "--batch-tokens 1048577: must lie in 1..1048576"),
         ({}, ["--expert", "--expert-url", "ftp://example"], "expert entry"),
         ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
         ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
@@ -303,9 +305,10 @@ def test_a_conversation_the_chat_template_refuses_is_a_row_that_says_so(tmp_path
     records[2]["inputs"] = "REFUSE-ME please"
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
+    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out", batch_tokens=3000)
     plan = plan_score(options, data, shard_rows=10, limit=None)
     scorer = ShardScorer(options)
+    assert scorer.scorer.batch_tokens == 3000  # `ctd score --batch-tokens` reaches the passes
     # A template that refuses one conversation, as a model's own template refuses e.g. a system
     # role it does not know.
     scorer.scorer.model.tokenizer.chat_template = (
