@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -39,6 +40,9 @@ __all__ = ["ProcessScorer", "Scored", "ScorerGone", "ThreadScorer", "start_score
 
 log = logging.getLogger("ctd.monitor")
 STOP_SECONDS = 10.0  # a scorer process asked to stop gets this long before it is killed
+# After a SIGTERM a scorer process waits this long for the monitor's word by the pipe: longer than
+# the server's graceful stop (up to 15 s), so that the checks in flight are still scored.
+TERM_GRACE_SECONDS = 30.0
 WARM_UP = "warm-up"  # the conversation of the passes before serving
 
 
@@ -59,15 +63,22 @@ class ScorerGone(Unavailable):
     """The scorer process ended: no check can be scored until the monitor is restarted."""
 
 
-def score_batch(scorer: ProbeScorer, tokens: Sequence[Any]) -> tuple[list[Outcome], float]:
-    """The forward stage: `Scored` for each tokenised conversation (the refusals pass through),
-    and the seconds of the pass."""
+def tokenize_stage(scorer: ProbeScorer, conversations: list[Conversation]) -> tuple[list[Any], float]:
+    """The first stage: `ProbeScorer.tokens_each`, and its seconds."""
+    started = time.perf_counter()
+    return scorer.tokens_each(conversations), time.perf_counter() - started
+
+
+def forward_stage(scorer: ProbeScorer, tokenised: tuple[list[Any], float]) -> tuple[list[Outcome], float]:
+    """The second stage: `Scored` for each tokenised conversation (the refusals pass through), and
+    the seconds of the slower stage, which bounds how fast batches go through the two."""
     from ._scorer import Tokens
 
+    tokens, tokenize_seconds = tokenised
     kept = [t for t in tokens if isinstance(t, Tokens)]
     started = time.perf_counter()
     scores = iter(scorer.score(kept)) if kept else iter(())
-    seconds = time.perf_counter() - started
+    seconds = max(time.perf_counter() - started, tokenize_seconds)
     outcomes: list[Outcome] = []
     for t in tokens:
         if isinstance(t, Tokens):
@@ -105,8 +116,8 @@ class ThreadScorer:
 
     async def score(self, conversations: list[Conversation]) -> tuple[list[Outcome], float]:
         loop = asyncio.get_running_loop()
-        tokens = await loop.run_in_executor(self._tokenize, self.scorer.tokens_each, conversations)
-        return await loop.run_in_executor(self._forward, score_batch, self.scorer, tokens)
+        tokenised = await loop.run_in_executor(self._tokenize, tokenize_stage, self.scorer, conversations)
+        return await loop.run_in_executor(self._forward, forward_stage, self.scorer, tokenised)
 
     async def aclose(self) -> None:
         self._tokenize.shutdown(wait=False, cancel_futures=True)
@@ -166,6 +177,7 @@ class ProcessScorer:
             raise
         if kind == "error":
             await asyncio.to_thread(_stop, process, ours)
+            ours.close()
             raise value
         return cls(process, ours, value)
 
@@ -176,9 +188,9 @@ class ProcessScorer:
         number = self._next
         future: asyncio.Future[tuple[list[Outcome], float]] = self._loop.create_future()
         self._pending[number] = future
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader says why
-            await self._loop.run_in_executor(self._send, self._connection.send, (number, conversations))
         try:
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader says why
+                await self._loop.run_in_executor(self._send, self._connection.send, (number, conversations))
             return await future
         finally:
             self._pending.pop(number, None)
@@ -194,6 +206,7 @@ class ProcessScorer:
                 self._loop.call_soon_threadsafe(self._resolve, number, kind, value)
             except RuntimeError:  # the loop is closed: nobody is waiting
                 break
+        self._connection.close()  # here, not in `aclose`: never under a read in progress
         self._process.join(STOP_SECONDS)
         why = f"the scorer process ended (exit code {self._process.exitcode}); restart the monitor"
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
@@ -218,9 +231,18 @@ class ProcessScorer:
                 future.set_exception(ScorerGone(why, retry_after=60))
 
     async def aclose(self) -> None:
+        """Ask the process to stop after the batches it has (None down the pipe, by the sending
+        thread: two writers would interleave), and kill it when it has not stopped in time, or
+        when the sending thread is stuck writing to a process that stopped reading."""
+        if self._closing:
+            return
         self._closing = True
-        # By the sending thread, after any batch it is writing: two writers would interleave.
-        await self._loop.run_in_executor(self._send, _stop, self._process, self._connection)
+        stopping = self._loop.run_in_executor(self._send, _stop, self._process, self._connection)
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), STOP_SECONDS + 1)
+        except TimeoutError:
+            self._process.kill()  # the stuck write fails (the pipe's other end is gone), then `_stop` runs
+            await stopping
         self._send.shutdown(wait=False, cancel_futures=True)
 
 
@@ -270,14 +292,14 @@ def _receive_ready(connection: Connection, process: Any) -> tuple[str, Any]:
 
 
 def _stop(process: Any, connection: Connection) -> None:
-    """Ask the process to stop (None down the pipe), then kill it if it has not after STOP_SECONDS."""
+    """Ask the process to stop (None down the pipe), then kill it if it has not after STOP_SECONDS.
+    The connection stays open: its reader closes it once it reads the end."""
     with contextlib.suppress(OSError, ValueError):
         connection.send(None)
     process.join(STOP_SECONDS)
     if process.is_alive():
         process.kill()
         process.join()
-    connection.close()
 
 
 def _serve(connection: Connection, load: _Load) -> None:
@@ -288,9 +310,12 @@ def _serve(connection: Connection, load: _Load) -> None:
 
     from ._scorer import ProbeScorer
 
-    # Ctrl-C reaches the whole process group: the monitor stops this process itself, after its
-    # last batch, by the pipe.
+    _exit_with_parent()
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the monitor stops this
+    # process itself, after the checks in flight, by the pipe. A SIGTERM that is the only word
+    # (multiprocessing's own at an abnormal exit) ends it after a grace period.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_later)
     try:
         scorer = ProbeScorer.load(load.safety, load.dv, model=load.model, batch_tokens=load.batch_tokens)
         warm_up(scorer, load.max_batch)
@@ -304,8 +329,8 @@ def _serve(connection: Connection, load: _Load) -> None:
         with sending:
             connection.send(reply)
 
-    tokenised: queue.Queue[tuple[int, list[Any]] | None] = queue.Queue(maxsize=2)
-    forward = threading.Thread(target=_forward_stage, args=(scorer, tokenised, send), name="ctd-forward")
+    tokenised: queue.Queue[tuple[int, tuple[list[Any], float]] | None] = queue.Queue(maxsize=2)
+    forward = threading.Thread(target=_forward_loop, args=(scorer, tokenised, send), name="ctd-forward")
     forward.start()
     try:
         while True:
@@ -317,7 +342,7 @@ def _serve(connection: Connection, load: _Load) -> None:
                 break
             number, conversations = message
             try:
-                tokenised.put((number, scorer.tokens_each(conversations)))
+                tokenised.put((number, tokenize_stage(scorer, conversations)))
             except Exception as error:
                 log.exception("the scorer process failed to tokenise a batch")
                 send((number, "failed", f"{type(error).__name__}: {error}"))
@@ -326,13 +351,33 @@ def _serve(connection: Connection, load: _Load) -> None:
         forward.join()
 
 
-def _forward_stage(
+def _exit_with_parent() -> None:
+    """Exit the moment the monitor's process is gone, however it went: a SIGKILLed server must not
+    leave a process holding the GPU's memory, even one still loading the model."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ctd-parent-watch", daemon=True).start()
+
+
+def _exit_later(signum: int, frame: Any) -> None:
+    timer = threading.Timer(TERM_GRACE_SECONDS, os._exit, (0,))
+    timer.daemon = True  # a stop by the pipe meanwhile is not held up by it
+    timer.start()
+
+
+def _forward_loop(
     scorer: ProbeScorer, tokenised: queue.Queue, send: Callable[[tuple[int, str, Any]], None]
 ) -> None:
     while (item := tokenised.get()) is not None:
         number, tokens = item
         try:
-            reply: tuple[int, str, Any] = (number, "scored", score_batch(scorer, tokens))
+            reply: tuple[int, str, Any] = (number, "scored", forward_stage(scorer, tokens))
         except Exception as error:
             log.exception("the scorer process failed a forward pass")
             reply = (number, "failed", f"{type(error).__name__}: {error}")

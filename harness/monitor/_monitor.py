@@ -27,6 +27,7 @@ from ._bundle import Bundle, read_bundle
 from ._decision import Decision, Latency, request_id
 from ._decisions import DecisionLog, record_bound
 from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
+from ._engine import Scored
 from ._errors import LogUnavailable, Overloaded
 from ._expert import ExpertGate
 from ._metrics import GaugeValue, MonitorMetrics
@@ -34,7 +35,7 @@ from ._metrics import GaugeValue, MonitorMetrics
 if TYPE_CHECKING:
     from probes import Conversation
 
-    from ._engine import Outcome, ProcessScorer, Scored, ThreadScorer
+    from ._engine import Outcome, ProcessScorer, ThreadScorer
 
 __all__ = ["Monitor"]
 
@@ -105,14 +106,15 @@ class Monitor:
         drift_mtfa: float = DEFAULT_MTFA,
         max_queue: float = MAX_QUEUE_SECONDS,
         max_pending: int = MAX_PENDING,
-        scorer_process: bool | None = None,
+        scorer_process: bool | None = False,
     ) -> Monitor:
         """Read the bundle, load the model and probes (seconds to minutes, off the event loop),
         and get ready to check. `expert=False` never asks the expert (the probe-only cascade).
         `batch_tokens`: padded tokens in one forward pass at most (default `probes.BATCH_TOKENS`).
         `drift_mtfa`: the drift detector's mean number of requests to a false alarm.
         `scorer_process`: tokenise and score in a process of its own (True), in threads of this one
-        (False), or None: a process when there is a GPU (`_engine.start_scorer` says why)."""
+        (False), or None: a process when there is a GPU (`_engine.start_scorer` says why). A
+        process is spawned: a script that asks for one needs `if __name__ == "__main__":`."""
         from probes import BATCH_TOKENS
 
         from ._engine import start_scorer
@@ -168,9 +170,11 @@ class Monitor:
 
     async def _forward(self, batch: list[Conversation]) -> list[Outcome]:
         outcomes, seconds = await self.scorer.score(batch)  # the event loop keeps serving
-        self.admission.served(len(batch), seconds)
-        self.metrics.batches.inc()
-        self.metrics.batched_items.inc(len(batch))
+        scored = sum(isinstance(o, Scored) for o in outcomes)
+        if scored:  # conversations the template rejected cost no pass: they must not price one
+            self.admission.served(scored, seconds)
+            self.metrics.batches.inc()
+            self.metrics.batched_items.inc(scored)
         return outcomes
 
     async def _probe(self, conversation: Conversation) -> Scored:

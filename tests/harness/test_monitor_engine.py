@@ -6,7 +6,8 @@ embedded model and a bundle of untrained probes:
   the monitor, exit code 0;
 - a scorer process that dies makes every later check a 503 that says so, and /healthz 503, instead
   of a hang;
-- a server killed with SIGKILL leaves no scorer process behind (it would hold the GPU's memory).
+- a server killed with SIGKILL, even while its scorer process loads the model, leaves no scorer
+  process behind (it would hold the GPU's memory).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import os
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from ctd_cli import free_port
+from ctd_cli import free_port, start_ctd
 from monitor_bundle import write_untrained_bundle
 from monitor_run import serve, stop
 
@@ -46,9 +48,7 @@ async def _outcomes(monitor: Monitor) -> list[object]:
 
 def _scorer_pid(server: int) -> int:
     """The server's scorer process (multiprocessing's resource tracker is its other child)."""
-    (child,) = [
-        p for p in psutil.Process(server).children() if "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    (child,) = _children(server)
     return child.pid
 
 
@@ -82,35 +82,77 @@ def test_a_scorer_process_decides_as_the_threads_do_and_stops_with_the_monitor(b
 
 
 def test_a_dead_scorer_process_is_a_503_that_says_so(bundle: Path, tmp_path: Path) -> None:
+    """A check waiting on the process when it dies, and every check after, answer 503."""
     port = free_port()
     server = serve(bundle, port, "--no-expert", "--scorer-process", cwd=tmp_path, env={})
     url = f"http://127.0.0.1:{port}"
     try:
         assert httpx.post(f"{url}/v1/check", json={"input": "hello"}, timeout=60).status_code == 200
-        os.kill(_scorer_pid(server.pid), signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while (health := httpx.get(f"{url}/healthz", timeout=10)).status_code == 200:
-            assert time.monotonic() < deadline, "/healthz never noticed"
-            time.sleep(0.2)
-        answer = httpx.post(f"{url}/v1/check", json={"input": "hello again"}, timeout=30)
+        scorer = _scorer_pid(server.pid)
+        os.kill(scorer, signal.SIGSTOP)  # the next check waits on it for sure
+        with ThreadPoolExecutor(1) as waiting:
+            pending = waiting.submit(httpx.post, f"{url}/v1/check", json={"input": "waits"}, timeout=60)
+            time.sleep(1.0)
+            assert not pending.done()
+            os.kill(scorer, signal.SIGKILL)
+            waited = pending.result()
+        health = httpx.get(f"{url}/healthz", timeout=10)
+        after = httpx.post(f"{url}/v1/check", json={"input": "hello again"}, timeout=30)
     finally:
         stop(server)
     _, stderr = server.communicate()
-    assert health.status_code == 503 and "scorer process ended" in health.json()["scorer"], health.text
-    assert answer.status_code == 503 and answer.headers["retry-after"], answer.text
-    assert re.fullmatch(
-        r"the scorer process ended \(exit code -9\); restart the monitor", answer.json()["error"]
-    )
+    ended = r"the scorer process ended \(exit code -9\); restart the monitor"
+    for answer in (waited, after):
+        assert answer.status_code == 503 and answer.headers["retry-after"], answer.text
+        assert re.fullmatch(ended, answer.json()["error"]), answer.text
+    assert health.status_code == 503 and re.fullmatch(ended, health.json()["scorer"]), health.text
     assert "scoring in a process of its own" in stderr and stderr.count("scorer process ended") == 1, stderr
 
 
-def test_a_killed_server_leaves_no_scorer_process(bundle: Path, tmp_path: Path) -> None:
+def test_a_server_killed_while_its_scorer_loads_leaves_none(tmp_path: Path, bundle: Path) -> None:
+    """SIGKILL to the server before its scorer process has even loaded the model: the process sees
+    its parent go and exits at once (it would hold the GPU's memory)."""
     port = free_port()
-    server = serve(bundle, port, "--no-expert", "--scorer-process", cwd=tmp_path, env={})
+    server = start_ctd(
+        "monitor", "serve", str(bundle), "--no-expert", "--scorer-process", "--port", str(port), cwd=tmp_path
+    )
     try:
+        deadline = time.monotonic() + 60
+        while not _children(server.pid):
+            assert server.poll() is None and time.monotonic() < deadline, "no scorer process started"
+            time.sleep(0.05)
         child = psutil.Process(_scorer_pid(server.pid))
         server.kill()  # SIGKILL: no shutdown code runs in the server
         server.wait(30)
-        child.wait(30)  # psutil.TimeoutExpired if it outlived its server
+        # At once, not once the model has loaded and its "ready" finds the pipe closed (seconds).
+        _gone(child, within=3)
     finally:
-        stop(server)
+        if server.poll() is None:
+            server.kill()
+        _, stderr = server.communicate()
+    assert "ready:" not in stderr, "killed after the model loaded: not the case this tests"
+
+
+def _children(server: int) -> list[psutil.Process]:
+    """The server's child processes but multiprocessing's resource tracker."""
+    out = []
+    for child in psutil.Process(server).children():
+        try:
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                out.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _gone(process: psutil.Process, *, within: float) -> None:
+    """Wait until `process` has exited: no longer there, or a zombie (its reaper is init's business)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the scorer process {process.pid} outlived its server by {within} s")

@@ -173,6 +173,32 @@ def test_the_forward_cost_is_fitted_as_overhead_plus_per_item() -> None:
     # Charging the overhead to each conversation of batches of 1 would allow only 3 (0.3 s each).
 
 
+def test_conversations_the_template_rejects_do_not_price_the_forward_pass(
+    bundle: Path, scorer: ProbeScorer
+) -> None:
+    """A batch of rejected conversations runs no pass: counted in it, they would drive the fitted
+    cost per conversation towards nothing, and the queue bound would stop shedding."""
+
+    async def main() -> tuple[tuple[float, float] | None, tuple[float, float] | None, Monitor]:
+        monitor = _monitor(bundle, scorer)
+        for i in range(3):
+            await monitor.check(f"warm-up question {i}")
+        before = monitor.admission.cost()
+        rejected: list[dict[str, str]] = [{"role": "user", "content": None}]  # type: ignore[dict-item]
+        for _ in range(30):
+            with pytest.raises(InputError):
+                await monitor.check(rejected)
+        after = monitor.admission.cost()
+        await monitor.aclose()
+        return before, after, monitor
+
+    before, after, monitor = asyncio.run(main())
+    assert before is not None and after == before
+    samples = _samples(monitor.prometheus())
+    assert samples[("ctd_monitor_forward_items_total", ())] == 3
+    assert samples[("ctd_monitor_forward_batches_total", ())] == 3
+
+
 def test_metrics_are_prometheus_client_exposition_per_monitor(bundle: Path, scorer: ProbeScorer) -> None:
     async def main() -> tuple[Monitor, Monitor]:
         first, second = _monitor(bundle, scorer), _monitor(bundle, scorer)
