@@ -17,8 +17,11 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -155,6 +158,9 @@ class ProcessScorer:
         self._send = ThreadPoolExecutor(1, thread_name_prefix="ctd-scorer-send")
         self._reader = threading.Thread(target=self._read, name="ctd-scorer-read", daemon=True)
         self._reader.start()
+        # A monitor never closed (a script that ends without `aclose`): at exit multiprocessing
+        # would SIGTERM the process and wait out its grace period; this runs before that.
+        self._at_exit = multiprocessing.util.Finalize(self, _kill, args=(process.pid,), exitpriority=10)
 
     @classmethod
     async def start(
@@ -177,6 +183,7 @@ class ProcessScorer:
             raise
         if kind == "error":
             await asyncio.to_thread(_stop, process, ours)
+            await asyncio.to_thread(process.join)  # no reader thread yet: reaped here
             ours.close()
             raise value
         return cls(process, ours, value)
@@ -206,7 +213,12 @@ class ProcessScorer:
                 self._loop.call_soon_threadsafe(self._resolve, number, kind, value)
             except RuntimeError:  # the loop is closed: nobody is waiting
                 break
-        self._connection.close()  # here, not in `aclose`: never under a read in progress
+        # Closed after any write in progress (by the sending thread), never under one or under a
+        # read; the process is reaped here only, so that its exit code is never lost to a race.
+        try:
+            self._send.submit(self._connection.close)
+        except RuntimeError:  # the sending thread is shut down: no write in progress
+            self._connection.close()
         self._process.join(STOP_SECONDS)
         why = f"the scorer process ended (exit code {self._process.exitcode}); restart the monitor"
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
@@ -237,13 +249,15 @@ class ProcessScorer:
         if self._closing:
             return
         self._closing = True
+        self._at_exit.cancel()
         stopping = self._loop.run_in_executor(self._send, _stop, self._process, self._connection)
         try:
             await asyncio.wait_for(asyncio.shield(stopping), STOP_SECONDS + 1)
         except TimeoutError:
             self._process.kill()  # the stuck write fails (the pipe's other end is gone), then `_stop` runs
             await stopping
-        self._send.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._reader.join)  # it saw the end, closed the pipe and reaped
+        self._send.shutdown(wait=False)
 
 
 async def start_scorer(
@@ -293,29 +307,31 @@ def _receive_ready(connection: Connection, process: Any) -> tuple[str, Any]:
 
 def _stop(process: Any, connection: Connection) -> None:
     """Ask the process to stop (None down the pipe), then kill it if it has not after STOP_SECONDS.
-    The connection stays open: its reader closes it once it reads the end."""
+    Neither closes the connection nor reaps the process: the reader thread does both."""
     with contextlib.suppress(OSError, ValueError):
         connection.send(None)
-    process.join(STOP_SECONDS)
-    if process.is_alive():
+    if not multiprocessing.connection.wait([process.sentinel], STOP_SECONDS):
         process.kill()
-        process.join()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _serve(connection: Connection, load: _Load) -> None:
     """The scorer process: load and warm up, say ready (or the error that stopped it), then score
     batches until told to stop or the monitor's end of the pipe closes. Tokenising happens in this
     thread as batches arrive; the forward passes in another, one batch behind."""
-    import signal
-
-    from ._scorer import ProbeScorer
-
     _exit_with_parent()
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the monitor stops this
     # process itself, after the checks in flight, by the pipe. A SIGTERM that is the only word
-    # (multiprocessing's own at an abnormal exit) ends it after a grace period.
+    # ends it after a grace period.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_later)
+
+    from ._scorer import ProbeScorer  # torch: seconds, with the signals above already set
+
     try:
         scorer = ProbeScorer.load(load.safety, load.dv, model=load.model, batch_tokens=load.batch_tokens)
         warm_up(scorer, load.max_batch)
