@@ -4,6 +4,7 @@ before the model loads (seconds to minutes); torch and the server are imported o
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import socket
 import sys
@@ -275,6 +276,11 @@ async def _load_and_serve(
             await monitor.aclose()
             raise
         ready = functools.partial(_say_ready, root.name, address, monitor.scorer)
+        # What is loaded by now (torch and the model in threads mode, the server's modules) lives as
+        # long as the server: out of the collector's way, so that its full collections, which scan
+        # every tracked object while holding the GIL, stop scanning it.
+        gc.collect()
+        gc.freeze()
         await serve(app, listener, limits, on_ready=ready)  # the app's shutdown closes the monitor
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
