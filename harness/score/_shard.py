@@ -146,7 +146,13 @@ class ShardScorer:
             first_index=task.first_row,
             count=task.rows,
         )
-        tokens = [self._tokens(row) for row in rows]
+        # Each row's tokens, or why the model's chat template refuses the conversation (the
+        # monitor answers such a request with a 4xx; here the row says why and the job goes on:
+        # one odd conversation among millions must not stop it).
+        tokens = [
+            str(t) if isinstance(t, InputError) else t
+            for t in self.scorer.tokens_each([row.item.conversation for row in rows])
+        ]
         scorable = [(i, t) for i, t in enumerate(tokens) if not isinstance(t, str)]
         scores: list[tuple[float, float] | None] = [None] * len(rows)  # None: refused
         for at in range(0, len(scorable), self.options.micro_batch):
@@ -170,17 +176,6 @@ class ShardScorer:
         }
         _write_once(table, record, self.layout, task.index, replace=target.exists())
         return ShardDone.from_record(record, written=True)
-
-    def _tokens(self, row: InputRow) -> Tokens | str:
-        """The row's tokens, or why the model's chat template refuses the conversation (the
-        monitor answers such a request with a 4xx; here the row says why and the job goes on: one
-        odd conversation among millions must not stop it)."""
-        from probes import ProbeError
-
-        try:
-            return self.scorer.tokens(row.item.conversation)
-        except ProbeError as error:
-            return str(error).removeprefix("example 0: ")
 
     def _ask(
         self, task: ShardTask, rows: list[InputRow], delegated: list[int]
