@@ -91,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "salvage_cache": "._repair",
     "score_items": "._client",
     "server_command": "._serve",
+    "signals_held": "._serve",
     "setup_vllm": "._vllm",
     "top_logprobs": "._scoring",
     "vllm_env": "._vllm",

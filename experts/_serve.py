@@ -137,10 +137,14 @@ def _available(command: list[str]) -> str | None:
 
 
 @contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the duration and deliver them after: an interrupt that landed
-    inside Popen, after the fork, would lose the child's handle and leave the server running.
-    Only the main thread can install handlers; elsewhere this does nothing."""
+def signals_held() -> Iterator[None]:
+    """For the length of the block, SIGINT and SIGTERM are held, then delivered to the handlers in
+    force (the first one held). For code that a KeyboardInterrupt must not cut: Popen between
+    its fork and the child's handle (a server left running), and the imports of torch and
+    transformers, whose compiled code runs Python inside C++ calls, where a KeyboardInterrupt
+    aborts the process ("terminate called after throwing an instance of
+    'pybind11::error_already_set'") instead of stopping it. Only the main thread can install
+    handlers; elsewhere this does nothing, and an ignored signal stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -295,7 +299,7 @@ class LocalServer:
         # a server is never left holding the port and its memory. Only from the main thread: the
         # signal follows the thread that forked, and a worker thread may end before the run.
         on_death = _die_with_parent if threading.current_thread() is threading.main_thread() else None
-        with _interrupts_held():  # not between the fork and `self.process = ...`
+        with signals_held():  # not between the fork and `self.process = ...`
             if self.log:
                 with self.log.open("ab") as output:  # the child keeps its own copy
                     self._log_start = output.tell()  # `_tail` reads this attempt's lines only

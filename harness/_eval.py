@@ -15,7 +15,10 @@ from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rich.markup import escape
+
 import calibrate
+import experts
 from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 
 from ._errors import InputError
@@ -33,6 +36,7 @@ from .run import (
     StageOutcome,
     StageProgress,
     StageStatus,
+    Together,
     check_roots,
     run_stages,
 )
@@ -123,12 +127,14 @@ def run_eval(
     display: StageProgress | None = None,
     on_stage: Callable[[StageOutcome], None] | None = None,
     retry_failed: bool = False,
+    overlap: bool = True,
 ) -> EvalResult:
     """Run (or resume) every stage of `config` in its run folder and return what happened.
     `display` draws the stages' progress (None: nothing is shown); `on_stage` is called after
     each stage, while the display is still up, so a line it prints through `display.print` stays
     above the bars. `retry_failed` reruns the query stage when it recorded expert failures
-    (answers already in the cache are not asked again)."""
+    (answers already in the cache are not asked again). `overlap` False runs the query stage
+    after the probe stage rather than beside it."""
     prepared = _prepare(config, runs_root)
     expert, layout = prepared.expert, prepared.layout
     progress = display or StageProgress(enabled=False)
@@ -178,9 +184,26 @@ def run_eval(
         else:
             manifests.log(f"query: all {len(items)} answers are in the cache; the expert is not needed")
             query = QueryStage(ctx, may_serve=may_serve, checked=False)
-    stages: list[Stage] = [
-        ProbeStage(ctx),
-        query,
+    # The expert is asked while the probe stage works: they need nothing of each other, and the
+    # one waits on the network while the other computes. Only for an expert this run will not
+    # serve (by URL, or --serve never): a server the run starts, now or when one goes away
+    # mid-stage, takes the cores a CPU's extraction uses, and vLLM sizes its share of the GPU's
+    # memory from what is free as it starts (the query stage frees the probe stage's cache for it).
+    # Nor beside a llama.cpp server (it computes on those cores), nor when every answer is cached:
+    # the stage then takes a moment, unless answers left the cache since, and it may start one.
+    local = query.start_server or query.may_serve or expert.spec.server == "llama.cpp"
+    beside = overlap and query.checked and not local
+    probe = ProbeStage(ctx)
+    if beside and not manifests.up_to_date(probe.name, probe.fingerprint()[0]):
+        # torch and transformers are imported before the expert is asked, signals held: inside
+        # their imports a KeyboardInterrupt aborts the process, and a stop held while the query
+        # stage works would not reach it.
+        progress.status("importing torch and transformers")
+        with experts.signals_held():
+            import transformers.modeling_utils  # noqa: F401
+    first: list[Stage | Together] = [Together((probe, query))] if beside else [probe, query]
+    stages: list[Stage | Together] = [
+        *first,
         DVStage(ctx),
         # Later experts of a cascade: a run of one expert has no such stage and is as it was.
         *([CascadeStage(ctx)] if config.cascade else []),
@@ -193,7 +216,7 @@ def run_eval(
         tmp.write_text(config.to_toml(), encoding="utf-8")
     run_log.started(asdict(config))
     with progress:
-        names = [stage.name for stage in stages]
+        names = [s.name for item in stages for s in (item.stages if isinstance(item, Together) else (item,))]
         header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
         progress.plan(header, names)
         outcomes = run_stages(
@@ -202,6 +225,11 @@ def run_eval(
             run_log,
             on_start=progress.stage_started,
             on_stage=on_stage,
+            on_failed=lambda stage, error: progress.print(
+                escape(
+                    f"{stage} failed: {error}; the stage beside it goes on to its end, so its work is kept"
+                )
+            ),
             spent=ctx.costs.spent,
         )
     return EvalResult(

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "StageResult": "._stage",
     "StageStatus": "._log",
     "StageLayout": "._layout",
+    "Together": "._runner",
     "SweepLayout": "._layout",
     "ValidationJob": "._validation",
     "ValidationLayout": "._layout",

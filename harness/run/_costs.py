@@ -51,7 +51,8 @@ class RunCosts:
 
     def spent(self, stage: str) -> float | None:
         """Dollars `stage` spent in this invocation (all its parts); None if it pays no expert."""
-        parts = [spend.spent for key, spend in self.spends.items() if _stage_of(key) == stage]
+        # list(): the query stage may add a spend from its thread while another stage's is read
+        parts = [spend.spent for key, spend in list(self.spends.items()) if _stage_of(key) == stage]
         return sum(parts) if parts else None
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import threading
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from experts import redact
 
@@ -124,6 +125,8 @@ class RunLog:
     created: str = field(default_factory=_now)
     version: int = RUN_LOG_VERSION
     invocations: list[Invocation] = field(default_factory=list)
+    # Stages run at the same time record from their own threads (harness.run.Together)
+    _lock: ClassVar[threading.RLock] = threading.RLock()
 
     @classmethod
     def read(cls, path: Path) -> RunLog:
@@ -178,9 +181,10 @@ class RunLog:
     ) -> None:
         if not self.invocations:
             raise RuntimeError("RunLog.record before RunLog.started")
-        self.invocations[-1].stages[stage] = StageRecord(
-            status, None if seconds is None else round(seconds, 2), redact(detail), _now(), cost_usd
-        )
+        with self._lock:
+            self.invocations[-1].stages[stage] = StageRecord(
+                status, None if seconds is None else round(seconds, 2), redact(detail), _now(), cost_usd
+            )
 
     def costs(self) -> dict[str, float]:
         """Dollars each stage spent, summed over every invocation of the run (a rerun after a
@@ -193,10 +197,11 @@ class RunLog:
         return totals
 
     def write(self, path: Path) -> None:
-        record = asdict(self)
-        record["stages"] = {name: asdict(r) for name, r in self.stages.items()}
-        record["cost_usd"] = self.costs()
-        write_json(path, record)
+        with self._lock:
+            record = asdict(self)
+            record["stages"] = {name: asdict(r) for name, r in self.stages.items()}
+            record["cost_usd"] = self.costs()
+            write_json(path, record)
 
 
 class Manifests:

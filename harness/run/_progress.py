@@ -13,6 +13,10 @@ plain line per unfinished task is printed every `progress_interval()` seconds in
 "STAGE: working" line while a stage reports no progress), a time-stamped line when a stage starts
 and before each of its slow steps, never cut at 80 columns. The status row is not printed there:
 a run refused by its checks says only its one error line.
+
+Stages that run at the same time (`harness.run.Together`) report from their own threads: the
+bars and steps reported from a thread belong to the stage it started, a stage's line removes its
+own bars only, and the status row names every stage at work.
 """
 
 from __future__ import annotations
@@ -118,6 +122,15 @@ class _TimeColumn(ProgressColumn):
 
 
 @dataclass
+class _AtWork:
+    """A stage at work, in the thread that runs it."""
+
+    stage: str
+    since: float  # when it started
+    step: str = ""  # the slow step it is at, shown on the status row
+
+
+@dataclass
 class _Task:
     """One task's latest state, for the plain lines."""
 
@@ -127,6 +140,7 @@ class _Task:
     unit: str  # what is counted: "tokens", "examples", ...
     started: float  # when the task was first reported
     first_done: int  # its count then (work resumed from a store or a cache starts above 0)
+    stage: str  # the stage at work in the thread that reports it ("": none)
     finished_shown: bool = False
 
     def line(self, what: str, now: float) -> str:
@@ -160,17 +174,16 @@ class StageProgress:
         self._live = enabled and self.console.is_terminal
         self._interval = interval if interval is not None else progress_interval()
         self._depth = 0  # nested `with` blocks
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stages at work report from their own threads
         self._stopped = threading.Event()
         self._ticker: threading.Thread | None = None
         self._last_line = time.monotonic()  # when the plain output last printed anything
         self._stages: tuple[str, ...] = ()  # the run's stages in order, for the counters
-        self._stage = ""  # the stage at work, for the "STAGE: working" lines
-        self._stage_since = time.monotonic()  # when it started
+        self._at_work: dict[int, _AtWork] = {}  # by thread: the stages at work, in the order started
         self._tasks: dict[str, _Task] = {}  # plain mode
-        self._bars: dict[str, TaskID] = {}  # live mode
+        self._bars: dict[str, tuple[TaskID, str]] = {}  # live mode: each bar and its stage
         self._status: TaskID | None = None  # live mode: the row saying what the run does now
-        self._last_redraw = 0.0
+        self._redrawn: dict[str, float] = {}  # live mode: when each bar was last redrawn
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -214,7 +227,7 @@ class StageProgress:
         with self._lock:
             task = self._tasks.get(what)
             if task is None or done < task.done:  # a new task, or the same work started again
-                task = self._tasks[what] = _Task(done, total, detail, unit, now, done)
+                task = self._tasks[what] = _Task(done, total, detail, unit, now, done, self._owner())
             task.done, task.total, task.detail = done, total, detail
             if done >= total and not task.finished_shown:
                 task.finished_shown = True
@@ -238,10 +251,10 @@ class StageProgress:
         if not self._enabled:
             return
         with self._lock:
-            self._stage, self._stage_since = stage, time.monotonic()
-        if self._live:
-            self._set_status(f"{self.counter(stage)}{stage}", "")
-        else:
+            self._at_work[threading.get_ident()] = _AtWork(stage, time.monotonic())
+            if self._live:
+                self._show_status()
+        if not self._live:
             with self._lock:
                 self._say(f"{self.counter(stage)}{stage}: started")
 
@@ -251,15 +264,17 @@ class StageProgress:
         (plain)."""
         if not self._enabled:
             return
-        stage = self._stage
+        at_work = self._at_work.get(threading.get_ident())
         if self._live:
-            if stage:
-                self._set_status(f"{self.counter(stage)}{stage}", escape(text))
-            else:
-                self._set_status(escape(text), "")
+            with self._lock:
+                if at_work is not None:
+                    at_work.step = text
+                    self._show_status()
+                else:
+                    self._set_status(escape(text), "")
             return
         with self._lock:
-            self._say(f"{self.counter(stage)}{stage}: {text}" if stage else text)
+            self._say(f"{self.counter(at_work.stage)}{at_work.stage}: {text}" if at_work else text)
 
     def status(self, text: str) -> None:
         """What the run does before its stages (its checks): on the status row in a terminal,
@@ -268,20 +283,44 @@ class StageProgress:
             self._set_status(escape(text), "")
 
     def print(self, markup: str) -> None:
-        """A stage line (rich markup): above the live bars, which belong to the finished stage
-        and are removed, as is the status row; in plain mode, a line of its own."""
+        """A stage line (rich markup): above the live bars; the bars of the calling thread belong
+        to the stage that finished and are removed, as is its part of the status row; in plain
+        mode, a line of its own."""
         if not self._enabled:
             return
-        if self._live:
-            for bar in self._bars.values():
-                self._progress.remove_task(bar)
-            self._bars.clear()
-            self._clear_status()
-            self._progress.refresh()  # else the line is printed above the last frame, bars and all
         with self._lock:
-            self._tasks.clear()
-            self._stage, self._last_line = "", time.monotonic()
+            at_work = self._at_work.pop(threading.get_ident(), None)
+            # What ends with the line: the bars and tasks of its stage and of no stage, or, when no
+            # other stage is at work, all of them.
+            mine = {at_work.stage if at_work is not None else "", ""}
+            others = bool(self._at_work)
+            self._tasks = {w: t for w, t in self._tasks.items() if others and t.stage not in mine}
+            self._last_line = time.monotonic()
+            if self._live:
+                for what, (bar, owner) in list(self._bars.items()):
+                    if not others or owner in mine:
+                        self._progress.remove_task(bar)
+                        del self._bars[what]
+                        self._redrawn.pop(what, None)
+                if others:
+                    self._show_status()
+                else:
+                    self._clear_status()
+                self._progress.refresh()  # else the line is printed above the last frame, bars and all
         self.console.print(markup)
+
+    def _owner(self) -> str:
+        """The stage at work in the calling thread; "" in a thread of no stage."""
+        at_work = self._at_work.get(threading.get_ident())
+        return at_work.stage if at_work is not None else ""
+
+    def _show_status(self) -> None:
+        """The status row naming each stage at work, and the step it is at."""
+        parts = [(f"{self.counter(w.stage)}{w.stage}", escape(w.step)) for w in list(self._at_work.values())]
+        if len(parts) == 1:
+            self._set_status(*parts[0])
+        elif parts:
+            self._set_status(" | ".join(f"{name}: {step}" if step else name for name, step in parts), "")
 
     def _set_status(self, description: str, detail: str) -> None:
         """The status row: created at the top of the live display, or its text replaced (its
@@ -298,15 +337,20 @@ class StageProgress:
             self._status = None
 
     def _draw(self, what: str, done: int, total: int, detail: str, unit: str) -> None:
-        if what not in self._bars:
-            self._bars[what] = self._progress.add_task(escape(what), total=total, detail="", unit=unit)
-            if self._status is not None and self._stage:  # the step before this bar is over
-                self._progress.update(self._status, detail="")
-        now = time.monotonic()
-        if now - self._last_redraw < _REDRAW_SECONDS and done < total:
-            return
-        self._last_redraw = now
-        self._progress.update(self._bars[what], completed=done, total=total, detail=escape(detail), unit=unit)
+        with self._lock:
+            if what not in self._bars:
+                bar = self._progress.add_task(escape(what), total=total, detail="", unit=unit)
+                self._bars[what] = (bar, self._owner())
+                at_work = self._at_work.get(threading.get_ident())
+                if at_work is not None and at_work.step:  # the step before this bar is over
+                    at_work.step = ""
+                    self._show_status()
+            now = time.monotonic()
+            if now - self._redrawn.get(what, 0.0) < _REDRAW_SECONDS and done < total:
+                return
+            self._redrawn[what] = now
+            bar, _ = self._bars[what]
+            self._progress.update(bar, completed=done, total=total, detail=escape(detail), unit=unit)
 
     def _say(self, text: str) -> None:
         """One plain line, stamped with the local time; called with the lock held."""
@@ -319,9 +363,14 @@ class StageProgress:
         while not self._stopped.wait(self._interval):
             now = time.monotonic()
             with self._lock:
+                quiet = now - self._last_line >= self._interval
                 running = {w: t for w, t in self._tasks.items() if t.done < t.total}
                 for what, task in running.items():
                     self._say(task.line(what, now))
-                if not running and self._stage and now - self._last_line >= self._interval:
-                    stage = f"{self.counter(self._stage)}{self._stage}"
-                    self._say(f"{stage}: working, {_duration(now - self._stage_since)} so far")
+                if not (quiet or running):
+                    continue
+                busy = {task.stage for task in running.values()}
+                for at_work in self._at_work.values():
+                    if at_work.stage not in busy:  # a stage at work that reports no progress
+                        stage = f"{self.counter(at_work.stage)}{at_work.stage}"
+                        self._say(f"{stage}: working, {_duration(now - at_work.since)} so far")

@@ -1,41 +1,67 @@
 """The runner: each stage in order, skipped when its manifest says it is up to date, with the run
-log rewritten after every stage so that an interrupted run says where it stopped."""
+log rewritten after every stage so that an interrupted run says where it stopped. Stages that
+need nothing of each other may run at the same time (`Together`): the probe stage's GPU work and
+the query stage's wait for the expert."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from types import FrameType
 
+from .._signals import StopRelay
 from ._log import Manifests, RunLog, StageStatus
 from ._stage import Stage, StageOutcome
 
-__all__ = ["listed_paths", "run_stages"]
+__all__ = ["Together", "listed_paths", "run_stages"]
 
 
-def run_stages(
-    stages: Sequence[Stage],
-    manifests: Manifests,
-    run_log: RunLog,
-    *,
-    on_start: Callable[[str], None] | None = None,
-    on_stage: Callable[[StageOutcome], None] | None = None,
-    spent: Callable[[str], float | None] | None = None,
-) -> tuple[StageOutcome, ...]:
-    """Run (or skip) `stages` in order, calling `on_start(name)` before a stage's work and
-    `on_stage(outcome)` after it (or its skip). A stage that raises is recorded as failed
-    (interrupted on Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates.
-    `spent(name)`: the dollars the stage spent in this invocation (None: it spends none),
-    recorded with its outcome, whatever that is."""
-    cost = spent or (lambda name: None)
-    layout = manifests.layout
-    outcomes: list[StageOutcome] = []
-    for stage in stages:
+@dataclass(frozen=True)
+class Together:
+    """Stages that run at the same time, none reading another's outputs: the first in the calling
+    thread, where Ctrl-C and SIGTERM land, each other in a thread of its own that takes those
+    stops through a `StopRelay` (in its `stop_signals` blocks; elsewhere it runs on to its end).
+
+    When the first stage fails or is stopped, the others are stopped and waited for. When another
+    fails, the first goes on to its end, so that its work is kept for the rerun, and the failure
+    is raised then (`on_failed` says it at once). Their outcomes come in the order listed."""
+
+    stages: tuple[Stage, ...]
+
+
+@dataclass
+class _Runner:
+    manifests: Manifests
+    run_log: RunLog
+    on_start: Callable[[str], None] | None
+    on_stage: Callable[[StageOutcome], None] | None
+    on_failed: Callable[[str, BaseException], None] | None
+    cost: Callable[[str], float | None]
+
+    def __post_init__(self) -> None:
+        # Stages run together call back from their own threads: one call at a time
+        self._lock = threading.Lock()
+
+    def record(
+        self, stage: str, status: StageStatus, seconds: float | None, detail: str, cost: float | None
+    ) -> None:
+        self.run_log.record(stage, status, seconds, detail, cost)
+        self.run_log.write(self.manifests.layout.run_log)
+
+    def one(self, stage: Stage, then: Callable[[], None] = lambda: None) -> StageOutcome:
+        """Run or skip `stage`, recording it; its error propagates. `then()` is called once it
+        has started (or been skipped): the stages beside it start after its line."""
+        manifests = self.manifests
         started = time.perf_counter()
         fingerprint, inputs = stage.fingerprint()
         if manifests.up_to_date(stage.name, fingerprint) and stage.reusable():
             outcome = StageOutcome(stage.name, StageStatus.SKIPPED, 0.0, "up to date")
             manifests.log(f"{stage.name}: skipped (inputs unchanged)")
+            then()
         else:
             # Same inputs and settings but an output edited, truncated or deleted since: say so,
             # or the rerun looks like it ignored its manifest.
@@ -51,24 +77,24 @@ def run_stages(
                     f"{stage.name}: outputs changed on disk since it ran ({shown}): running it again"
                 )
             manifests.log(f"{stage.name}: started")
-            run_log.record(stage.name, StageStatus.RUNNING, None, "")
-            run_log.write(layout.run_log)
+            self.record(stage.name, StageStatus.RUNNING, None, "", None)
             try:  # from here a Ctrl-C is recorded as this stage's interruption, even while it is shown
-                if on_start is not None:
-                    on_start(stage.name)
+                if self.on_start is not None:
+                    with self._lock:
+                        self.on_start(stage.name)
+                then()
                 result = stage.run()
             except BaseException as error:
                 status = (
                     StageStatus.INTERRUPTED if isinstance(error, KeyboardInterrupt) else StageStatus.FAILED
                 )
-                run_log.record(
-                    stage.name, status, time.perf_counter() - started, str(error), cost(stage.name)
-                )
+                seconds = time.perf_counter() - started
+                self.run_log.record(stage.name, status, seconds, str(error), self.cost(stage.name))
                 # The disk may be why the stage failed: its error, not the log's, is the news.
                 with suppress(OSError):
                     manifests.log(f"{stage.name}: {status}: {type(error).__name__}: {error}")
                 with suppress(OSError):
-                    run_log.write(layout.run_log)
+                    self.run_log.write(manifests.layout.run_log)
                 raise
             manifests.finish(stage.name, fingerprint, inputs, stage.outputs(), result.manifest)
             detail = result.detail + (
@@ -77,18 +103,147 @@ def run_stages(
             outcome = StageOutcome(stage.name, StageStatus.RAN, time.perf_counter() - started, detail)
             manifests.log(f"{stage.name}: finished in {outcome.seconds:.1f} s: {result.detail}")
         ran = outcome.status is StageStatus.RAN
-        run_log.record(
-            stage.name, outcome.status, outcome.seconds, outcome.detail, cost(stage.name) if ran else None
+        self.record(
+            stage.name,
+            outcome.status,
+            outcome.seconds,
+            outcome.detail,
+            self.cost(stage.name) if ran else None,
         )
-        run_log.write(layout.run_log)
-        outcomes.append(outcome)
-        if on_stage is not None:
-            on_stage(outcome)
+        if self.on_stage is not None:
+            with self._lock:
+                self.on_stage(outcome)
         try:
             stage.check_outputs()
         except Exception as error:
             manifests.log(f"stopped after the {stage.name} stage: {error}")
             raise
+        return outcome
+
+    def together(self, group: Together) -> list[StageOutcome]:
+        first, *others = group.stages
+        relays = [StopRelay() for _ in others]
+        # Waited for with an Event: a Thread.join that Ctrl-C interrupts marks the thread as
+        # ended while it runs on (CPython's bpo-45274 fix releases the thread's own lock).
+        ended = [threading.Event() for _ in others]
+        first_over = threading.Event()
+        outcomes: dict[str, StageOutcome] = {}
+        errors: dict[str, BaseException] = {}
+
+        def beside(stage: Stage, relay: StopRelay, done: threading.Event) -> None:
+            with relay.bound():
+                try:
+                    outcomes[stage.name] = self.one(stage)
+                except BaseException as error:
+                    errors[stage.name] = error
+                    # Told now only while the first stage works on: else it is raised at once.
+                    if self.on_failed is not None and not relay.stopped and not first_over.is_set():
+                        with suppress(Exception), self._lock:
+                            self.on_failed(stage.name, error)
+                finally:
+                    done.set()
+
+        launched: list[tuple[threading.Event, StopRelay]] = []  # waited for: those that may run
+
+        def start_beside() -> None:
+            for stage, relay, done in zip(others, relays, ended, strict=True):
+                name = f"ctd-stage-{stage.name}"
+                thread = threading.Thread(target=beside, args=(stage, relay, done), name=name, daemon=True)
+                launched.append((done, relay))  # before start(): a Ctrl-C in start() may follow the start
+                try:
+                    thread.start()
+                except BaseException:
+                    if not thread.is_alive():  # it never ran: nothing to wait for
+                        done.set()
+                    raise
+
+        stopped: BaseException | None = None
+        with _passed_on_at_once(launched) as heard:
+            try:
+                outcomes[first.name] = self.one(first, then=start_beside)
+            except BaseException as error:
+                stopped = error
+            first_over.set()
+            # A stop reaches the stages beside as it comes, when the SIGINT handler could be
+            # wrapped (`heard`); else, and for the first stage's failure, it is passed on here.
+            # Written so that a Ctrl-C landing anywhere in the loop is counted and the wait goes on.
+            owed = 1 if stopped is not None and not heard.count else 0
+            while True:
+                try:
+                    while owed:
+                        owed -= 1
+                        for _, relay in launched:
+                            relay.stop()
+                    for done, _ in launched:
+                        done.wait()
+                    break
+                except KeyboardInterrupt as error:
+                    stopped = stopped or error
+                    owed += 0 if heard.wrapped else 1
+        if stopped is not None:
+            raise stopped
+        for stage in others:
+            if stage.name in errors:
+                raise errors[stage.name]
+        return [outcomes[stage.name] for stage in group.stages]
+
+
+@dataclass
+class _Heard:
+    wrapped: bool = False  # the SIGINT handler passes each stop on as it comes
+    count: int = 0  # the stops it passed on
+
+
+@contextmanager
+def _passed_on_at_once(launched: list[tuple[threading.Event, StopRelay]]) -> Iterator[_Heard]:
+    """For the length of the block, SIGINT (and SIGTERM, which `ctd` turns into it) first stops
+    the stages beside, then does what it did: so the expert client starts draining at once,
+    not once the first stage has unwound from the KeyboardInterrupt (a store's last commit). Only
+    in the main thread and where SIGINT has a Python handler; elsewhere `heard.wrapped` is False."""
+    heard = _Heard()
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield heard
+        return
+
+    def stop_beside(signum: int, frame: FrameType | None) -> None:
+        heard.count += 1
+        for _, relay in list(launched):
+            relay.stop()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, stop_beside)
+    heard.wrapped = True
+    try:
+        yield heard
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_stages(
+    stages: Sequence[Stage | Together],
+    manifests: Manifests,
+    run_log: RunLog,
+    *,
+    on_start: Callable[[str], None] | None = None,
+    on_stage: Callable[[StageOutcome], None] | None = None,
+    on_failed: Callable[[str, BaseException], None] | None = None,
+    spent: Callable[[str], float | None] | None = None,
+) -> tuple[StageOutcome, ...]:
+    """Run (or skip) `stages` in order, a `Together` group's at the same time, calling
+    `on_start(name)` before a stage's work and `on_stage(outcome)` after it (or its skip), each
+    from the thread that runs the stage, one at a time. A stage that raises is recorded as failed
+    (interrupted on Ctrl-C or SIGTERM) in run.json and log.txt, and the error propagates;
+    `on_failed(name, error)` is told at once when that stage ran beside another that goes on.
+    `spent(name)`: the dollars the stage spent in this invocation (None: it spends none),
+    recorded with its outcome, whatever that is."""
+    runner = _Runner(manifests, run_log, on_start, on_stage, on_failed, spent or (lambda name: None))
+    outcomes: list[StageOutcome] = []
+    for item in stages:
+        if isinstance(item, Together):
+            outcomes.extend(runner.together(item))
+        else:
+            outcomes.append(runner.one(item))
     return tuple(outcomes)
 
 

@@ -96,16 +96,20 @@ def probe_stage(
     with `artifact` ((arch, seed) -> stem) save every trained probe (`probes.save_probe`).
     Under `accelerate launch` every process extracts its share; only the main process goes on
     (and returns the result; the others return None)."""
-    # torch: see above
-    from probes import (
-        ProbeArtifact,
-        load_model,
-        predict,
-        process_state,
-        resolve_layer,
-        save_probe,
-        train_probe,
-    )
+    from experts import signals_held
+
+    with signals_held():  # a Ctrl-C inside torch's or transformers' import would abort, not stop
+        import transformers.modeling_utils  # noqa: F401 - what loading a model imports: torch and more
+
+        from probes import (
+            ProbeArtifact,
+            load_model,
+            predict,
+            process_state,
+            resolve_layer,
+            save_probe,
+            train_probe,
+        )
 
     store_root = store_root or Roots.resolve().store
     seconds = dict.fromkeys(("model", "extraction", "training", "scoring"), 0.0)
