@@ -163,10 +163,12 @@ class _Runner:
                 outcomes[first.name] = self.one(first, then=start_beside)
             except BaseException as error:
                 stopped = error
+            finally:
+                heard.raising = False  # from here a stop is passed on and counted, not raised
             first_over.set()
             # A stop reaches the stages beside as it comes, when the SIGINT handler could be
-            # wrapped (`heard`); else, and for the first stage's failure, it is passed on here.
-            # Written so that a Ctrl-C landing anywhere in the loop is counted and the wait goes on.
+            # wrapped (`heard`); else, and for the first stage's failure, it is passed on here,
+            # in a loop where a KeyboardInterrupt landing anywhere is counted and the wait goes on.
             owed = 1 if stopped is not None and not heard.count else 0
             while True:
                 try:
@@ -180,6 +182,8 @@ class _Runner:
                 except KeyboardInterrupt as error:
                     stopped = stopped or error
                     owed += 0 if heard.wrapped else 1
+        if stopped is None and heard.count:  # stopped while waiting for the stages beside
+            stopped = KeyboardInterrupt()
         if stopped is not None:
             raise stopped
         for stage in others:
@@ -192,14 +196,17 @@ class _Runner:
 class _Heard:
     wrapped: bool = False  # the SIGINT handler passes each stop on as it comes
     count: int = 0  # the stops it passed on
+    raising: bool = True  # and then does what it did before (a KeyboardInterrupt)
 
 
 @contextmanager
 def _passed_on_at_once(launched: list[tuple[threading.Event, StopRelay]]) -> Iterator[_Heard]:
     """For the length of the block, SIGINT (and SIGTERM, which `ctd` turns into it) first stops
-    the stages beside, then does what it did: so the expert client starts draining at once,
-    not once the first stage has unwound from the KeyboardInterrupt (a store's last commit). Only
-    in the main thread and where SIGINT has a Python handler; elsewhere `heard.wrapped` is False."""
+    the stages beside, then, while `heard.raising`, does what it did: so the expert client starts
+    draining at once, not once the first stage has unwound from the KeyboardInterrupt (a store's
+    last commit), and a stop while the first stage is over and the others are waited for raises
+    nothing there. Only in the main thread and where SIGINT has a Python handler; elsewhere
+    `heard.wrapped` is False."""
     heard = _Heard()
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
@@ -210,7 +217,8 @@ def _passed_on_at_once(launched: list[tuple[threading.Event, StopRelay]]) -> Ite
         heard.count += 1
         for _, relay in list(launched):
             relay.stop()
-        previous(signum, frame)
+        if heard.raising:
+            previous(signum, frame)
 
     signal.signal(signal.SIGINT, stop_beside)
     heard.wrapped = True
