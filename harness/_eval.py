@@ -194,7 +194,7 @@ def run_eval(
     local = query.start_server or query.may_serve or expert.spec.server == "llama.cpp"
     beside = overlap and query.checked and not local
     probe = ProbeStage(ctx)
-    if beside and not manifests.up_to_date(probe.name, probe.fingerprint()[0]):
+    if beside and not (manifests.up_to_date(probe.name, probe.fingerprint()[0]) and probe.reusable()):
         # torch and transformers are imported before the expert is asked, signals held: inside
         # their imports a KeyboardInterrupt aborts the process, and a stop held while the query
         # stage works would not reach it.

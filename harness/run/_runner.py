@@ -146,16 +146,16 @@ class _Runner:
         launched: list[tuple[threading.Event, StopRelay]] = []  # waited for: those that may run
 
         def start_beside() -> None:
+            from experts import signals_held
+
             for stage, relay, done in zip(others, relays, ended, strict=True):
                 name = f"ctd-stage-{stage.name}"
                 thread = threading.Thread(target=beside, args=(stage, relay, done), name=name, daemon=True)
-                launched.append((done, relay))  # before start(): a Ctrl-C in start() may follow the start
-                try:
+                # A stop is held while the thread starts, so that a started thread is always in
+                # `launched` (waited for) and an unstarted one never is; it is delivered after.
+                with signals_held():
                     thread.start()
-                except BaseException:
-                    if not thread.is_alive():  # it never ran: nothing to wait for
-                        done.set()
-                    raise
+                    launched.append((done, relay))
 
         stopped: BaseException | None = None
         with _passed_on_at_once(launched) as heard:

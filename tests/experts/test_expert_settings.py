@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 from expert_fakes import FakeTime
 
-from experts import ConfigError, EndpointDown, InvalidSetting, RateLimit, RetryPolicy, Timeout
+from experts import ConfigError, EndpointDown, InvalidSetting, RateLimit, RetryPolicy, Timeout, signals_held
 
-# Private: the limiter, outage counter, errors and interrupt holding, unit-tested.
+# Private: the limiter, outage counter and errors, unit-tested.
 from experts._breaker import Breaker
 from experts._errors import HTTPStatusError, ResponseError, TransportError
 from experts._limiter import Limiter
-from experts._serve import _interrupts_held
 
 
 class FixedRng(random.Random):
@@ -128,10 +127,11 @@ def python_interrupt_handler() -> Iterator[None]:
 
 @pytest.mark.usefixtures("python_interrupt_handler")
 def test_an_interrupt_while_a_server_starts_is_held_then_delivered() -> None:
-    """Ctrl-C inside the block (where LocalServer forks the server) is not raised there, where
-    it would lose the child's handle, but right after the block, in the caller's hands."""
+    """Ctrl-C inside the block (where LocalServer forks the server, and `ctd eval` imports torch)
+    is not raised there, where it would lose the child's handle (or abort the process inside
+    torch's compiled import), but right after the block, in the caller's hands."""
     finished_block = False
-    with pytest.raises(KeyboardInterrupt), _interrupts_held():
+    with pytest.raises(KeyboardInterrupt), signals_held():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # the handler has run by now: it only recorded the signal
         finished_block = True

@@ -19,8 +19,6 @@ from typing import Any, ClassVar
 import pytest
 from rich.console import Console
 
-from experts import signals_held
-
 # Private: the relay is what a stage run beside the main thread listens to for stops
 from harness._signals import StopRelay, stop_signals
 from harness.run import (
@@ -348,15 +346,3 @@ def test_a_line_from_a_thread_of_no_stage_leaves_the_stage_at_work_alone() -> No
     assert lines and all(re.search(r" [12]s elapsed, about \d+s left$", line) for line in lines), (
         out.getvalue()
     )
-
-
-def test_a_signal_during_held_imports_is_delivered_after_them() -> None:
-    """SIGINT inside `signals_held` (where torch is imported) does not interrupt the block: it is
-    raised as KeyboardInterrupt once the block ends, and the handler in force is put back."""
-    before = signal.getsignal(signal.SIGINT)
-    finished = False
-    with pytest.raises(KeyboardInterrupt), signals_held():
-        signal.raise_signal(signal.SIGINT)
-        time.sleep(0.05)
-        finished = True
-    assert finished and signal.getsignal(signal.SIGINT) is before
