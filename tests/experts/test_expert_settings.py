@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -112,17 +111,6 @@ def test_outage_trips_on_endpoint_failures_in_a_row_only() -> None:
     outage.failed(HTTPStatusError(500, "boom"))
     with pytest.raises(EndpointDown, match=r"3 items in a row failed .*HTTP 502"):
         outage.failed(HTTPStatusError(502, "bad gateway"))
-
-
-@pytest.fixture
-def python_interrupt_handler() -> Iterator[None]:
-    """SIGINT handled as Python does by default, whatever this process was started with: under
-    `nohup ... &` the shell starts it with SIGINT ignored, and an ignored signal stays ignored."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.usefixtures("python_interrupt_handler")

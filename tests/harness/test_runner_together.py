@@ -203,6 +203,7 @@ def test_a_failing_stage_beside_lets_the_first_finish_then_raises(layout) -> Non
     assert dv.ran == 0
 
 
+@pytest.mark.usefixtures("python_interrupt_handler")
 def test_ctrl_c_while_waiting_for_the_stage_beside_stops_it(layout) -> None:
     """The probe stage is done and the query stage still asks when Ctrl-C lands in the main
     thread: the query stage takes it through its relay and stops, and the run ends as
@@ -262,6 +263,7 @@ def test_a_first_stage_that_fails_before_it_starts_starts_nothing_beside_it(layo
     assert log.invocations[-1].stages == {}
 
 
+@pytest.mark.usefixtures("python_interrupt_handler")
 def test_ctrl_c_reaches_the_stage_beside_before_the_first_has_unwound(layout) -> None:
     """Ctrl-C lands while the probe stage works, and the probe stage takes a second to unwind (a
     store's last commit): the query stage has stopped asking before that second is over, not
