@@ -140,6 +140,18 @@ def statuses(record: dict) -> dict[str, str]:
     return {name: stage["status"] for name, stage in record["stages"].items()}
 
 
+def ctrl_c_after_answers(query: Asking, answers: int) -> None:
+    """Ctrl-C to the calling (main) thread once `query` has answered `answers` items."""
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        while query.answered < answers:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
 def test_together_stages_work_at_the_same_time_and_report_in_order(layout) -> None:
     """The probe stage waits for the query stage to have started (it fails after WAIT seconds if
     they ran one after the other), the query stage finishes first, and the outcomes still come
@@ -210,14 +222,7 @@ def test_ctrl_c_while_waiting_for_the_stage_beside_stops_it(layout) -> None:
     interrupted with the probe stage recorded as done."""
     query = Asking(layout, items=400)
     probe = Working(layout, ready=query.started)
-    main = threading.get_ident()
-
-    def interrupt() -> None:
-        while query.answered < 5:
-            time.sleep(0.01)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
+    ctrl_c_after_answers(query, 5)
     record, error = run(layout, [Together((probe, query))])
     assert isinstance(error, KeyboardInterrupt)
     assert query.answered < 100
@@ -283,14 +288,7 @@ def test_ctrl_c_reaches_the_stage_beside_before_the_first_has_unwound(layout) ->
 
     query = Asking(layout, items=400)
     probe = SlowToStop(layout, ready=query.started, seconds=30.0)
-    main = threading.get_ident()
-
-    def interrupt() -> None:
-        while query.answered < 5:
-            time.sleep(0.01)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
+    ctrl_c_after_answers(query, 5)
     record, error = run(layout, [Together((probe, query))])
     assert isinstance(error, KeyboardInterrupt)
     assert query.stopped_at is not None and query.stopped_at < probe.unwound_at - 0.5
