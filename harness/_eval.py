@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from probes import ModelInfo, ProbeError, describe_model, resolve_layer
 from ._errors import InputError
 from .data import DataSplits, atomic_path, load_data, read_table
 from .expert import ResolvedExpert
-from .report import SUMMARY_COLUMNS, SummaryRow, read_warnings
+from .report import SUMMARY_COLUMNS, SummaryRow, figure_workers, read_warnings
 from .run import (
     Manifests,
     Roots,
@@ -202,6 +202,15 @@ def run_eval(
         with experts.signals_held():
             import transformers.modeling_utils  # noqa: F401
     first: list[Stage | Together] = [Together((probe, query))] if beside else [probe, query]
+    # The report's figure workers start with the calibrate stage: their import of matplotlib
+    # (most of a second each) then overlaps calibration and validation, not the report.
+    figures = figure_workers()
+
+    def stage_started(stage: str) -> None:
+        progress.stage_started(stage)
+        if stage == CalibrateStage.name:
+            figures.start()
+
     stages: list[Stage | Together] = [
         *first,
         DVStage(ctx),
@@ -209,13 +218,13 @@ def run_eval(
         *([CascadeStage(ctx)] if config.cascade else []),
         CalibrateStage(ctx),
         ValidateStage(ctx),
-        ReportStage(ctx),
+        ReportStage(ctx, figures),
     ]
     # Written only now that the options passed every check, so a mistyped rerun leaves it alone.
     with atomic_path(layout.config) as tmp:
         tmp.write_text(config.to_toml(), encoding="utf-8")
     run_log.started(asdict(config))
-    with progress:
+    with progress, closing(figures):  # the workers go, however the run ends
         names = [s.name for item in stages for s in (item.stages if isinstance(item, Together) else (item,))]
         header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
         progress.plan(header, names)
@@ -223,7 +232,7 @@ def run_eval(
             stages,
             manifests,
             run_log,
-            on_start=progress.stage_started,
+            on_start=stage_started,
             on_stage=on_stage,
             on_failed=lambda stage, error: progress.print(
                 escape(

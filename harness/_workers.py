@@ -102,13 +102,19 @@ class WorkerPool:
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start the workers now, if they are not running, rather than with the first call: their
+        `preload` import then overlaps the caller's work before it (the report's matplotlib, while
+        `ctd eval` calibrates)."""
+        if not self._workers:
+            self._start()
+
     def submit(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Run `function(*args, **kwargs)` (a module-level function: it is pickled by name) in a
         worker; what it returns is dropped. The call is pickled here, so the caller may change
         its arguments after."""
         call = pickle.dumps((function, args, kwargs))
-        if not self._workers:
-            self._start()
+        self.start()
         self._jobs.put(call)
 
     def wait(self) -> None:

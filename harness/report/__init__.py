@@ -11,15 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from ..run import RunLayout
+
+if TYPE_CHECKING:
+    from .._workers import WorkerPool
 
 __all__ = [
     "SUMMARY_COLUMNS",
     "SummaryRow",
     "Sweep",
     "build_report",
+    "figure_workers",
     "read_decisions",
     "read_sweep",
     "read_warnings",
@@ -31,18 +36,22 @@ _EXPORTS: dict[str, str] = {
     "SUMMARY_COLUMNS": "._summary_table",
     "SummaryRow": "._summary_table",
     "Sweep": "._data",
+    "figure_workers": "._context",
     "read_decisions": "._data",
     "read_sweep": "._data",
     "summary_tables": "._summary_table",
 }
 
 
-def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
+def build_report(
+    run_dir: Path, *, progress: Callable[[str], None] | None = None, figures: WorkerPool | None = None
+) -> Path:
     """Write run_dir/report/ for a finished run and return the path of report/report.md;
-    `progress` hears each step (a figure, a table) as it starts."""
+    `progress` hears each step (a figure, a table) as it starts; `figures`: the workers that
+    draw the figures (`figure_workers()`, maybe started already; default: new ones)."""
     from ._build import build_report as build
 
-    return build(Path(run_dir), progress=progress)
+    return build(Path(run_dir), progress=progress, figures=figures)
 
 
 def read_warnings(run_dir: Path) -> list[str]:

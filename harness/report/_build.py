@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import InputError
+from .._workers import WorkerPool
 from ..data import atomic_path, read_scores, staging_folder, write_json
 from ..run import RunLayout
 from ._cascade_experts import cascade_experts_section
@@ -72,7 +73,9 @@ SECTIONS: tuple[Callable[[ReportContext], None], ...] = (
 )
 
 
-def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
+def build_report(
+    run_dir: Path, *, progress: Callable[[str], None] | None = None, figures: WorkerPool | None = None
+) -> Path:
     """Write run_dir/report/ for a finished run and return the path of report/report.md.
 
     A missing scores.parquet or calibrate/<arch>/ sweep is an InputError naming the file; a
@@ -83,7 +86,7 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
     with staging_folder(run_dir, ".report.") as staging:
-        ctx = _load(run_dir, staging, progress or (lambda _message: None))
+        ctx = _load(run_dir, staging, progress or (lambda _message: None), figures)
         try:
             _title(ctx)
             summary_at = len(ctx.lines)
@@ -113,7 +116,9 @@ def build_report(run_dir: Path, *, progress: Callable[[str], None] | None = None
     return RunLayout(run_dir).report.markdown
 
 
-def _load(run_dir: Path, staging: Path, progress: Callable[[str], None]) -> ReportContext:
+def _load(
+    run_dir: Path, staging: Path, progress: Callable[[str], None], figures: WorkerPool | None
+) -> ReportContext:
     """Read the required inputs (every error here is an InputError naming the file)."""
     scores_path = RunLayout(run_dir).scores
     if not scores_path.is_file():
@@ -122,7 +127,10 @@ def _load(run_dir: Path, staging: Path, progress: Callable[[str], None]) -> Repo
     table = read_scores(scores_path)
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
     sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch).root) for arch in table.archs}
-    return ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
+    context = ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
+    if figures is not None:
+        context.figures = figures
+    return context
 
 
 def _publish(staging: Path, final: Path) -> None:

@@ -18,10 +18,27 @@ from ..data import ScoresTable, write_table
 from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
 
-__all__ = ["METRICS", "METRIC_NAMES", "ReportContext", "fmt", "markdown_table", "pct", "pm", "slug"]
+__all__ = [
+    "METRICS",
+    "METRIC_NAMES",
+    "ReportContext",
+    "figure_workers",
+    "fmt",
+    "markdown_table",
+    "pct",
+    "pm",
+    "slug",
+]
 
 METRICS: tuple[str, ...] = ("auroc", "accuracy")
 METRIC_NAMES = {"auroc": "AUROC", "accuracy": "accuracy"}
+
+
+def figure_workers() -> WorkerPool:
+    """The worker processes that draw a report's figures, each importing matplotlib (the figures'
+    module) first; `start()` them ahead of `build_report(figures=...)` and that import overlaps
+    the work before it."""
+    return WorkerPool(preload="harness.report._figures")
 
 
 @dataclass
@@ -41,7 +58,7 @@ class ReportContext:
     warnings: list[str] = field(default_factory=list)  # shown first in the report and on the terminal
     curve_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # drawn while the sections go on, by workers that import the figures' module (matplotlib) first
-    figures: WorkerPool = field(default_factory=lambda: WorkerPool(preload="harness.report._figures"))
+    figures: WorkerPool = field(default_factory=figure_workers)
 
     def arch_numbers(self, arch: str) -> dict[str, Any]:
         return self.numbers.setdefault("archs", {}).setdefault(arch, {})

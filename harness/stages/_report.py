@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..run import RunContext, StageResult, fingerprint
 from ._calibrate import CALIBRATE_SETTINGS
 from ._validate import VALIDATE_SETTINGS
+
+if TYPE_CHECKING:
+    from .._workers import WorkerPool
 
 __all__ = ["ReportStage"]
 
@@ -18,6 +21,7 @@ _READS = ("dv", "calibrate", "validate")  # the stages whose outputs the report 
 @dataclass(frozen=True)
 class ReportStage:
     ctx: RunContext
+    figures: WorkerPool | None = None  # the figures' workers, maybe started ahead (`figure_workers`)
     name: ClassVar[str] = "report"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
@@ -40,7 +44,7 @@ class ReportStage:
             read_warnings,
         )
 
-        path = build_report(self.ctx.layout.root, progress=self.ctx.progress.step)
+        path = build_report(self.ctx.layout.root, progress=self.ctx.progress.step, figures=self.figures)
         warnings = read_warnings(self.ctx.layout.root)
         return StageResult(str(path) + (f"; {len(warnings)} warnings (below)" if warnings else ""))
 

@@ -37,6 +37,7 @@ from harness._eval import read_summary
 from harness._workers import WorkerPool
 from harness.report import (
     build_report,
+    figure_workers,
     summary_tables,
 )
 
@@ -488,6 +489,27 @@ def test_an_interrupted_build_keeps_the_previous_report(
     assert workers and all(process.poll() is not None for process in workers)
     assert (run / "report" / "report.md").read_bytes() == before
     assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
+
+
+def test_workers_started_ahead_draw_the_same_report(full_run: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """`ctd eval` starts the figure workers while it calibrates (`figure_workers().start()`), so
+    that their import of matplotlib is done when the report needs them: those very workers draw
+    every figure (and are stopped after), and the report is the one a build of its own makes."""
+    run, _ = full_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "report")
+    figures = figure_workers()
+    figures.start()
+    # Private: the processes started ahead, to see that the build used them rather than its own.
+    ahead = [worker.process for worker in figures._workers]
+    assert ahead and all(process.poll() is None for process in ahead)
+    build_report(copy, figures=figures)
+    assert all(process.wait(timeout=30) == 0 for process in ahead)  # used, then stopped by the build
+    drawn = sorted(p.relative_to(copy / "report") for p in (copy / "report" / "figures").rglob("*.png"))
+    assert drawn == sorted(p.relative_to(run / "report") for p in (run / "report" / "figures").rglob("*.png"))
+    assert all((copy / "report" / p).read_bytes() == (run / "report" / p).read_bytes() for p in drawn)
+    assert _numbers(copy) | {"run": "full"} == _numbers(run)
 
 
 # ---------------------------------------------------------------- files in, no stage re-run

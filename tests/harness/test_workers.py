@@ -38,6 +38,24 @@ def test_a_worker_draws_the_same_bytes_as_this_process(tmp_path: Path) -> None:
     assert all((tmp_path / f"worker-{i}.png").read_bytes() == here for i in range(3))
 
 
+def test_a_pool_started_ahead_keeps_its_workers_for_the_calls(tmp_path: Path) -> None:
+    """`start()` before the first call (the report's workers import matplotlib while `ctd eval`
+    calibrates): once only, and the calls then run in those workers."""
+    pool = WorkerPool(preload="harness.report._figures", workers=2)
+    pool.start()
+    started = [worker.process.pid for worker in pool._workers]
+    pool.start()
+    assert (
+        len(started) == min(2, len(os.sched_getaffinity(0)))
+        and [worker.process.pid for worker in pool._workers] == started
+    )
+    args, kwargs = mean_value_args(tmp_path / "drawn.png")
+    pool.submit(fig.mean_value_figure, *args, **kwargs)
+    assert [worker.process.pid for worker in pool._workers] == started
+    pool.wait()
+    assert (tmp_path / "drawn.png").is_file() and not pool._workers
+
+
 def test_a_failing_figure_is_raised_at_wait_with_its_traceback(tmp_path: Path) -> None:
     pool = WorkerPool(preload="harness.report._figures")
     pool.submit(int, "not a number")
