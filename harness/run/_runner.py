@@ -201,14 +201,18 @@ class _Heard:
 
 @contextmanager
 def _passed_on_at_once(launched: list[tuple[threading.Event, StopRelay]]) -> Iterator[_Heard]:
-    """For the length of the block, SIGINT (and SIGTERM, which `ctd` turns into it) first stops
-    the stages beside, then, while `heard.raising`, does what it did: so the expert client starts
-    draining at once, not once the first stage has unwound from the KeyboardInterrupt (a store's
-    last commit), and a stop while the first stage is over and the others are waited for raises
-    nothing there. Only in the main thread and where SIGINT has a Python handler; elsewhere
-    `heard.wrapped` is False."""
+    """For the length of the block, SIGINT (and SIGTERM, which `ctd` turns into it; SIGTERM
+    alone where SIGINT is ignored) first stops the stages beside, then, while `heard.raising`,
+    does what it did: so the expert client starts draining at once, not once the first stage has
+    unwound from the KeyboardInterrupt (a store's last commit), and a stop while the first stage
+    is over and the others are waited for raises nothing there. Only in the main thread and
+    where that signal has a Python handler; elsewhere `heard.wrapped` is False."""
     heard = _Heard()
-    previous = signal.getsignal(signal.SIGINT)
+    # SIGINT's handler, which `ctd`'s SIGTERM handler calls, so that one wrapper hears both; or,
+    # where SIGINT is ignored (a background job, nohup) and SIGTERM raises by itself, SIGTERM's.
+    # Never both: one SIGTERM would be passed on twice, and a second stop cuts a drain short.
+    wrapped = signal.SIGINT if callable(signal.getsignal(signal.SIGINT)) else signal.SIGTERM
+    previous = signal.getsignal(wrapped)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield heard
         return
@@ -220,12 +224,12 @@ def _passed_on_at_once(launched: list[tuple[threading.Event, StopRelay]]) -> Ite
         if heard.raising:
             previous(signum, frame)
 
-    signal.signal(signal.SIGINT, stop_beside)
+    signal.signal(wrapped, stop_beside)
     heard.wrapped = True
     try:
         yield heard
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(wrapped, previous)
 
 
 def run_stages(

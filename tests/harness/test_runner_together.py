@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -140,14 +141,14 @@ def statuses(record: dict) -> dict[str, str]:
     return {name: stage["status"] for name, stage in record["stages"].items()}
 
 
-def ctrl_c_after_answers(query: Asking, answers: int) -> None:
-    """Ctrl-C to the calling (main) thread once `query` has answered `answers` items."""
+def ctrl_c_after_answers(query: Asking, answers: int, signum: int = signal.SIGINT) -> None:
+    """Ctrl-C (or `signum`) to the calling (main) thread once `query` has answered `answers` items."""
     main = threading.get_ident()
 
     def interrupt() -> None:
         while query.answered < answers:
             time.sleep(0.01)
-        signal.pthread_kill(main, signal.SIGINT)
+        signal.pthread_kill(main, signum)
 
     threading.Thread(target=interrupt, daemon=True).start()
 
@@ -268,11 +269,32 @@ def test_a_first_stage_that_fails_before_it_starts_starts_nothing_beside_it(layo
     assert log.invocations[-1].stages == {}
 
 
-@pytest.mark.usefixtures("python_interrupt_handler")
-def test_ctrl_c_reaches_the_stage_beside_before_the_first_has_unwound(layout) -> None:
-    """Ctrl-C lands while the probe stage works, and the probe stage takes a second to unwind (a
-    store's last commit): the query stage has stopped asking before that second is over, not
-    after it (its client would go on paying for new answers meanwhile)."""
+@pytest.fixture(params=["ctrl-c", "sigterm-nohup"])
+def stop_signal(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The stop to send, with the handlers `ctd` has for it: Ctrl-C with Python's SIGINT handler;
+    SIGTERM in a background job (nohup), where SIGINT is ignored and SIGTERM raises
+    KeyboardInterrupt by itself (`harness.cli._app._terminate`)."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if request.param == "ctrl-c":
+        handlers = {signal.SIGINT: signal.default_int_handler}
+    else:
+        handlers = {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: terminate}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
+    try:
+        yield signal.SIGINT if request.param == "ctrl-c" else signal.SIGTERM
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def test_a_stop_reaches_the_stage_beside_before_the_first_has_unwound(layout, stop_signal: int) -> None:
+    """Ctrl-C (or, in a background job that ignores SIGINT, SIGTERM) lands while the probe stage
+    works, and the probe stage takes a second to unwind (a store's last commit): the query stage
+    has stopped asking before that second is over, not after it (its client would go on paying
+    for new answers meanwhile)."""
 
     @dataclass
     class SlowToStop(Working):
@@ -288,7 +310,7 @@ def test_ctrl_c_reaches_the_stage_beside_before_the_first_has_unwound(layout) ->
 
     query = Asking(layout, items=400)
     probe = SlowToStop(layout, ready=query.started, seconds=30.0)
-    ctrl_c_after_answers(query, 5)
+    ctrl_c_after_answers(query, 5, stop_signal)
     record, error = run(layout, [Together((probe, query))])
     assert isinstance(error, KeyboardInterrupt)
     assert query.stopped_at is not None and query.stopped_at < probe.unwound_at - 0.5
