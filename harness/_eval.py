@@ -209,7 +209,8 @@ def run_eval(
     def stage_started(stage: str) -> None:
         progress.stage_started(stage)
         if stage == CalibrateStage.name:
-            figures.start()
+            with suppress(OSError):  # no process to spare now: the report starts its own
+                figures.start()
 
     stages: list[Stage | Together] = [
         *first,

@@ -84,6 +84,8 @@ class _Runner:
                         self.on_start(stage.name)
                 then()
                 result = stage.run()
+                # Still the stage's: a stop while its outputs are hashed is its interruption too
+                manifests.finish(stage.name, fingerprint, inputs, stage.outputs(), result.manifest)
             except BaseException as error:
                 status = (
                     StageStatus.INTERRUPTED if isinstance(error, KeyboardInterrupt) else StageStatus.FAILED
@@ -96,7 +98,6 @@ class _Runner:
                 with suppress(OSError):
                     self.run_log.write(manifests.layout.run_log)
                 raise
-            manifests.finish(stage.name, fingerprint, inputs, stage.outputs(), result.manifest)
             detail = result.detail + (
                 f" (ran again: {listed_paths(changed)} had changed on disk)" if changed else ""
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -502,10 +503,14 @@ def main() -> None:
     parts = set(args.parts.split(","))
     gpu = GpuUse()
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) and "PYTHONPYCACHEPREFIX" not in os.environ:
-        # A machine that writes no bytecode (the GPU machines set PYTHONDONTWRITEBYTECODE=1) would
-        # have every process here compile torch and transformers from source: seconds an
-        # installed project never pays. The processes started from here keep theirs in `work`.
+    # An installed project has its bytecode (pip compiles it). The GPU machines' image has none
+    # for its packages and sets PYTHONDONTWRITEBYTECODE=1, so every process started here would
+    # compile torch and transformers from source, seconds a user never pays: those processes
+    # write theirs, in a cache of their own where the packages have none (a cache hides the
+    # packages' own bytecode, so it is not set where they have it).
+    writes_none = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    packages_compiled = Path(importlib.util.cache_from_source(torch.__file__)).is_file()
+    if writes_none and not packages_compiled and "PYTHONPYCACHEPREFIX" not in os.environ:
         os.environ["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     folder = work / "llama-1b-random"
     started = time.perf_counter()

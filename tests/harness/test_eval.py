@@ -264,19 +264,19 @@ def test_interrupt_leaves_a_run_that_resumes(tmp_path, env, signum: int) -> None
         deadline = time.monotonic() + 300
         while item_successes(server) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
-        run = tmp_path / "runs" / "t"
-        # Usually still at work; on a loaded machine the probe stage may have ended first.
-        probe_at_work = json.loads((run / "run.json").read_text())["stages"]["probe"]["status"] == "running"
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 130, stderr
         assert "rerun the same command to resume" in stderr.strip().splitlines()[-1]
+        run = tmp_path / "runs" / "t"
         log = json.loads((run / "run.json").read_text())
         # The expert is asked while the probe stage works (an expert by URL): the signal lands in
-        # the probe stage and the query stage beside it is stopped with it.
+        # the probe stage and the query stage beside it is stopped with it. On a loaded machine
+        # the probe stage may have ended first: its log line says so.
         assert log["stages"]["query"]["status"] == "interrupted", stderr
         told = (run / "log.txt").read_text()
-        assert log["stages"]["probe"]["status"] == ("interrupted" if probe_at_work else "ran"), (told, stderr)
+        probe_ended = "probe: finished" in told
+        assert log["stages"]["probe"]["status"] == ("ran" if probe_ended else "interrupted"), (told, stderr)
         resumed = run_ctd(*eval_args(data, server.url), "--json", cwd=tmp_path, env=env, timeout=600)
         assert resumed.returncode == 0, resumed.stderr
         assert sum(c - 1 for c in item_requests(server).values()) <= 16

@@ -230,6 +230,31 @@ def test_ctrl_c_while_waiting_for_the_stage_beside_stops_it(layout) -> None:
     assert statuses(record) == {"probe": "ran", "query": "interrupted"}
 
 
+def test_a_stop_while_a_stage_records_its_outputs_is_its_interruption(layout) -> None:
+    """Ctrl-C lands after the stage's work, while the runner hashes its outputs for the
+    manifest: run.json says the stage was interrupted (not "running" forever), and no manifest
+    says it is done, so the rerun runs it again."""
+
+    @dataclass
+    class StoppedWhileHashed(Working):
+        done: bool = False
+
+        def run(self) -> StageResult:
+            result = super().run()
+            self.done = True
+            return result
+
+        def outputs(self) -> list[Path]:
+            if self.done:  # asked for by the manifest, once the work is done
+                raise KeyboardInterrupt
+            return super().outputs()
+
+    record, error = run(layout, [StoppedWhileHashed(layout)])
+    assert isinstance(error, KeyboardInterrupt)
+    assert statuses(record) == {"probe": "interrupted"}
+    assert (Manifests(layout).read("probe") or {}).get("status") != "done"
+
+
 def test_a_stop_between_two_event_loops_is_not_lost() -> None:
     """A stop the relay gets while its thread is outside any `stop_signals` block is delivered
     when the thread enters the next one, as many times as it was asked."""
