@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "ProbeScorer": "._scorer",
     "Tokens": "._scorer",
     "ProcessScorer": "._engine",
+    "RestartingScorer": "._restart",
     "Scored": "._engine",
     "ScorerGone": "._engine",
     "ThreadScorer": "._engine",

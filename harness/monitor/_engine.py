@@ -3,7 +3,8 @@ once (`ProbeScorer.tokens_each`), then run through the forward pass and the prob
 (`ProbeScorer.score`). The two stages overlap: the next batch is tokenised while this one runs.
 
 `ThreadScorer` runs the stages in two threads of this process; `ProcessScorer` in a process of its
-own, which alone loads the model. Why a process: on a GPU a forward pass is kernel launches, Python
+own, which alone loads the model (and which `RestartingScorer`, harness/monitor/_restart.py, starts
+again when it dies). Why a process: on a GPU a forward pass is kernel launches, Python
 work under the GIL (12 ms a pass on an H200's host), and so are template rendering and the server's
 HTTP work; in one process they take turns. On an H200 the monitor served 394 requests/s with the GPU
 30% busy and the GIL held nearly all the time (issue 25). A scorer process has a GIL of its own.
@@ -25,7 +26,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -38,6 +39,7 @@ from ._errors import Unavailable
 if TYPE_CHECKING:
     from probes import Conversation
 
+    from ._restart import RestartingScorer
     from ._scorer import PassCost, ProbeScorer
 
 __all__ = ["ProcessScorer", "Scored", "ScorerGone", "ThreadScorer", "start_scorer"]
@@ -64,7 +66,8 @@ Outcome = Scored | InputError
 
 
 class ScorerGone(Unavailable):
-    """The scorer process ended: no check can be scored until the monitor is restarted."""
+    """The scorer process ended: no check can be scored until it is started again, or, where it is
+    not, until the monitor is restarted."""
 
 
 def tokenize_stage(scorer: ProbeScorer, conversations: list[Conversation]) -> tuple[list[Any], float]:
@@ -153,6 +156,9 @@ class ProcessScorer:
         self._pending: dict[int, asyncio.Future[tuple[list[Outcome], float]]] = {}
         self._next = 0
         self.gone: str | None = None  # why the process ended, once it has
+        # Told the exit code when the process ends unasked (`RestartingScorer` starts another);
+        # without it, the end is logged as the monitor's.
+        self.on_gone: Callable[[int | None], None] | None = None
         self._closing = False
         self._loop = asyncio.get_running_loop()
         # One sender: a large batch must not block the event loop while the process is busy.
@@ -221,9 +227,8 @@ class ProcessScorer:
         except RuntimeError:  # the sending thread is shut down: no write in progress
             self._connection.close()
         self._process.join(STOP_SECONDS)
-        why = f"the scorer process ended (exit code {self._process.exitcode}); restart the monitor"
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            self._loop.call_soon_threadsafe(self._end, why)
+            self._loop.call_soon_threadsafe(self._end, self._process.exitcode)
 
     def _resolve(self, number: int, kind: str, value: Any) -> None:
         future = self._pending.get(number)
@@ -234,14 +239,18 @@ class ProcessScorer:
         else:  # "failed": the pass raised in the process; its traceback is in the process's log
             future.set_exception(RuntimeError(f"the scorer process failed this batch: {value}"))
 
-    def _end(self, why: str) -> None:
+    def _end(self, exitcode: int | None) -> None:
         if self.gone is None:
-            self.gone = why
-            if not self._closing:
-                log.error(why)
+            self.gone = f"the scorer process ended (exit code {exitcode}); restart the monitor"
+            if self._closing:
+                pass
+            elif self.on_gone is not None:  # before the checks waiting on it hear of it
+                self.on_gone(exitcode)
+            else:
+                log.error(self.gone)
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(ScorerGone(why, retry_after=60))
+                future.set_exception(ScorerGone(self.gone, retry_after=60))
 
     async def aclose(self) -> None:
         """Ask the process to stop after the batches it has (None down the pipe, by the sending
@@ -269,17 +278,24 @@ async def start_scorer(
     batch_tokens: int,
     max_batch: int,
     process: bool | None = None,
-) -> ThreadScorer | ProcessScorer:
-    """The monitor's scorer, warmed up. `process`: in a process of its own (True), in threads of
-    this one (False), or None: a process when there is a GPU, where the launches hold the GIL, and
-    threads on a CPU, where the forward pass does not hold it and a second process only adds a copy
-    of the interpreter."""
+) -> ThreadScorer | RestartingScorer:
+    """The monitor's scorer, warmed up. `process`: in a process of its own, started again if it
+    dies (True), in threads of this one (False), or None: a process when there is a GPU, where
+    the launches hold the GIL, and threads on a CPU, where the forward pass does not hold it and a
+    second process only adds a copy of the interpreter."""
     if process is None:
         process = await asyncio.to_thread(_has_gpu)
     if process:
-        return await ProcessScorer.start(
-            safety, dv, model=model, batch_tokens=batch_tokens, max_batch=max_batch
-        )
+        from ._restart import RestartingScorer
+
+        def start() -> Awaitable[ProcessScorer]:
+            return ProcessScorer.start(
+                safety, dv, model=model, batch_tokens=batch_tokens, max_batch=max_batch
+            )
+
+        started = time.monotonic()
+        first = await start()
+        return RestartingScorer(first, start, load_seconds=time.monotonic() - started)
     from ._scorer import ProbeScorer  # torch is imported here, not at start-up
 
     scorer = ThreadScorer(

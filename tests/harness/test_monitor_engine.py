@@ -4,8 +4,9 @@ embedded model and a bundle of untrained probes:
 - it decides as the scorer in threads does: the same scores (to the forward pass's float tolerance),
   the same cut flag, the same refusal of a conversation the chat template rejects; and it stops with
   the monitor, exit code 0;
-- a scorer process that dies makes every later check a 503 that says so, and /healthz 503, instead
-  of a hang;
+- a scorer process that dies makes the checks a 503 that says so, and /healthz 503, instead of a
+  hang, while another process loads the model; then checks are scored again; one that keeps dying
+  or cannot be started again stays gone, and says the monitor must be restarted;
 - a server killed with SIGKILL, even while its scorer process loads the model, leaves no scorer
   process behind (it would hold the GPU's memory).
 """
@@ -60,7 +61,7 @@ def test_a_scorer_process_decides_as_the_threads_do_and_stops_with_the_monitor(b
         finally:
             await threads.aclose()
         process = await Monitor.load(bundle, expert=False, scorer_process=True)
-        child = process.scorer._process  # type: ignore[union-attr]
+        child = process.scorer._current._process  # type: ignore[union-attr]
         try:
             by_process = await _outcomes(process)
             where = process.scorer.where
@@ -81,13 +82,15 @@ def test_a_scorer_process_decides_as_the_threads_do_and_stops_with_the_monitor(b
     assert by_threads[1].truncated and not by_threads[0].truncated  # type: ignore[attr-defined]
 
 
-def test_a_dead_scorer_process_is_a_503_that_says_so(bundle: Path, tmp_path: Path) -> None:
-    """A check waiting on the process when it dies, and every check after, answer 503."""
+def test_a_dead_scorer_process_is_a_503_that_says_so_until_it_is_back(bundle: Path, tmp_path: Path) -> None:
+    """A check waiting on the process when it dies answers 503, and so do the checks while another
+    process loads the model; then checks are scored again, by the same server."""
     port = free_port()
     server = serve(bundle, port, "--no-expert", "--scorer-process", cwd=tmp_path, env={})
     url = f"http://127.0.0.1:{port}"
     try:
-        assert httpx.post(f"{url}/v1/check", json={"input": "hello"}, timeout=60).status_code == 200
+        before = httpx.post(f"{url}/v1/check", json={"input": "hello"}, timeout=60)
+        assert before.status_code == 200, before.text
         scorer = _scorer_pid(server.pid)
         os.kill(scorer, signal.SIGSTOP)  # the next check waits on it for sure
         with ThreadPoolExecutor(1) as waiting:
@@ -97,16 +100,74 @@ def test_a_dead_scorer_process_is_a_503_that_says_so(bundle: Path, tmp_path: Pat
             os.kill(scorer, signal.SIGKILL)
             waited = pending.result()
         health = httpx.get(f"{url}/healthz", timeout=10)
-        after = httpx.post(f"{url}/v1/check", json={"input": "hello again"}, timeout=30)
+        during = httpx.post(f"{url}/v1/check", json={"input": "hello again"}, timeout=30)
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/healthz", timeout=10).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = httpx.post(f"{url}/v1/check", json={"input": "hello"}, timeout=60)
+        (again,) = _children(server.pid)
     finally:
         stop(server)
     _, stderr = server.communicate()
-    ended = r"the scorer process ended \(exit code -9\); restart the monitor"
-    for answer in (waited, after):
-        assert answer.status_code == 503 and answer.headers["retry-after"], answer.text
+    ended = r"the scorer process ended \(exit code -9\); restarting it"
+    for answer in (waited, during):
+        assert answer.status_code == 503 and int(answer.headers["retry-after"]) >= 1, answer.text
         assert re.fullmatch(ended, answer.json()["error"]), answer.text
     assert health.status_code == 503 and re.fullmatch(ended, health.json()["scorer"]), health.text
-    assert "scoring in a process of its own" in stderr and stderr.count("scorer process ended") == 1, stderr
+    assert after.status_code == 200, after.text
+    assert again.pid != scorer
+    assert after.json()["probe"] == before.json()["probe"], (before.text, after.text)
+    assert stderr.count("scorer process ended") == 1 and stderr.count("scorer process is back") == 1, stderr
+
+
+def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: Path) -> None:
+    """Past its restarts (here one) in the window, or when a new process fails to load, the
+    scorer stays gone and says that the monitor must be restarted."""
+
+    async def main() -> tuple[str | None, str | None, str | None, str]:
+        monitor = await Monitor.load(bundle, expert=False, scorer_process=True)
+        scorer = monitor.scorer
+        try:
+            # Private: the restart budget, the running process and how a new one is started.
+            scorer._restarts = 1  # type: ignore[union-attr]
+            first = scorer._current  # type: ignore[union-attr]
+            os.kill(first._process.pid, signal.SIGKILL)
+            while scorer._current is first:  # until another process is ready
+                await asyncio.sleep(0.1)
+            back = scorer.gone
+            os.kill(scorer._current._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            while scorer.gone is None:
+                await asyncio.sleep(0.1)
+            kept_dying = scorer.gone
+            try:
+                await monitor.check("hello")
+            except Exception as error:
+                refused = str(error)
+        finally:
+            await monitor.aclose()
+
+        failing = await Monitor.load(bundle, expert=False, scorer_process=True)
+        try:
+
+            async def cannot_start() -> object:
+                raise RuntimeError("CUDA out of memory")
+
+            failing.scorer._start = cannot_start  # type: ignore[union-attr]
+            os.kill(failing.scorer._current._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            while "could not" not in (failing.scorer.gone or ""):
+                await asyncio.sleep(0.1)
+            return back, kept_dying, failing.scorer.gone, refused
+        finally:
+            await failing.aclose()
+
+    back, kept_dying, failed, refused = asyncio.run(asyncio.wait_for(main(), 180))
+    assert back is None
+    assert kept_dying == "the scorer process ended (exit code -9), 2 times in 10 minutes; restart the monitor"
+    assert refused == kept_dying
+    assert failed == (
+        "the scorer process ended (exit code -9) and could not be started again (CUDA out of memory); "
+        "restart the monitor"
+    )
 
 
 def test_a_server_killed_while_its_scorer_loads_leaves_none(tmp_path: Path, bundle: Path) -> None:
