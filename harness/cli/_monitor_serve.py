@@ -20,7 +20,7 @@ from ..monitor import ServeLimits
 from ..run import BundleLayout
 
 if TYPE_CHECKING:
-    from ..monitor import ProcessScorer, ThreadScorer
+    from ..monitor import RestartingScorer, ThreadScorer
 
 __all__ = ["monitor_serve"]
 
@@ -286,7 +286,7 @@ async def _load_and_serve(
         loop.remove_signal_handler(signal.SIGHUP)
 
 
-def _say_ready(name: str, address: str, scorer: ThreadScorer | ProcessScorer) -> None:
+def _say_ready(name: str, address: str, scorer: ThreadScorer | RestartingScorer) -> None:
     # Until now stderr holds nothing, so that a start-up failure is its one line; from now on a
     # request is answered, so a script may wait for this line instead of polling /healthz.
     print(f"ctd monitor: serving {name}; ready: listening on {address}", file=sys.stderr, flush=True)

@@ -240,17 +240,20 @@ class ProcessScorer:
             future.set_exception(RuntimeError(f"the scorer process failed this batch: {value}"))
 
     def _end(self, exitcode: int | None) -> None:
-        if self.gone is None:
-            self.gone = f"the scorer process ended (exit code {exitcode}); restart the monitor"
-            if self._closing:
-                pass
-            elif self.on_gone is not None:  # before the checks waiting on it hear of it
-                self.on_gone(exitcode)
-            else:
-                log.error(self.gone)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(ScorerGone(self.gone, retry_after=60))
+        why = f"the scorer process ended (exit code {exitcode}); restart the monitor"
+        try:
+            if self.gone is None:
+                self.gone = why
+                if self._closing:
+                    pass
+                elif self.on_gone is not None:  # before the checks waiting on it hear of it
+                    self.on_gone(exitcode)
+                else:
+                    log.error(why)
+        finally:  # whatever the hook does, no check waits on a dead process
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(ScorerGone(self.gone or why, retry_after=60))
 
     async def aclose(self) -> None:
         """Ask the process to stop after the batches it has (None down the pipe, by the sending

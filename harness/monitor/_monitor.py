@@ -35,7 +35,8 @@ from ._metrics import GaugeValue, MonitorMetrics
 if TYPE_CHECKING:
     from probes import Conversation
 
-    from ._engine import Outcome, ProcessScorer, ThreadScorer
+    from ._engine import Outcome, ThreadScorer
+    from ._restart import RestartingScorer
 
 __all__ = ["Monitor"]
 
@@ -52,7 +53,7 @@ class Monitor:
     def __init__(
         self,
         bundle: Bundle,
-        scorer: ThreadScorer | ProcessScorer,
+        scorer: ThreadScorer | RestartingScorer,
         *,
         gate: ExpertGate | None,
         decisions: DecisionLog | None = None,

@@ -1,9 +1,11 @@
-"""A scorer process started again when it dies (a CUDA error, the kernel's out-of-memory killer),
-so that the monitor's state (its budget's count of delegations, its drift detector, its decision
+"""A scorer process started again when it dies (the kernel's out-of-memory killer, a crash in
+native code), so that the monitor's state (its budget's count of delegations, its drift detector, its decision
 log) outlives it. While the new process loads the model, checks answer 503 with a Retry-After of
 about that long, and /healthz says so. A process that keeps dying (more than `RESTARTS` deaths in
-`RESTART_WINDOW` seconds) or cannot be started again is not tried again: the monitor must be
-restarted, as before."""
+`RESTART_WINDOW` seconds) or cannot be started again (an error, or not ready within
+`START_TIMEOUT` or ten times the first load) is not tried again: the monitor must be restarted,
+as before. A pass that fails in a live process (CUDA's out of memory) fails its batch only, as
+before, and restarts nothing."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ __all__ = ["RESTARTS", "RESTART_WINDOW", "RestartingScorer"]
 log = logging.getLogger("ctd.monitor")
 RESTARTS = 3  # deaths started again within RESTART_WINDOW; one more and the monitor must be restarted
 RESTART_WINDOW = 600.0
+START_TIMEOUT = 300.0  # seconds a new process may take to load, at least (a hung GPU, a stuck disk)
 
 
 class RestartingScorer:
@@ -45,6 +48,7 @@ class RestartingScorer:
         self._current = first
         self._start = start
         self._retry_after = max(1, math.ceil(load_seconds))  # a restart takes about as long as a load
+        self._start_timeout = max(START_TIMEOUT, 10 * load_seconds)
         self._restarts, self._window = restarts, window
         self._deaths: list[float] = []
         self._why: str | None = None  # while restarting, or once given up: what /healthz says
@@ -91,28 +95,39 @@ class RestartingScorer:
         self._why = f"{ended}; restarting it"
         log.error(self._why)
         self._restarting = asyncio.get_running_loop().create_task(self._restart(ended))
+        self._restarting.add_done_callback(_log_failure)
 
     async def _restart(self, ended: str) -> None:
+        # The dead one first: its pipe and reader thread, and the process killed if it lingers
+        # (its pipe ended but it has not exited), so that its GPU memory is free for the new one.
+        await self._current.aclose()
         try:
-            fresh = await self._start()
-        except Exception as error:
-            self._why = f"{ended} and could not be started again ({error}); restart the monitor"
-            self._given_up = True
-            log.error(self._why)
+            fresh = await asyncio.wait_for(self._start(), self._start_timeout)
+        except TimeoutError:  # the load is cancelled: `ProcessScorer.start` kills the process
+            self._give_up(f"{ended} and was not ready again within {self._start_timeout:.0f} s")
             return
-        if self._closing:  # closed while it loaded
-            await fresh.aclose()
+        except Exception as error:
+            self._give_up(f"{ended} and could not be started again ({error})")
             return
         fresh.on_gone = self._died
-        dead, self._current = self._current, fresh
+        self._current = fresh
         self._why = None
         log.warning("the scorer process is back: scoring %s", fresh.where)
-        await dead.aclose()  # its pipe and reader thread: it is reaped already
+
+    def _give_up(self, why: str) -> None:
+        self._why = f"{why}; restart the monitor"
+        self._given_up = True
+        log.error(self._why)
 
     async def aclose(self) -> None:
         self._closing = True
         if self._restarting is not None:
             self._restarting.cancel()  # a process still loading is killed (`ProcessScorer.start`)
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged by `_log_failure`
                 await self._restarting
         await self._current.aclose()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("restarting the scorer process failed", exc_info=task.exception())

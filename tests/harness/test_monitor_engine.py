@@ -121,10 +121,10 @@ def test_a_dead_scorer_process_is_a_503_that_says_so_until_it_is_back(bundle: Pa
 
 
 def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: Path) -> None:
-    """Past its restarts (here one) in the window, or when a new process fails to load, the
-    scorer stays gone and says that the monitor must be restarted."""
+    """Past its restarts (here one) in the window, or when a new process fails to load or is not
+    ready in time, the scorer stays gone and says that the monitor must be restarted."""
 
-    async def main() -> tuple[str | None, str | None, str | None, str]:
+    async def main() -> tuple[str | None, str | None, list[str | None], str]:
         monitor = await Monitor.load(bundle, expert=False, scorer_process=True)
         scorer = monitor.scorer
         try:
@@ -139,6 +139,7 @@ def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: P
             while scorer.gone is None:
                 await asyncio.sleep(0.1)
             kept_dying = scorer.gone
+            refused = "(no refusal)"
             try:
                 await monitor.check("hello")
             except Exception as error:
@@ -146,28 +147,35 @@ def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: P
         finally:
             await monitor.aclose()
 
-        failing = await Monitor.load(bundle, expert=False, scorer_process=True)
-        try:
+        async def cannot_start() -> object:
+            raise RuntimeError("CUDA out of memory")
 
-            async def cannot_start() -> object:
-                raise RuntimeError("CUDA out of memory")
+        async def never_ready() -> object:  # a wedged GPU, a stuck disk
+            await asyncio.Event().wait()
 
-            failing.scorer._start = cannot_start  # type: ignore[union-attr]
-            os.kill(failing.scorer._current._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
-            while "could not" not in (failing.scorer.gone or ""):
-                await asyncio.sleep(0.1)
-            return back, kept_dying, failing.scorer.gone, refused
-        finally:
-            await failing.aclose()
+        failed = []
+        for start in (cannot_start, never_ready):
+            failing = await Monitor.load(bundle, expert=False, scorer_process=True)
+            try:
+                failing.scorer._start = start  # type: ignore[union-attr]
+                failing.scorer._start_timeout = 1.0  # type: ignore[union-attr]
+                os.kill(failing.scorer._current._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+                while "restart the monitor" not in (failing.scorer.gone or ""):
+                    await asyncio.sleep(0.1)
+                failed.append(failing.scorer.gone)
+            finally:
+                await failing.aclose()
+        return back, kept_dying, failed, refused
 
     back, kept_dying, failed, refused = asyncio.run(asyncio.wait_for(main(), 180))
     assert back is None
     assert kept_dying == "the scorer process ended (exit code -9), 2 times in 10 minutes; restart the monitor"
     assert refused == kept_dying
-    assert failed == (
+    assert failed == [
         "the scorer process ended (exit code -9) and could not be started again (CUDA out of memory); "
-        "restart the monitor"
-    )
+        "restart the monitor",
+        "the scorer process ended (exit code -9) and was not ready again within 1 s; restart the monitor",
+    ]
 
 
 def test_a_server_killed_while_its_scorer_loads_leaves_none(tmp_path: Path, bundle: Path) -> None:
