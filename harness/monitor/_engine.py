@@ -50,7 +50,6 @@ STOP_SECONDS = 10.0  # a scorer process asked to stop gets this long before it i
 # the server's graceful stop (up to 15 s), so that the checks in flight are still scored.
 TERM_GRACE_SECONDS = 30.0
 WARM_UP = "warm-up"  # the conversation of the passes before serving
-DEVICE_LOST_EXIT = 3  # a scorer process's exit code after a CUDA error that left its context unusable
 
 
 @dataclass(frozen=True)
@@ -420,32 +419,12 @@ def _forward_loop(
         try:
             reply: tuple[int, str, Any] = (number, "scored", forward_stage(scorer, tokens))
         except Exception as error:
-            if device_lost(error):
-                # Every later call would fail the same way: end, and the monitor starts another
-                # process (`RestartingScorer`); the checks in flight get its 503, not a 500.
-                log.error(
-                    "the scorer process ends: %s: %s (its CUDA context is lost)", type(error).__name__, error
-                )
-                os._exit(DEVICE_LOST_EXIT)
             log.exception("the scorer process failed a forward pass")
             reply = (number, "failed", f"{type(error).__name__}: {error}")
         # The monitor is gone: go on taking batches (dropped), so that the receiving thread,
         # which sees the pipe's end next, is never stuck on a full queue.
         with contextlib.suppress(OSError, ValueError):
             send(reply)
-
-
-def device_lost(error: BaseException) -> bool:
-    """A CUDA error other than running out of memory: after a device-side assert or an illegal
-    memory access the process's CUDA context is unusable, and only a new process can score."""
-    import torch
-
-    if isinstance(error, torch.cuda.OutOfMemoryError):  # its batch alone fails; the next may fit
-        return False
-    accelerator_error = getattr(torch, "AcceleratorError", ())  # torch >= 2.8: CUDA's errors
-    return isinstance(error, accelerator_error) or (
-        isinstance(error, RuntimeError) and "CUDA error" in str(error)
-    )
 
 
 def _picklable(error: Exception) -> Exception:

@@ -14,12 +14,9 @@ embedded model and a bundle of untrained probes:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import queue
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,15 +24,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import torch
 from ctd_cli import free_port, start_ctd
 from monitor_bundle import write_untrained_bundle
 from monitor_run import serve, stop
 
-# Private: the scorer process's forward loop, run here in a thread against device faults.
-import harness.monitor._engine as engine
 from harness import InputError
-from harness.monitor import Monitor, Tokens
+from harness.monitor import Monitor
 
 # The forward pass batched with padding or alone (tests/harness/test_monitor_scorer.py says why).
 TOLERANCE = 1e-4
@@ -231,56 +225,3 @@ def _gone(process: psutil.Process, *, within: float) -> None:
             return
         time.sleep(0.1)
     pytest.fail(f"the scorer process {process.pid} outlived its server by {within} s")
-
-
-class _Failing:
-    """A scorer whose forward pass raises `error`: the device faults a CPU cannot produce."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def score(self, tokens: list[Tokens]) -> list[tuple[float, float]]:
-        raise self.error
-
-
-@pytest.mark.parametrize(
-    ("error", "ends"),
-    [
-        (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), True),
-        (RuntimeError("CUDA error: device-side assert triggered"), True),
-        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
-        (ValueError("a bad batch"), False),
-    ],
-    ids=["illegal-access", "device-assert", "out-of-memory", "other"],
-)
-def test_a_lost_cuda_context_ends_the_scorer_process_and_nothing_else_does(
-    error: Exception, ends: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """After a CUDA error other than out of memory every later pass would fail: the process's
-    forward loop ends it (for the monitor to start another) instead of answering each batch with
-    a 500; any other error fails its batch alone and the loop goes on."""
-    exits: list[int] = []
-
-    def exit_now(code: int) -> None:  # the process's os._exit, in this test's thread
-        exits.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr(engine.os, "_exit", exit_now)
-    batches: queue.Queue = queue.Queue()
-    batches.put((1, ([Tokens((1, 2, 3), False)], 0.0)))
-    batches.put(None)
-    replies: list[tuple[int, str, object]] = []
-
-    def forward_loop() -> None:
-        with contextlib.suppress(SystemExit):  # how the stand-in os._exit ends the thread
-            engine._forward_loop(_Failing(error), batches, replies.append)
-
-    loop = threading.Thread(target=forward_loop)
-    loop.start()
-    loop.join(10)
-    assert not loop.is_alive()
-    if ends:
-        assert exits == [engine.DEVICE_LOST_EXIT] and replies == []
-    else:
-        assert exits == [] and [(n, kind) for n, kind, _ in replies] == [(1, "failed")]
-    assert engine.device_lost(error) is ends
