@@ -185,8 +185,9 @@ class ProcessScorer:
             kind, value = await asyncio.to_thread(_receive_ready, ours, process)
         except BaseException:  # cancelled while the model loads: nothing of it is worth keeping
             process.kill()
-            process.join()
-            ours.close()
+            # Reaped off the event loop: a process stuck in a driver call (a hung GPU) dies only
+            # when the call returns, and the server must go on answering meanwhile.
+            threading.Thread(target=_reap, args=(process, ours), name="ctd-scorer-reap", daemon=True).start()
             raise
         if kind == "error":
             await asyncio.to_thread(_stop, process, ours)
@@ -194,6 +195,11 @@ class ProcessScorer:
             ours.close()
             raise value
         return cls(process, ours, value)
+
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit code once it has ended and been reaped, else None."""
+        return self._process.exitcode
 
     async def score(self, conversations: list[Conversation]) -> tuple[list[Outcome], float]:
         if self.gone is not None:
@@ -215,6 +221,10 @@ class ProcessScorer:
             try:
                 number, kind, value = self._connection.recv()
             except (EOFError, OSError):
+                break
+            except Exception:  # an answer that does not read: the process is not to be trusted
+                log.exception("the scorer process's answer could not be read; ending it")
+                self._process.kill()
                 break
             try:
                 self._loop.call_soon_threadsafe(self._resolve, number, kind, value)
@@ -332,6 +342,13 @@ def _stop(process: Any, connection: Connection) -> None:
         connection.send(None)
     if not multiprocessing.connection.wait([process.sentinel], STOP_SECONDS):
         process.kill()
+
+
+def _reap(process: Any, connection: Connection) -> None:
+    """Wait for a killed process to end, then close its pipe (after the thread reading it saw the
+    end: never under its read)."""
+    process.join()
+    connection.close()
 
 
 def _kill(pid: int) -> None:

@@ -83,6 +83,8 @@ class RestartingScorer:
 
     def _died(self, exitcode: int | None) -> None:
         """Told by the process that ended (in the event loop): start another, unless it keeps dying."""
+        if self._closing:
+            return
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._window] + [now]
         ended = f"the scorer process ended (exit code {exitcode})"
@@ -98,10 +100,10 @@ class RestartingScorer:
         self._restarting.add_done_callback(_log_failure)
 
     async def _restart(self, ended: str) -> None:
-        # The dead one first: its pipe and reader thread, and the process killed if it lingers
-        # (its pipe ended but it has not exited), so that its GPU memory is free for the new one.
-        await self._current.aclose()
         try:
+            # The dead one first: its pipe and reader thread, and the process killed if it
+            # lingers (its pipe ended, it has not exited), so that its GPU memory can be freed.
+            await self._current.aclose()
             fresh = await asyncio.wait_for(self._start(), self._start_timeout)
         except TimeoutError:  # the load is cancelled: `ProcessScorer.start` kills the process
             self._give_up(f"{ended} and was not ready again within {self._start_timeout:.0f} s")
@@ -112,6 +114,9 @@ class RestartingScorer:
         fresh.on_gone = self._died
         self._current = fresh
         self._why = None
+        if fresh.gone is not None:  # it died before it could be told to say so
+            self._died(fresh.exitcode)
+            return
         log.warning("the scorer process is back: scoring %s", fresh.where)
 
     def _give_up(self, why: str) -> None:

@@ -122,7 +122,8 @@ def test_a_dead_scorer_process_is_a_503_that_says_so_until_it_is_back(bundle: Pa
 
 def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: Path) -> None:
     """Past its restarts (here one) in the window, or when a new process fails to load or is not
-    ready in time, the scorer stays gone and says that the monitor must be restarted."""
+    ready in time (stopped while it loads, as a wedged GPU would hold it: it is killed and
+    reaped), the scorer stays gone and says that the monitor must be restarted."""
 
     async def main() -> tuple[str | None, str | None, list[str | None], str]:
         monitor = await Monitor.load(bundle, expert=False, scorer_process=True)
@@ -150,19 +151,28 @@ def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: P
         async def cannot_start() -> object:
             raise RuntimeError("CUDA out of memory")
 
-        async def never_ready() -> object:  # a wedged GPU, a stuck disk
-            await asyncio.Event().wait()
-
-        failed = []
-        for start in (cannot_start, never_ready):
+        failed: list[str | None] = []
+        for start in (cannot_start, None):  # None: the real start, its process stopped as it loads
             failing = await Monitor.load(bundle, expert=False, scorer_process=True)
             try:
-                failing.scorer._start = start  # type: ignore[union-attr]
-                failing.scorer._start_timeout = 1.0  # type: ignore[union-attr]
+                failing.scorer._start = start or failing.scorer._start  # type: ignore[union-attr]
+                failing.scorer._start_timeout = 3.0  # type: ignore[union-attr]
+                known = {child.pid for child in _children(os.getpid())}
                 os.kill(failing.scorer._current._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+                stopped = None
+                while start is None and stopped is None:  # a wedged GPU: never ready
+                    new = [child for child in _children(os.getpid()) if child.pid not in known]
+                    if new:
+                        (stopped,) = new
+                        stopped.suspend()
+                    await asyncio.sleep(0.01)
                 while "restart the monitor" not in (failing.scorer.gone or ""):
                     await asyncio.sleep(0.1)
                 failed.append(failing.scorer.gone)
+                deadline = time.monotonic() + 10
+                while stopped is not None and psutil.pid_exists(stopped.pid) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)  # killed, and reaped off the event loop
+                assert stopped is None or not psutil.pid_exists(stopped.pid)
             finally:
                 await failing.aclose()
         return back, kept_dying, failed, refused
@@ -174,7 +184,7 @@ def test_a_scorer_process_that_keeps_dying_or_cannot_start_is_given_up(bundle: P
     assert failed == [
         "the scorer process ended (exit code -9) and could not be started again (CUDA out of memory); "
         "restart the monitor",
-        "the scorer process ended (exit code -9) and was not ready again within 1 s; restart the monitor",
+        "the scorer process ended (exit code -9) and was not ready again within 3 s; restart the monitor",
     ]
 
 
