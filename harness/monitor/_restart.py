@@ -1,11 +1,11 @@
 """A scorer process started again when it dies (the kernel's out-of-memory killer, a crash in
-native code), so that the monitor's state (its budget's count of delegations, its drift detector, its decision
-log) outlives it. While the new process loads the model, checks answer 503 with a Retry-After of
-about that long, and /healthz says so. A process that keeps dying (more than `RESTARTS` deaths in
-`RESTART_WINDOW` seconds) or cannot be started again (an error, or not ready within
-`START_TIMEOUT` or ten times the first load) is not tried again: the monitor must be restarted,
-as before. A pass that fails in a live process (CUDA's out of memory) fails its batch only, as
-before, and restarts nothing."""
+native code), so that the monitor's state (its budget's count of delegations, its drift detector,
+its decision log) outlives it. While the new process loads the model, checks answer 503 with a
+Retry-After of about that long, and /healthz says so. A process that keeps dying (more than
+`RESTARTS` deaths in `RESTART_WINDOW` seconds) or cannot be started again (an error, or not ready
+within `START_TIMEOUT` or ten times the first load, whichever is longer) is not tried again: the
+monitor must be restarted, as before. A pass that fails in a live process (a CUDA error, CUDA's
+out of memory) fails its batch alone, as before, and restarts nothing."""
 
 from __future__ import annotations
 
