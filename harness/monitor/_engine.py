@@ -254,9 +254,9 @@ class ProcessScorer:
         try:
             if self.gone is None:
                 self.gone = why
-                if self._closing:
-                    pass
-                elif self.on_gone is not None:  # before the checks waiting on it hear of it
+                if self._closing:  # asked to end: nothing to tell
+                    return
+                if self.on_gone is not None:  # before the checks waiting on it hear of it
                     self.on_gone(exitcode)
                 else:
                     log.error(why)

@@ -37,7 +37,7 @@ from ..data import atomic_path, read_scores, staging_folder, write_json
 from ..run import RunLayout
 from ._cascade_experts import cascade_experts_section
 from ._checks import checks_section
-from ._context import ReportContext
+from ._context import ReportContext, figure_workers
 from ._costs import cost_section
 from ._data import read_config_text, read_sweep
 from ._examples import case_study_section, examples_table
@@ -127,10 +127,8 @@ def _load(
     table = read_scores(scores_path)
     by_arch = {arch: table.test_scores(arch) for arch in table.archs}
     sweeps = {arch: read_sweep(RunLayout(run_dir).sweep(arch).root) for arch in table.archs}
-    context = ReportContext(run_dir, staging, table, by_arch, sweeps, progress)
-    if figures is not None:
-        context.figures = figures
-    return context
+    workers = figures or figure_workers()  # started ahead by `ctd eval`, or new ones
+    return ReportContext(run_dir, staging, table, by_arch, sweeps, progress, figures=workers)
 
 
 def _publish(staging: Path, final: Path) -> None:
