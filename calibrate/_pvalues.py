@@ -243,11 +243,13 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> ProportionCI:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    from scipy import stats  # scipy loads on first use: `ctd --help` does not pay for it
+    # The inverse regularised incomplete beta function is Beta(a, b)'s quantile: what
+    # scipy.stats.beta.ppf computes (the same Boost routine), without importing scipy.stats.
+    from scipy import special  # scipy loads on first use: `ctd --help` does not pay for it
 
     tail = (1.0 - confidence) / 2.0
-    low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
-    high = 1.0 if k == n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    low = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, tail))
+    high = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1.0 - tail))
     if n == 0:
         low, high = 0.0, 1.0
     return ProportionCI(k=k, n=n, confidence=confidence, low=low, high=high)

@@ -8,6 +8,7 @@ so an interrupted run pays for no expert answer twice.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Callable
@@ -134,7 +135,9 @@ def run_eval(
     each stage, while the display is still up, so a line it prints through `display.print` stays
     above the bars. `retry_failed` reruns the query stage when it recorded expert failures
     (answers already in the cache are not asked again). `overlap` False runs the query stage
-    after the probe stage rather than beside it."""
+    after the probe stage rather than beside it. When the probe stage is to run, torch and
+    transformers are imported first and what the process holds then is frozen (`gc.freeze`: out
+    of the cyclic collector's later scans, for the life of the process)."""
     prepared = _prepare(config, runs_root)
     expert, layout = prepared.expert, prepared.layout
     progress = display or StageProgress(enabled=False)
@@ -194,13 +197,14 @@ def run_eval(
     local = query.start_server or query.may_serve or expert.spec.server == "llama.cpp"
     beside = overlap and query.checked and not local
     probe = ProbeStage(ctx)
-    if beside and not (manifests.up_to_date(probe.name, probe.fingerprint()[0]) and probe.reusable()):
-        # torch and transformers are imported before the expert is asked, signals held: inside
-        # their imports a KeyboardInterrupt aborts the process, and a stop held while the query
-        # stage works would not reach it.
+    if not (manifests.up_to_date(probe.name, probe.fingerprint()[0]) and probe.reusable()):
+        # torch and transformers are imported before the stages (before the expert is asked,
+        # when it is asked beside the probe stage), signals held: inside their imports a
+        # KeyboardInterrupt aborts the process, and a stop held while the query stage works
+        # would not reach it.
         progress.status("importing torch and transformers")
         with experts.signals_held():
-            import transformers.modeling_utils  # noqa: F401
+            _import_model_stack()
     first: list[Stage | Together] = [Together((probe, query))] if beside else [probe, query]
     # The report's figure workers start with the calibrate stage: their import of matplotlib
     # (most of a second each) then overlaps calibration and validation, not the report.
@@ -249,6 +253,23 @@ def run_eval(
         read_summary(layout.report.summary_table),
         read_warnings(layout.root),
     )
+
+
+def _import_model_stack() -> None:
+    """Import torch and transformers' model code with the cyclic garbage collector paused, then
+    freeze what is loaded (`gc.freeze`). The import makes about 400,000 objects that live as long
+    as the process, and each full collection scans every tracked object: six of them during the
+    import and more later took about a second of `ctd eval` on a 2-core machine, holding the GIL
+    (issue 25). Garbage made before is collected first, so that freezing keeps none of it."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import transformers.modeling_utils  # noqa: F401
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _launched_worker() -> bool:

@@ -79,7 +79,7 @@ class _Worker:
 class WorkerPool:
     """Module-level functions run in worker processes, started with the first call.
 
-    `preload`: a module each worker imports before its first call (matplotlib for figures, so
+    `preload`: modules each worker imports before its first call (matplotlib for figures, so
     that the first figure does not pay for it alone). `workers`: at most this many processes
     (default one per CPU, up to MAX_WORKERS). `stop_on_error`: after a call fails, the calls
     not yet started are skipped (the report draws every figure it can; an export stops).
@@ -87,7 +87,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        preload: str | None = None,
+        preload: tuple[str, ...] = (),
         *,
         workers: int | None = None,
         stop_on_error: bool = False,
@@ -168,7 +168,7 @@ class WorkerPool:
             read_end, write_end = os.pipe()
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "harness._worker", str(write_end), *filter(None, [self.preload])],
+                    [sys.executable, "-m", "harness._worker", str(write_end), *self.preload],
                     stdin=subprocess.PIPE,
                     stdout=sys.__stderr__.fileno() if sys.__stderr__ else subprocess.DEVNULL,
                     pass_fds=(write_end,),  # answers apart from anything a module prints

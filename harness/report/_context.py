@@ -17,6 +17,7 @@ from .._workers import WorkerPool
 from ..data import ScoresTable, write_table
 from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
+from ._figures import MATPLOTLIB
 
 __all__ = [
     "METRICS",
@@ -35,10 +36,10 @@ METRIC_NAMES = {"auroc": "AUROC", "accuracy": "accuracy"}
 
 
 def figure_workers() -> WorkerPool:
-    """The worker processes that draw a report's figures, each importing matplotlib (the figures'
-    module) first; `start()` them ahead of `build_report(figures=...)` and that import overlaps
+    """The worker processes that draw a report's figures, each importing matplotlib and the
+    figures' module first; `start()` them ahead of `build_report(figures=...)` and that import overlaps
     the work before it."""
-    return WorkerPool(preload="harness.report._figures")
+    return WorkerPool(preload=(*MATPLOTLIB, "harness.report._figures"))
 
 
 @dataclass

@@ -2,6 +2,10 @@
 
 Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot: no
 GUI backend, no global figure state, nothing to close. Each PNG is written atomically.
+
+matplotlib is imported where a figure is made (`_figure`), not with this module: the report's own
+process only hands the figures to its workers (`figure_workers`, which import `MATPLOTLIB` as
+they start), and the import took most of a second of the report's wall time (issue 25).
 """
 
 from __future__ import annotations
@@ -9,17 +13,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
 from ..data import atomic_path
 from ._data import Curve, GainCurve
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 __all__ = [
+    "MATPLOTLIB",
     "POLICY_LABELS",
     "RateLine",
     "budget_validation_figure",
@@ -31,6 +38,9 @@ __all__ = [
     "realised_figure",
     "validation_levels_figure",
 ]
+
+# What drawing a figure imports: the figure workers import it as they start.
+MATPLOTLIB = ("matplotlib.figure", "matplotlib.backends.backend_agg")
 
 POLICY_LABELS: dict[str, str] = {
     "ctd": "CTD",
@@ -58,6 +68,9 @@ _DPI = 110
 
 def _figure(ncols: int, nrows: int = 1) -> tuple[Figure, NDArray]:
     """Panels side by side; the panels of a row share their y-limits, so heights compare."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     width = max(_PANEL[0] * ncols, 5.6)  # room for a legend under a single panel
     fig = Figure(figsize=(width, _PANEL[1] * nrows + 0.8), layout="constrained")
     FigureCanvasAgg(fig)

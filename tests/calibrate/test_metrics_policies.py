@@ -135,8 +135,23 @@ def test_dv_quality_matches_numpy_and_scipy() -> None:
     q = dv_quality(d, v)
     assert q.n == 300
     assert q.mse == pytest.approx(float(np.mean((d - v) ** 2)), rel=1e-12)
-    assert q.spearman == pytest.approx(float(stats.spearmanr(d, v)[0]), rel=1e-12)
+    assert q.spearman == float(stats.spearmanr(d, v)[0])  # the same ranks, the same corrcoef: to the bit
     assert math.isnan(dv_quality([0.3], [0.1]).spearman)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dv_quality_spearman_is_scipys_to_the_bit(seed: int) -> None:
+    """Against scipy.stats.spearmanr on inputs with many ties, few ties and none, of sizes from
+    2 up; a constant input or a NaN is NaN, as scipy's (without its warning)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 400))
+    d = rng.normal(size=n).round(int(rng.integers(0, 3)))
+    v = rng.integers(0, int(rng.integers(2, 50)), size=n) * 0.1 + d * rng.uniform(-1, 1)
+    expected = float(stats.spearmanr(d, v).statistic) if np.ptp(d) and np.ptp(v) else math.nan
+    got = dv_quality(d, v).spearman
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+    assert math.isnan(dv_quality(np.full(n, 0.5), v).spearman)
+    assert math.isnan(dv_quality(d, np.r_[v[:-1], np.nan]).spearman)
 
 
 def test_mean_value_at_k_by_sorting() -> None:

@@ -370,6 +370,9 @@ def test_clopper_pearson_matches_scipy(kn: tuple[int, int], confidence: float) -
     assert ci.low == pytest.approx(ref.low, rel=1e-9, abs=1e-11)
     assert ci.high == pytest.approx(ref.high, rel=1e-9, abs=1e-11)
     tail = (1 - confidence) / 2
+    # The beta quantiles are scipy.stats.beta.ppf's, to the bit (scipy.stats is not imported for them).
+    assert ci.low == (0.0 if k == 0 else stats.beta.ppf(tail, k, n - k + 1))
+    assert ci.high == (1.0 if k == n else stats.beta.ppf(1 - tail, k + 1, n - k))
     if k > 0:
         assert stats.binom.sf(k - 1, n, ci.low) == pytest.approx(tail, rel=1e-7)
     if k < n:

@@ -5,7 +5,7 @@ real `ctd calibrate` or `ctd query` run, a `ctd eval` stopped by its endpoint ch
 which heavy modules ended up in
 `sys.modules`. torch, transformers, accelerate and matplotlib cost seconds and hundreds of MB
 at import; only the probe and DV stages (and `ctd probe`, `ctd eval`) may load the first three,
-only the report matplotlib. A command line that only prints its help also leaves scipy (the
+only the report's figure workers matplotlib. A command line that only prints its help also leaves scipy (the
 statistics) and sqlmodel and aiohttp (the expert engine) alone.
 """
 
@@ -60,7 +60,13 @@ def test_the_check_sees_torch_when_it_is_loaded(tmp_path: Path) -> None:
     """The control: the same check run on the probe trainer reports torch, so an empty list
     below means torch was not loaded, not that the check cannot see it."""
     assert "torch" in loaded_after("from probes import train_probe", cwd=tmp_path)
-    assert "matplotlib" in loaded_after("import harness.report._figures", cwd=tmp_path)
+    assert "matplotlib" in loaded_after(
+        "import numpy as np\n"
+        "from harness.report._figures import mean_value_figure\n"
+        "signals = {name: np.zeros((1, 2)) for name in ('dv', 'uncertainty', 'oracle')}\n"
+        "mean_value_figure(np.array([0.1, 0.2]), signals, 0.0, title='t', path='f.png')\n",
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.parametrize(
@@ -112,6 +118,9 @@ def test_calibrate_runs_without_the_model_stack(tmp_path: Path) -> None:
     loaded = loaded_by_ctd("calibrate", "--scores", str(table), "--out", str(tmp_path / "c"), cwd=tmp_path)
     assert (tmp_path / "c" / "sweep.csv").is_file()
     assert not set(loaded) & set(MODEL_STACK), loaded
+    # The p-values need scipy.special; Spearman's rho and the exact intervals are computed
+    # without scipy.stats, whose import took half a second of `ctd eval`.
+    assert "scipy.special" in loaded and "scipy.stats" not in loaded, loaded
 
 
 def test_eval_checks_everything_before_loading_the_model_stack(tmp_path: Path) -> None:

@@ -512,6 +512,29 @@ def test_workers_started_ahead_draw_the_same_report(full_run: tuple[Path, list[s
     assert _numbers(copy) | {"run": "full"} == _numbers(run)
 
 
+def test_the_report_leaves_matplotlib_to_its_workers(
+    full_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The building process hands every figure to the workers and never imports matplotlib
+    itself (the import took most of a second of `ctd eval`'s report stage); the report it
+    builds is the same."""
+    run, _ = full_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "report")
+    code = (
+        "import sys\n"
+        "from harness.report import build_report\n"
+        f"build_report({str(copy)!r})\n"
+        "print('matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
+    assert sorted((copy / "report" / "figures").rglob("*.png"))
+    assert _numbers(copy) | {"run": "full"} == _numbers(run)
+
+
 # ---------------------------------------------------------------- files in, no stage re-run
 
 # What the report must never call: the sweep, the validation, and the inner steps of the sweep

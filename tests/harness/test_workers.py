@@ -30,7 +30,7 @@ def mean_value_args(path: Path) -> tuple[tuple, dict]:
 def test_a_worker_draws_the_same_bytes_as_this_process(tmp_path: Path) -> None:
     args, kwargs = mean_value_args(tmp_path / "here.png")
     fig.mean_value_figure(*args, **kwargs)
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     for i in range(3):  # more figures than some machines have workers
         pool.submit(fig.mean_value_figure, *args, **{**kwargs, "path": tmp_path / f"worker-{i}.png"})
     pool.wait()
@@ -41,7 +41,7 @@ def test_a_worker_draws_the_same_bytes_as_this_process(tmp_path: Path) -> None:
 def test_a_pool_started_ahead_keeps_its_workers_for_the_calls(tmp_path: Path) -> None:
     """`start()` before the first call (the report's workers import matplotlib while `ctd eval`
     calibrates): once only, and the calls then run in those workers."""
-    pool = WorkerPool(preload="harness.report._figures", workers=2)
+    pool = WorkerPool(preload=fig.MATPLOTLIB, workers=2)
     pool.start()
     started = [worker.process.pid for worker in pool._workers]
     pool.start()
@@ -57,7 +57,7 @@ def test_a_pool_started_ahead_keeps_its_workers_for_the_calls(tmp_path: Path) ->
 
 
 def test_a_failing_figure_is_raised_at_wait_with_its_traceback(tmp_path: Path) -> None:
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     pool.submit(int, "not a number")
     args, kwargs = mean_value_args(tmp_path / "after.png")
     pool.submit(fig.mean_value_figure, *args, **kwargs)
@@ -90,7 +90,7 @@ def test_after_a_failure_a_stopping_pool_skips_the_calls_not_started(tmp_path: P
 
 
 def test_a_pool_draws_again_after_a_wait(tmp_path: Path) -> None:
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     for name in ("first", "second"):
         args, kwargs = mean_value_args(tmp_path / f"{name}.png")
         pool.submit(fig.mean_value_figure, *args, **kwargs)
@@ -104,7 +104,7 @@ def test_what_a_worker_prints_never_gets_into_its_answers(tmp_path: Path, monkey
     (site / "sitecustomize.py").write_text("print('noise on stdout ' * 100, flush=True)\n")
     monkeypatch.syspath_prepend(str(site))  # the workers' import path is this process's
     args, kwargs = mean_value_args(tmp_path / "a.png")
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     pool.submit(fig.mean_value_figure, *args, **kwargs)
     pool.submit(int, "not a number")  # its error must come back as it is
     with pytest.raises(WorkerError, match=r"ValueError: invalid literal"):
@@ -113,14 +113,14 @@ def test_what_a_worker_prints_never_gets_into_its_answers(tmp_path: Path, monkey
 
 
 def test_a_worker_that_dies_is_an_error_not_a_hang() -> None:
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     pool.submit(os._exit, 3)
     with pytest.raises(WorkerError, match=r"a worker process ended \(exit code 3\)"):
         pool.wait()
 
 
 def test_a_call_that_cannot_be_pickled_fails_where_it_is_made(tmp_path: Path) -> None:
-    pool = WorkerPool(preload="harness.report._figures")
+    pool = WorkerPool(preload=fig.MATPLOTLIB)
     with pytest.raises(Exception, match="pickle"):  # PicklingError or AttributeError by version
         pool.submit(lambda: None)
     pool.close()
@@ -135,7 +135,7 @@ def test_a_script_without_a_main_guard_builds_its_figures_once(tmp_path: Path) -
         "import harness.report._figures as fig\n"
         "from harness._workers import WorkerPool\n"
         f"open({str(marker)!r}, 'a').write('ran\\n')\n"
-        "pool = WorkerPool(preload='harness.report._figures')\n"
+        "pool = WorkerPool(preload=fig.MATPLOTLIB)\n"
         "rng = np.random.default_rng(0)\n"
         "signals = {name: rng.normal(size=(3, 4)) for name in ('dv', 'uncertainty', 'oracle')}\n"
         f"pool.submit(fig.mean_value_figure, np.linspace(0.1, 0.4, 4), signals, 0.0, title='t', "
