@@ -110,6 +110,10 @@ def dv_quality(dv: ArrayLike, value: ArrayLike) -> DVQuality:
     values sharing their mean rank; NaN with fewer than two examples, a NaN, or a constant input."""
     d = np.asarray(dv, dtype=np.float64)
     v = np.asarray(value, dtype=np.float64)
+    if d.ndim != 1 or d.shape != v.shape:
+        raise ValueError(
+            f"dv and value must be one-dimensional and of one length, got {d.shape} and {v.shape}"
+        )
     undefined = d.size < 2 or np.isnan(d).any() or np.isnan(v).any() or (d == d[0]).all() or (v == v[0]).all()
     rho = float("nan")
     if not undefined:

@@ -7,7 +7,9 @@ table, table I/O, simulation), `harness.report` (the report, from files), `harne
 Typer commands over this API).
 
 The names below are imported on first use (PEP 562): `from harness import RunConfig` or the `ctd`
-command line load neither torch nor matplotlib; `run_eval` and `probe_stage` do.
+command line load neither torch nor matplotlib; `run_eval` and `probe_stage` load torch
+(`run_eval` then freezes what the process holds, `gc.freeze`), the report's worker processes
+matplotlib.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import asdict, dataclass, field, replace
@@ -259,15 +260,20 @@ def _import_model_stack() -> None:
     """Import torch and transformers' model code with the cyclic garbage collector paused, then
     freeze what is loaded (`gc.freeze`). The import makes about 400,000 objects that live as long
     as the process, and each full collection scans every tracked object: six of them during the
-    import and more later took about a second of `ctd eval` on a 2-core machine, holding the GIL
-    (issue 25). Garbage made before is collected first, so that freezing keeps none of it."""
+    import, later ones and the interpreter's exit took about 3 s of `ctd eval` on a 2-core
+    machine (issue 25, docs/benchmarks.md). Garbage made before is collected first, so that
+    freezing keeps none of it; a process that has the model stack already (a second run in a
+    notebook) is left as it is."""
+    if "transformers.modeling_utils" in sys.modules:
+        return
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         import transformers.modeling_utils  # noqa: F401
-    finally:
+
         gc.freeze()
+    finally:
         if was_enabled:
             gc.enable()
 

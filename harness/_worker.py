@@ -1,7 +1,7 @@
 """A worker process of `WorkerPool`: reads pickled calls on standard input, one at a time, runs
 each, and answers on the pipe whose descriptor is its first argument with a pickled None or the
 call's error (`_answer`): nothing a module prints can get into an answer.
-Its second argument, if any, is a module to import before the first call. Ends at the end of its
+Its further arguments are modules to import before the first call. Ends at the end of its
 input."""
 
 from __future__ import annotations

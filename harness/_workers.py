@@ -93,6 +93,8 @@ class WorkerPool:
         stop_on_error: bool = False,
         done: Callable[[], None] | None = None,
     ) -> None:
+        if isinstance(preload, str):  # a str would be read as one module per character
+            raise TypeError("preload is a tuple of module names")
         self.preload = preload
         self.workers = workers
         self.stop_on_error = stop_on_error

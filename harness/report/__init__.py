@@ -1,7 +1,8 @@
 """The run report: tables and figures built from the files a finished run wrote (the scores table,
 the sweeps, the validation records). It reads; it never reruns a stage.
 
-`build_report` is imported on first use: the report pulls in matplotlib, which no other stage needs.
+`build_report` is imported on first use. Its figures are drawn by worker processes
+(`figure_workers`), the only ones that import matplotlib, which no other stage needs.
 `summary_tables` (the summary as the terminal prints it) is imported on first use too (PEP 562),
 and so are the sweep reader (`read_sweep`, `Sweep`) that `ctd export` shares with the report.
 """

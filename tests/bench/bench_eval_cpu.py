@@ -25,11 +25,13 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,9 +51,25 @@ def tables(run: Path) -> dict[str, str]:
     return {str(path.relative_to(run)): hashlib.sha256(path.read_bytes()).hexdigest() for path in found}
 
 
-def one_run(tree: Path | None, model: Path, data: Path, limit: int | None, url: str) -> dict:
-    """One `ctd eval` of `tree`'s code (None: this checkout's)."""
+@dataclass(frozen=True)
+class RunResult:
+    wall: float  # seconds from the start of the process to its end
+    stages: dict[str, float]  # each stage's seconds, from log.txt
+    outside: float  # the wall time no stage accounts for
+    exit: float  # from the command's last line of output to the end of its process
+    tables: dict[str, str]  # the computed tables' sha256
+
+
+def one_run(tree: Path | None, model: Path, data: Path, limit: int | None, url: str) -> RunResult:
+    """One `ctd eval` of `tree`'s code (None: this checkout's), in a folder of its own, removed after."""
     work = Path(tempfile.mkdtemp(prefix="bench-eval-cpu-"))
+    try:
+        return _timed_eval(work, tree or ROOT, model, data, limit, url)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _timed_eval(work: Path, source: Path, model: Path, data: Path, limit: int | None, url: str) -> RunResult:
     train = sorted((data / "training").glob("*.jsonl"))
     dev = ",".join(f"{p.stem.split('_')[0]}:{p}" for p in sorted((data / "dev").glob("*.jsonl")))
     rows = ["--limit", str(limit), "--budgets", "0.9"] if limit else []  # few rows certify large budgets only
@@ -60,43 +78,39 @@ def one_run(tree: Path | None, model: Path, data: Path, limit: int | None, url: 
         "--model", str(model), "--data", f"train={train[0]}", "--data", f"dev={dev}",
         "--expert", url, "--expert-model", "fault-model", "--serve", "never", *rows, "--json",
     ]  # fmt: skip
-    source = tree or ROOT
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]),
         "CTD_CACHE": str(work / "cache.sqlite"),
         "CTD_STORE": str(work / "store"),
     }
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=source,  # `python -c` puts its folder first on sys.path, ahead of PYTHONPATH
-    )
-    last_line = started
-    assert process.stdout is not None
-    for _ in process.stdout:
-        last_line = time.perf_counter()
-    stderr = process.stderr.read() if process.stderr else ""
-    process.wait()
-    ended = time.perf_counter()
-    if process.returncode != 0:
-        raise SystemExit(f"bench_eval_cpu: the eval failed (exit {process.returncode}):\n{stderr[-3000:]}")
+    with (work / "stderr.txt").open("w+") as stderr:  # a file: a pipe read after stdout could fill
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            cwd=source,  # `python -c` puts its folder first on sys.path, ahead of PYTHONPATH
+        )
+        last_line = started
+        assert process.stdout is not None
+        for _ in process.stdout:
+            last_line = time.perf_counter()
+        process.wait()
+        ended = time.perf_counter()
+        if process.returncode != 0:
+            stderr.seek(0)
+            raise SystemExit(
+                f"bench_eval_cpu: the eval failed (exit {process.returncode}):\n{stderr.read()[-3000:]}"
+            )
     run = work / "runs" / "bench"
     log = (run / "log.txt").read_text()
     finished = {name: re.search(rf"{name}: finished in ([0-9.]+) s", log) for name in STAGES}
     stages = {name: float(m.group(1)) for name, m in finished.items() if m}
     wall = ended - started
-    return {
-        "wall": wall,
-        "stages": stages,
-        "outside": wall - sum(stages.values()),
-        "exit": ended - last_line,
-        "tables": tables(run),
-    }
+    return RunResult(wall, stages, wall - sum(stages.values()), ended - last_line, tables(run))
 
 
 def main() -> None:
@@ -113,7 +127,7 @@ def main() -> None:
     trees: dict[str, Path | None] = {"this code": None}
     if args.baseline is not None:
         trees = {"baseline": args.baseline.resolve(), **trees}
-    results: dict[str, list[dict]] = {name: [] for name in trees}
+    results: dict[str, list[RunResult]] = {name: [] for name in trees}
     reference: dict[str, str] | None = None
     with RunningServer() as expert:
         for tree in trees.values():  # bytecode, and the model's file hashes
@@ -122,21 +136,21 @@ def main() -> None:
             for name, tree in trees.items():
                 result = one_run(tree, model, args.data, args.limit, expert.url)
                 if reference is None:
-                    reference = result["tables"]
-                elif result["tables"] != reference:
+                    reference = result.tables
+                elif result.tables != reference:
                     raise SystemExit(f"bench_eval_cpu: {name}'s tables differ from the first run's")
                 results[name].append(result)
-                stages = ", ".join(f"{k} {v:.1f}" for k, v in result["stages"].items())
+                stages = ", ".join(f"{k} {v:.1f}" for k, v in result.stages.items())
                 print(
-                    f"{round_}/{args.rounds} {name}: wall {result['wall']:.1f} s, outside the stages "
-                    f"{result['outside']:.1f} s, exit {result['exit']:.2f} s ({stages})",
+                    f"{round_}/{args.rounds} {name}: wall {result.wall:.1f} s, outside the stages "
+                    f"{result.outside:.1f} s, exit {result.exit:.2f} s ({stages})",
                     flush=True,
                 )
     for name, runs in results.items():
-        medians = {key: statistics.median(r[key] for r in runs) for key in ("wall", "outside", "exit")}
-        stages = ", ".join(
-            f"{s} {statistics.median(r['stages'].get(s, 0.0) for r in runs):.2f}" for s in STAGES
-        )
+        medians = {
+            key: statistics.median(getattr(r, key) for r in runs) for key in ("wall", "outside", "exit")
+        }
+        stages = ", ".join(f"{s} {statistics.median(r.stages.get(s, 0.0) for r in runs):.2f}" for s in STAGES)
         print(
             f"median of {len(runs)}, {name}: wall {medians['wall']:.1f} s, outside the stages "
             f"{medians['outside']:.2f} s, exit {medians['exit']:.2f} s ({stages})"

@@ -137,6 +137,8 @@ def test_dv_quality_matches_numpy_and_scipy() -> None:
     assert q.mse == pytest.approx(float(np.mean((d - v) ** 2)), rel=1e-12)
     assert q.spearman == float(stats.spearmanr(d, v)[0])  # the same ranks, the same corrcoef: to the bit
     assert math.isnan(dv_quality([0.3], [0.1]).spearman)
+    with pytest.raises(ValueError, match="one length"):
+        dv_quality([0.3, 0.4], [0.1])
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -21,7 +21,7 @@ import pytest
 from ctd_cli import CTD, free_port
 from fault_server import RunningServer
 
-# Loaded only by the probe and DV stages (torch, transformers, accelerate) and the report.
+# Loaded only by the probe and DV stages (torch, transformers, accelerate) and the report's workers.
 MODEL_STACK = ("torch", "transformers", "accelerate", "matplotlib")
 # Also kept out of a command line that only prints its help: the statistics, the expert engine,
 # Ray (an optional extra, imported by `ctd score --ray` alone) and inspect_ai (an optional extra,
@@ -120,6 +120,12 @@ def test_calibrate_runs_without_the_model_stack(tmp_path: Path) -> None:
     assert not set(loaded) & set(MODEL_STACK), loaded
     # The p-values need scipy.special; Spearman's rho and the exact intervals are computed
     # without scipy.stats, whose import took half a second of `ctd eval`.
+    assert "scipy.special" in loaded and "scipy.stats" not in loaded, loaded
+    trials = tmp_path / "trials.csv"
+    loaded = loaded_by_ctd(
+        "validate", "--scores", str(table), "--trials", "20", "--out", str(trials), cwd=tmp_path
+    )
+    assert trials.is_file()
     assert "scipy.special" in loaded and "scipy.stats" not in loaded, loaded
 
 
