@@ -260,8 +260,8 @@ def _import_model_stack() -> None:
     """Import torch and transformers' model code with the cyclic garbage collector paused, then
     freeze what is loaded (`gc.freeze`). The import makes about 400,000 objects that live as long
     as the process, and each full collection scans every tracked object: six of them during the
-    import, later ones and the interpreter's exit took about 3 s of `ctd eval` on a 2-core
-    machine (issue 25, docs/benchmarks.md). Garbage made before is collected first, so that
+    import, later ones and the interpreter's exit took about 2.4 s of a 64-row `ctd eval` on a
+    2-core machine (issue 25, docs/benchmarks.md). Garbage made before is collected first, so that
     freezing keeps none of it; a process that has the model stack already (a second run in a
     notebook) is left as it is."""
     if "transformers.modeling_utils" in sys.modules:
