@@ -67,7 +67,9 @@ def group_delegation(value: ArrayLike, groups: ArrayLike, delegated: ArrayLike) 
 
     With one-hot membership M[g, i] = 1[group_i = g] (shape (G, m)) and masks S (shape (A, m)):
     n = M 1, n_delegated = S M^T (integer counts), selected_v = (S * v) M^T, mean_v_all = M v / n.
-    Only groups present among the m examples appear, so every n[g] >= 1.
+    Only groups present among the m examples appear, so every n[g] >= 1. The sums of v are taken
+    example by example in order (np.bincount), not by a matrix product, whose BLAS kernel (chosen
+    for the CPU) orders them otherwise on another machine: the table's bytes do not depend on it.
     """
     v = np.asarray(value, dtype=np.float64)
     names, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
@@ -77,14 +79,20 @@ def group_delegation(value: ArrayLike, groups: ArrayLike, delegated: ArrayLike) 
             f"delegated must have shape (A, {v.size}) and groups {v.size} entries, got "
             f"{masks.shape} and {codes.size}"
         )
-    member = codes[None, :] == np.arange(names.size)[:, None]  # (G, m)
-    n = member.sum(axis=1)  # (G,)
+    groups_n = names.size
+    n = np.bincount(codes, minlength=groups_n)  # (G,)
+    cell = (np.arange(masks.shape[0])[:, None] * groups_n + codes[None, :]).ravel()  # (A * m,) row, group
+    per_cell = masks.shape[0] * groups_n
     return GroupDelegation(
         groups=names,
         n=n.astype(np.int64),
-        n_delegated=masks.astype(np.int64) @ member.T.astype(np.int64),  # (A, G)
-        mean_v_all=(member @ v) / n,
-        selected_v=(masks * v[None, :]) @ member.T,  # (A, G)
+        n_delegated=np.bincount(cell, weights=masks.ravel(), minlength=per_cell)
+        .reshape(-1, groups_n)
+        .astype(np.int64),  # (A, G): exact counts, below 2^53
+        mean_v_all=np.bincount(codes, weights=v, minlength=groups_n) / n,
+        selected_v=np.bincount(cell, weights=(masks * v[None, :]).ravel(), minlength=per_cell).reshape(
+            -1, groups_n
+        ),  # (A, G)
     )
 
 

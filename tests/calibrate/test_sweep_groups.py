@@ -4,7 +4,11 @@ used to run: the same delegation masks rebuilt from the sweep's internals, fed t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +193,35 @@ def test_scores_without_groups_give_an_empty_typed_table() -> None:
     assert set(result.groups) == set(GROUP_COLUMNS)
     assert all(column.size == 0 for column in result.groups.values())
     assert result.groups["n"].dtype == np.int64 and result.groups["mean_v_all"].dtype == np.float64
+
+
+_GROUP_SUMS = """
+import hashlib
+import numpy as np
+# Private: the group sums behind the group table.
+from calibrate._groups import group_delegation
+rng = np.random.default_rng(5)
+v = rng.normal(size=2000)
+groups = rng.choice(np.array(["a", "b", "c", "d"]), size=2000)
+masks = rng.random((19, 2000)) < 0.3
+found = group_delegation(v, groups, masks)
+print(hashlib.sha256(found.mean_v_all.tobytes() + found.selected_v.tobytes()).hexdigest())
+"""
+
+
+def test_the_group_sums_do_not_depend_on_the_cpus_blas_kernel() -> None:
+    """The same bytes under OpenBLAS's kernels for different CPUs (a matrix product ordered its
+    sums per kernel: groups.csv differed between an Intel and an AMD machine)."""
+    digests = set()
+    for core in ("Haswell", "SkylakeX", "Sandybridge"):
+        done = subprocess.run(
+            [sys.executable, "-c", _GROUP_SUMS],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OPENBLAS_CORETYPE": core},
+            cwd=Path(__file__).resolve().parents[2],  # this checkout's calibrate, first on sys.path
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1, digests

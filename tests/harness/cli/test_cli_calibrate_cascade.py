@@ -22,7 +22,10 @@ from harness import read_scores, simulate_scores, write_scores
 # --batch-sizes 16,40, computed with main at 1f5edf2, before cascades reached `ctd calibrate`.
 PINNED_FILES = {
     "sweep.csv": "2dc64ba07adcebd7772a95ad7af1e598a4984ca7ed84056423cde6f4ae409327",
-    "groups.csv": "6c367e433007954fb999b17d153cb9cc95d4694d20289da60bf2cedb39e8cee8",
+    # Re-pinned 2026-11-28: the group sums were matrix products, whose BLAS kernel (OpenBLAS's
+    # SkylakeX here before, Haswell on this AMD machine) ordered them per CPU; they are now taken in
+    # the examples' order (np.bincount), the same bytes whatever OPENBLAS_CORETYPE says.
+    "groups.csv": "06e7598f15b6314621146e7c999f44e585913e4c97a8ae00476ebe83709e3421",
     "ltt.jsonl": "3fcf05f9bf21b44ae7f207f9ee80779aa16cd35164f987f7e6984bb875d03e3a",
     "baselines.csv": "de2c61b64f1fa33b73bff50b643d151c0b70a63164622dc8d6d16c2b748c526e",
     "decisions.parquet": "a465dcfa58e289643d712092ceff93c298b2935c70e15dd3f5011e50a459ed8f",
