@@ -86,9 +86,9 @@ def group_delegation(value: ArrayLike, groups: ArrayLike, delegated: ArrayLike) 
     return GroupDelegation(
         groups=names,
         n=n.astype(np.int64),
-        n_delegated=np.bincount(cell, weights=masks.ravel(), minlength=per_cell)
+        n_delegated=np.bincount(cell[masks.ravel()], minlength=per_cell)
         .reshape(-1, groups_n)
-        .astype(np.int64),  # (A, G): exact counts, below 2^53
+        .astype(np.int64),
         mean_v_all=np.bincount(codes, weights=v, minlength=groups_n) / n,
         selected_v=np.bincount(cell, weights=(masks * v[None, :]).ravel(), minlength=per_cell).reshape(
             -1, groups_n
