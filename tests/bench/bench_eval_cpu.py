@@ -22,7 +22,6 @@ end of its process. Stops if two runs' scores, sweep or validation tables differ
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -37,18 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "bench"), str(ROOT / "tests")]
 
+from bench_eval_overlap import tables  # noqa: E402
 from bench_gpu import build_model  # noqa: E402
 from fault_server import RunningServer  # noqa: E402
 
 STAGES = ("probe", "dv", "calibrate", "validate", "report")
 ENTRY = "from harness.cli import main; main()"
-
-
-def tables(run: Path) -> dict[str, str]:
-    """sha256 of each table the run computed: the scores, every sweep and validation table."""
-    found = [run / "scores.parquet", *sorted((run / "calibrate").rglob("*.parquet"))]
-    found += sorted((run / "validate").rglob("*.parquet"))
-    return {str(path.relative_to(run)): hashlib.sha256(path.read_bytes()).hexdigest() for path in found}
 
 
 @dataclass(frozen=True)
