@@ -15,7 +15,7 @@ from ._scores import (
     write_scores,
 )
 from ._simulate import DEFAULT_RANDOM_STATE, SCENARIOS, Scenario, simulate_scores
-from ._staging import staging_folder
+from ._staging import cleaning_lock, staging_folder
 from ._tables import (
     RawTable,
     atomic_path,
@@ -45,6 +45,7 @@ __all__ = [
     "atomic_path",
     "binary_twin",
     "check_writable",
+    "cleaning_lock",
     "dumps",
     "load_data",
     "parse_data_spec",

@@ -13,6 +13,10 @@ open for writing; Lustre without `-o flock` refuses it), staging goes on without
 nothing is cleared there. Locks of an NFS mount with `local_lock=flock` are seen on their own
 machine only, so writers on two machines must not share an output folder (they would overwrite
 each other's results anyway).
+
+On exit a writer removes its folder only if the path still holds that folder: one renamed into
+place is not looked for, and one swapped for another (a monitor bundle exchanged with the one it
+replaces, under `cleaning_lock`) leaves the other where it is.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .._errors import named
 from ._tables import _umask
 
-__all__ = ["staging_folder"]
+__all__ = ["cleaning_lock", "staging_folder"]
 
 # What flock on a folder fails with where the file system cannot lock one.
 _NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
@@ -38,10 +42,11 @@ _NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, er
 @contextmanager
 def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     """Yield a new empty folder `parent/PREFIX*` (mode as a plain mkdir's), held for this process;
-    remove folders of the same prefix left by dead writers first, and this one (if still there)
-    on exit."""
+    remove folders of the same prefix left by dead writers first, and this one on exit if its path
+    still holds it."""
     parent = Path(parent)
     held: int | None = None
+    made: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder this call made
     try:
         parent.mkdir(parents=True, exist_ok=True)
         with _locked(parent) as can_lock:
@@ -51,6 +56,7 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
             try:
                 held = _lock(folder) if can_lock else None
                 os.chmod(folder, 0o777 & ~_umask())  # mkdtemp makes it owner-only
+                made = _identity(folder)
             except BaseException:
                 folder.rmdir()
                 raise
@@ -60,9 +66,25 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        with suppress(OSError):  # gone: renamed into place
+            if _identity(folder) == made:
+                shutil.rmtree(folder, ignore_errors=True)
         if held is not None:
             os.close(held)  # after the removal: no cleaner may take a folder still being removed
+
+
+@contextmanager
+def cleaning_lock(parent: Path) -> Iterator[None]:
+    """Hold the lock under which `staging_folder` makes and clears folders in `parent`: no writer
+    clears a folder there meanwhile. For a step that briefly leaves something a cleaner must not
+    take at a staging folder's path (an exchange of two folders, then a rename)."""
+    with _locked(Path(parent)):
+        yield
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    status = os.stat(folder, follow_symlinks=False)
+    return status.st_dev, status.st_ino
 
 
 @contextmanager

@@ -9,17 +9,16 @@ import ctypes
 import errno
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data import read_json
+from ..data import cleaning_lock, read_json
 from ..expert import spec_from_record
 from ..run import BundleLayout, file_sha256
 from ._bundle_record import BUNDLE_VERSION, CONTROL_MODES, BundleRecord, ControlMode
@@ -33,6 +32,7 @@ __all__ = [
     "check_replaceable",
     "install_bundle",
     "read_bundle",
+    "staging_prefix",
 ]
 
 # The key of the expert entry that carries the run's expert calibration (absent: none, as in a
@@ -196,41 +196,62 @@ def check_replaceable(target: BundleLayout, *, force: bool) -> None:
         )
 
 
-def stage_bundle(monitor: Path, name: str) -> BundleLayout:
-    """A new, empty, hidden folder beside the bundle `name`, on the same file system, to write the
-    new bundle into before it takes the name."""
-    monitor.mkdir(parents=True, exist_ok=True)
-    return BundleLayout(Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=monitor)))
+def staging_prefix(name: str) -> str:
+    """The prefix of the hidden folders a new bundle `name` is written into, beside it (on the same
+    file system) before it takes the name: `harness.data.staging_folder`'s, so that the next
+    bundle of that name removes what a killed writer left."""
+    return f".{name}.partial-"
 
 
 def install_bundle(staged: BundleLayout, target: BundleLayout) -> Path | None:
     """Give the staged bundle its name. A bundle already there is swapped out in one atomic step
     where the system can (Linux renameat2 RENAME_EXCHANGE), else by two renames, and kept as
     NAME.replaced-TIME (a server may still be writing its decision log). Returns where the old
-    bundle was kept, or None when there was none."""
-    if not target.root.exists():
-        staged.root.rename(target.root)  # fails if a concurrent writer took the name meanwhile
-        return None
-    kept = target.root.with_name(
-        f"{target.root.name}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    )
-    while kept.exists():
-        kept = kept.with_name(kept.name + "_")
-    if _exchange(staged.root, target.root):
+    bundle was kept, or None when there was none.
+
+    Under the staging folders' cleaning lock: between the exchange and the rename the old bundle
+    lies at the staged folder's path, where another writer's cleaner would take it for a dead
+    writer's. If it cannot be renamed, the two are swapped back and nothing is replaced."""
+    with cleaning_lock(target.root.parent):
+        if not target.root.exists():
+            staged.root.rename(target.root)  # fails if a concurrent writer took the name meanwhile
+            return None
+        kept = target.root.with_name(
+            f"{target.root.name}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        )
+        while kept.exists():
+            kept = kept.with_name(kept.name + "_")
+        if _exchange(staged.root, target.root):
+            try:
+                staged.root.rename(kept)  # the staged path now holds the old bundle
+            except OSError as error:
+                _swap_back(staged, target, kept, error)
+            return kept
+        target.root.rename(kept)
         try:
-            staged.root.rename(kept)  # the staged path now holds the old bundle
-        except OSError as error:
-            raise InputError(
-                f"{target.root} is the new bundle; the old one is at {staged.root} ({error.strerror})"
-            ) from None
+            staged.root.rename(target.root)
+        except OSError:
+            kept.rename(target.root)  # put the old bundle back rather than leave no bundle
+            raise
         return kept
-    target.root.rename(kept)
+
+
+def _swap_back(staged: BundleLayout, target: BundleLayout, kept: Path, error: OSError) -> NoReturn:
+    """The old bundle, exchanged to the staged path, could not be renamed to `kept`: exchange the
+    two back (the same two names, so what failed the rename rarely fails this) and say so."""
+    why = error.strerror or str(error)
     try:
-        staged.root.rename(target.root)
+        swapped = _exchange(staged.root, target.root)
     except OSError:
-        kept.rename(target.root)  # put the old bundle back rather than leave no bundle
-        raise
-    return kept
+        swapped = False
+    if swapped:
+        raise InputError(
+            f"{target.root}: the bundle there could not be kept as {kept.name} ({why}); nothing was replaced"
+        ) from None
+    raise InputError(
+        f"{target.root} is the new bundle; the old one is at {staged.root} ({why}): move it "
+        f"elsewhere before the next bundle named {target.root.name} is written, which would remove it"
+    ) from None
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -247,8 +268,3 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(b))
-
-
-def remove_staged(staged: BundleLayout) -> None:
-    """Remove a staged folder that was never installed (a failed attempt's)."""
-    shutil.rmtree(staged.root, ignore_errors=True)

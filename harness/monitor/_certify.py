@@ -22,9 +22,9 @@ import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data import BINARY_SUFFIX, read_scores, write_json
+from ..data import BINARY_SUFFIX, read_scores, staging_folder, write_json
 from ..expert import expert_record, read_expert
-from ..run import RunConfig, RunLayout, file_sha256, load_run_config
+from ..run import BundleLayout, RunConfig, RunLayout, file_sha256, load_run_config
 from ..stages import read_expert_calibration
 from ._bundle import (
     EXPERT_CALIBRATION_KEY,
@@ -33,8 +33,7 @@ from ._bundle import (
     check_bundle_name,
     check_replaceable,
     install_bundle,
-    remove_staged,
-    stage_bundle,
+    staging_prefix,
 )
 from ._bundle_record import (
     BUNDLE_VERSION,
@@ -328,8 +327,10 @@ def calibrate_bundle(
         cal_ids=tuple(str(i) for i in rows.ids[splits.cal[0]]),
         est_ids=tuple(str(i) for i in rows.ids[splits.est[0]]),
     )
-    staged = stage_bundle(layout.monitor, target.root.name)
-    try:
+    # Written beside the target and swapped in; a failure or a kill leaves no half-written bundle
+    # under the name, and what a killed writer staged is removed by the next writer of the name.
+    with staging_folder(layout.monitor, staging_prefix(target.root.name)) as folder:
+        staged = BundleLayout(folder)
         for part, stem in (("safety", staged.safety_probe), ("dv", staged.dv_probe)):
             for suffix in PROBE_SUFFIXES:
                 shutil.copyfile(sources[part].with_suffix(suffix), stem.with_suffix(suffix))
@@ -339,7 +340,5 @@ def calibrate_bundle(
                         "copied (is another run writing it?); run the command again"
                     )
         write_json(staged.record, record.to_json())
-    except BaseException:
-        remove_staged(staged)  # only ever the new, half-written folder
-        raise
-    return BundleWritten(result, target.root, install_bundle(staged, target))
+        kept = install_bundle(staged, target)
+    return BundleWritten(result, target.root, kept)

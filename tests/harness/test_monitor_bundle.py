@@ -5,9 +5,13 @@ decision log on a full disk that refuses checks before the expert is paid."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +22,21 @@ import pytest
 from ctd_cli import assert_one_line_error, free_port, run_ctd
 from fault_server import RunningServer
 from monitor_run import conversations_of, fill, serve, stop
+
+from harness import InputError
+from harness.monitor import calibrate_bundle
+from harness.run import RunLayout
+
+_LIVE_WRITER = """
+import sys, time
+from pathlib import Path
+from harness.data import staging_folder
+# Private: the prefix a bundle of that name is staged under.
+from harness.monitor._bundle import staging_prefix
+with staging_folder(Path(sys.argv[1]), staging_prefix("swap-me")) as folder:
+    print(folder, flush=True)
+    time.sleep(120)
+"""
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -96,6 +115,53 @@ def test_bundle_names_are_one_plain_folder_and_nothing_is_deleted_to_make_room(m
     assert not [p for p in copy.parent.iterdir() if p.name.startswith(".")]  # no staging left
     for path, digest in before.items():
         assert _tree(runs).get(path) == digest, path
+
+
+def test_what_a_killed_writer_staged_is_removed_and_a_failed_swap_replaces_nothing(
+    made: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp, env = made["tmp"], made["env"]
+    monitor = tmp / "runs" / "t" / "monitor"
+    bundle = monitor / "swap-me"
+    shutil.copytree(made["bundle"], bundle)
+    old = _tree(bundle)
+    # A writer killed while it wrote (nothing of it ran after), and a live one of the same name.
+    killed = monitor / ".swap-me.partial-killed"
+    killed.mkdir()
+    (killed / "safety.safetensors").write_bytes(b"x" * 4096)
+    live = subprocess.Popen(
+        [sys.executable, "-c", _LIVE_WRITER, str(monitor)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert live.stdout is not None
+        theirs = Path(live.stdout.readline().strip())
+        args = ("monitor", "calibrate", "--run", "t", "--budget", "0.3", "--name", "swap-me", "--force")
+        done = run_ctd(*args, cwd=tmp, env=env)
+        assert done.returncode == 0, done.stderr
+        assert not killed.exists() and theirs.is_dir()
+    finally:
+        live.kill()
+        live.wait()
+    shutil.rmtree(theirs)
+    for replaced in monitor.glob("swap-me.replaced-*"):
+        shutil.rmtree(replaced)
+
+    # The bundle there cannot be kept under its new name (a full disk, say): the two are swapped
+    # back, the new one is removed, and the old one serves on, unchanged.
+    shutil.rmtree(bundle)
+    shutil.copytree(made["bundle"], bundle)
+    rename = Path.rename
+
+    def no_room_to_keep(self: Path, target: str | Path) -> Path:
+        if ".replaced-" in Path(target).name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", no_room_to_keep)
+    with pytest.raises(InputError, match=r"could not be kept as swap-me\.replaced-.*nothing was replaced"):
+        calibrate_bundle(RunLayout(tmp / "runs" / "t"), name="swap-me", mode="budget", alpha=0.3, force=True)
+    assert _tree(bundle) == old
+    assert not [p for p in monitor.iterdir() if p.name.startswith((".swap-me", "swap-me."))]
 
 
 def test_audit_matches_and_tells_a_changed_run_a_damaged_copy_and_an_altered_record(made: dict) -> None:

@@ -113,3 +113,19 @@ def test_where_folders_cannot_be_locked_staging_goes_on_and_clears_nothing(
         (ours / "sweep.csv").write_text("a\n")
     assert not ours.exists() and other.is_dir()
     assert len(os.listdir("/proc/self/fd")) == descriptors
+
+
+def test_a_folder_swapped_in_for_the_staged_one_is_left_alone(tmp_path: Path) -> None:
+    """As a monitor bundle's install leaves it when the old bundle, exchanged to the staged path,
+    cannot be renamed: on exit the writer removes its own folder, never what lies at its path."""
+    old = tmp_path / "bundle"
+    old.mkdir()
+    (old / "bundle.json").write_text("{}")
+    with staging_folder(tmp_path, ".bundle.partial-") as ours:
+        (ours / "bundle.json").write_text('{"new": true}')
+        os.rename(ours, tmp_path / "new")
+        os.rename(old, ours)  # the old bundle at the staged path
+    assert (ours / "bundle.json").read_text() == "{}"
+    with staging_folder(tmp_path, ".sweep.") as renamed:
+        os.rename(renamed, tmp_path / "published")  # renamed into place: nothing to remove
+    assert (tmp_path / "published").is_dir()
