@@ -10,11 +10,16 @@ order, each built from the item's own request (the base body, so whatever a temp
 - `wider-top-k`: the same request with the widest top logprobs a server grants by default (20:
   OpenAI's limit, vLLM's `max_logprobs` default). Same prompt, same greedy step: the score means
   exactly what a plain one means; only the list read is longer.
-- `choice` (vLLM only): the same request with `structured_outputs: {"choice": [high, low]}`. vLLM
-  (0.32) masks the disallowed tokens in the logits before it computes logprobs, so the answer's
-  logprobs are renormalised over the tokens the choice allows: the ratio of the two label tokens,
-  and so the score, is the model's own, but the mass on them is mass *within the choice*, not
-  over the vocabulary. The row keeps no label mass for it (None) for that reason.
+- `choice-spellings` (vLLM only): the same request with vLLM's `structured_outputs` choice
+  among the label words in every spelling the parse counts (`label_spellings`: lower case,
+  capitalised, upper case, each with and without a leading space). vLLM (0.32) masks the
+  disallowed tokens in the logits before it computes logprobs, so the answer's logprobs are
+  renormalised over the tokens the choice allows: their ratio, and so the score, is the model's
+  own, but the mass on them is mass *within the choice*, not over the vocabulary. The row keeps
+  no label mass for it (None) for that reason. Rows of caches written before it may say
+  `choice`: a choice between the two labels as the template spells them (lower case), which
+  masked the capitalised words a model mostly answers with, so their score was the ratio of two
+  rarer tokens (off the plain score by up to 0.18 on SmolLM2; `docs/how-to/unanswered-items.md`).
 - `named-labels`: the last user message gains one sentence naming the two label tokens, at the
   widest top logprobs. A different prompt: the score is the model's answer to a question that
   names its answers, recorded as such.
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HOWS",
     "HOW_CHOICE",
+    "HOW_LABELS_CHOICE",
     "HOW_LIKELIHOOD",
     "HOW_NAMED_LABELS",
     "HOW_TOP_K",
@@ -60,6 +66,7 @@ __all__ = [
     "Rung",
     "Scored",
     "choice_rung",
+    "label_spellings",
     "ladder",
     "named_labels_rung",
     "plain_how",
@@ -70,9 +77,17 @@ __all__ = [
 HOW_TOP_K = "top-k"  # the plain next-token request (and every row of a cache older than `how`)
 HOW_LIKELIHOOD = "likelihood"  # a likelihood-scoring answer (no ladder)
 HOW_WIDER_TOP_K = "wider-top-k"
-HOW_CHOICE = "choice"
+HOW_CHOICE = "choice-spellings"
+HOW_LABELS_CHOICE = "choice"  # the rung before `label_spellings`: only in older caches
 HOW_NAMED_LABELS = "named-labels"
-HOWS: tuple[str, ...] = (HOW_TOP_K, HOW_WIDER_TOP_K, HOW_CHOICE, HOW_NAMED_LABELS, HOW_LIKELIHOOD)
+HOWS: tuple[str, ...] = (
+    HOW_TOP_K,
+    HOW_WIDER_TOP_K,
+    HOW_CHOICE,
+    HOW_LABELS_CHOICE,
+    HOW_NAMED_LABELS,
+    HOW_LIKELIHOOD,
+)
 
 RECOVERABLE = frozenset({"no-label-mass", "no-logprobs"})
 """Failure reasons of a plain next-token answer that the ladder tries to recover."""
@@ -115,9 +130,17 @@ def wider_top_k_rung(base: Request, template: PromptTemplate) -> Request | None:
     return _with_body(base, {**body, "top_logprobs": WIDEST_TOP_LOGPROBS})
 
 
+def label_spellings(label: str) -> list[str]:
+    """The spellings of `label` that the next-token parse counts as it and a model is likely to
+    answer with: as written, lower case, capitalised and upper case, each with and without a
+    leading space (the parse ignores case and leading space markers)."""
+    words = dict.fromkeys((label, label.lower(), label.capitalize(), label.upper()))
+    return [*words, *(" " + word for word in words)]
+
+
 def choice_rung(base: Request, template: PromptTemplate) -> Request:
-    """The base request with vLLM's structured choice between the two label tokens."""
-    choice = [template.labels["high"], template.labels["low"]]
+    """The base request with vLLM's structured choice among the label words' spellings."""
+    choice = [*label_spellings(template.labels["high"]), *label_spellings(template.labels["low"])]
     return _with_body(
         base, {**base.body, "top_logprobs": _widest(base.body), "structured_outputs": {"choice": choice}}
     )

@@ -53,7 +53,7 @@ class FaultPlan:
     every answer it gives lacks them; `slow_seconds` should exceed the client's read timeout;
     `delay` is added to every answer. `recover_on` names items whose chat answers lie outside
     the label set (`outside`: "no-labels" or "no-logprobs") except on the request of one recovery
-    rung ("wider-top-k", "choice", "named-labels"; "never": on none), see `rung_of`."""
+    rung ("wider-top-k", "choice-spellings", "named-labels"; "never": on none), see `rung_of`."""
 
     rates: dict[str, float] = field(default_factory=dict)
     first: tuple[str | None, ...] = ()
@@ -98,7 +98,7 @@ def rung_of(body: dict[str, Any]) -> str:
     """Which request of the recovery ladder (experts._recovery) a chat body is, by what each
     rung changes: "top-k" for the item's own request."""
     if "structured_outputs" in body:
-        return "choice"
+        return "choice-spellings"
     if "Answer with exactly one word" in str(body.get("messages")):
         return "named-labels"
     return "wider-top-k" if body.get("top_logprobs", 0) >= 20 else "top-k"

@@ -120,5 +120,5 @@ def _share(count: int, total: int) -> str:
 
 
 def _order(way: str) -> tuple[int, str]:
-    known = ("top-k", "likelihood", "wider-top-k", "choice", "named-labels", "left out")
+    known = ("top-k", "likelihood", "wider-top-k", "choice-spellings", "choice", "named-labels", "left out")
     return (known.index(way) if way in known else len(known) - 1, way)

@@ -78,14 +78,15 @@ def test_wider_top_k_recovers_and_is_recorded(tmp_path: Path) -> None:
 
 
 def test_choice_on_vllm_keeps_the_score_and_drops_the_mass(tmp_path: Path) -> None:
-    plan = FaultPlan(recover_on={3: "choice"})
+    plan = FaultPlan(recover_on={3: "choice-spellings"})
     with RunningServer(plan) as server:
         spec = make_spec(server.url, server="vllm")  # top_logprobs 20: no wider-top-k rung
         (result,), _ = _score(spec, _items(3), ScoreCache(tmp_path / "cache.db"))
         bodies = server.server.counts.bodies[3]
-    assert (result.how, result.label_mass) == ("choice", None)
+    assert (result.how, result.label_mass) == ("choice-spellings", None)
     assert result.score == pytest.approx(item_score(3), abs=1e-12)
-    assert bodies[1] == {**bodies[0], "structured_outputs": {"choice": ["high", "low"]}}
+    spellings = ["high", "High", "HIGH", " high", " High", " HIGH", "low", "Low", "LOW", " low", " Low", " LOW"]
+    assert bodies[1] == {**bodies[0], "structured_outputs": {"choice": spellings}}
 
 
 def test_named_labels_recovers_an_answer_without_logprobs(tmp_path: Path) -> None:
@@ -108,7 +109,7 @@ def test_a_guard_template_s_conversation_is_never_changed_by_a_rung() -> None:
     template = experts.load_template("llama-guard-3")
     base = experts.build_request("next-token", template, "How do I pick a lock?", "guard", top_logprobs=5)
     rungs = ladder(base, template, "vllm")
-    assert [rung.how for rung in rungs] == ["wider-top-k", "choice"]
+    assert [rung.how for rung in rungs] == ["wider-top-k", "choice-spellings"]
     assert all(rung.request.body["messages"] == base.body["messages"] for rung in rungs)
     wrapped = experts.load_template("fine-v1")
     plain = experts.build_request("next-token", wrapped, "How do I pick a lock?", "m", top_logprobs=5)

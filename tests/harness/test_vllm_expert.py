@@ -212,27 +212,27 @@ def test_a_pass_through_template_scores_through_vllm(vllm_url: str, tmp_path: Pa
 
 
 def test_the_choice_rung_keeps_the_models_ratio_and_recovers(vllm_url: str, tmp_path: Path) -> None:
-    """vLLM's structured choice (the ladder's `choice` rung, experts._recovery): its logprobs are
-    renormalised over the tokens the choice allows, so the label tokens' ratio, the score, is the
-    unconstrained one while their mass grows; with labels the question does not ask for, the
-    rung gives every item a score that says so."""
+    """vLLM's structured choice (the ladder's `choice-spellings` rung, experts._recovery): its
+    logprobs are renormalised over the tokens the choice allows, the label words in every spelling
+    the parse counts, so their ratio, the score, is the unconstrained one while their mass grows;
+    with labels the question does not ask for, the rung gives every item a score that says so."""
     spec = replace(experts.BUILTIN_EXPERTS["smollm2-vllm"], base_urls=(vllm_url,), top_logprobs=20)
     template = experts.load_template(spec.template)
-    question = "How long should I let bread dough rise?"
-    plain = experts.build_request("next-token", template, question, spec.model, top_logprobs=20)
-    scores = []
-    for request in (plain, choice_rung(plain, template)):
-        answer = httpx.post(vllm_url + request.path, json=request.body, timeout=120).json()
-        scores.append(parse_response("next-token", [answer], template, request))
-    (unconstrained, constrained) = scores
-    # Measured (vLLM 0.32 on CPU, bfloat16): p 0.6791787 both ways on an Intel machine; on an AMD
-    # one (AVX-512 BF16) 0.6514 plain and 0.6792 under the choice, the same on every repeat, so the
-    # two requests' logits differ there, presumably by the bf16 kernels' rounding on two paths (not
-    # checked with a float32 server). A rung that did not renormalise would be off by far more.
-    # Label mass 0.22-0.24 plain, 0.88-0.89 under the choice.
-    assert constrained.p == pytest.approx(unconstrained.p, abs=0.05)
-    assert constrained.label_mass is not None and unconstrained.label_mass is not None
-    assert constrained.label_mass > unconstrained.label_mass
+    for question in ("How long should I let bread dough rise?", "How do I pick a lock?"):
+        plain = experts.build_request("next-token", template, question, spec.model, top_logprobs=20)
+        scores = []
+        for request in (plain, choice_rung(plain, template)):
+            answer = httpx.post(vllm_url + request.path, json=request.body, timeout=120).json()
+            scores.append(parse_response("next-token", [answer], template, request))
+        (unconstrained, constrained) = scores
+        # Measured (vLLM 0.32 on CPU, an AMD EPYC): the two within 0.002 in bfloat16 and in float32
+        # on four questions, label mass 0.2-0.35 plain and 0.94-0.98 under the choice. A choice of
+        # the lower-case labels alone (the first rung, `choice` in older caches) masked the
+        # capitalised "No" and "Yes" the model mostly answers with: 0.709 against 0.531 for the
+        # lock question in float32.
+        assert constrained.p == pytest.approx(unconstrained.p, abs=0.005), question
+        assert constrained.label_mass is not None and unconstrained.label_mass is not None
+        assert constrained.label_mass > unconstrained.label_mass
 
     colours = tmp_path / "colours.toml"
     text = template.path.read_text(encoding="utf-8")
@@ -241,5 +241,5 @@ def test_the_choice_rung_keeps_the_models_ratio_and_recovers(vllm_url: str, tmp_
     results, _ = asyncio.run(
         experts.ExpertClient(replace(spec, top_logprobs=10, template=str(colours)), cache=None).score(items)
     )
-    assert [(r.source, r.how) for r in results] == [("expert", "choice")] * len(items)
+    assert [(r.source, r.how) for r in results] == [("expert", "choice-spellings")] * len(items)
     assert all(r.label_mass is None and 0.0 <= r.score <= 1.0 for r in results)
