@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "TrainResult": "._train",
     "bucket_batches": "._extract",
     "default_device": "._device",
+    "device_answers": "._device",
     "release_device_memory": "._device",
     "describe_model": "._model",
     "embedded_gguf": "._embedded",

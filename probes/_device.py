@@ -11,7 +11,7 @@ import torch
 
 from ._dist import process_state
 
-__all__ = ["default_device", "release_device_memory", "resident_budget"]
+__all__ = ["default_device", "device_answers", "release_device_memory", "resident_budget"]
 
 # A split's tokens are kept on a GPU when they take at most this fraction of the memory it has
 # free. The rest is left for the batches (an attention batch of 32 x 4,096 tokens of width 4,096 is
@@ -27,6 +27,26 @@ def default_device() -> torch.device:
         return torch.device("cpu")
     device = torch.device(process_state().device)
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def device_answers(devices: set[torch.device]) -> bool:
+    """Whether every CUDA device of `devices` still runs work, after a failed pass: a synchronize
+    and a one-element sum on each. An illegal memory access or a device-side assert leaves the
+    process's CUDA context unusable (every later call fails with the same error, and only a new
+    process clears it); a recoverable error (an allocation outside the caching allocator, a bad
+    launch configuration) does not, and out of memory never does. True on the CPU."""
+    for device in devices:
+        if device.type != "cuda":
+            continue
+        try:
+            torch.cuda.synchronize(device)
+            if torch.ones(1, device=device).sum().item() != 1.0:
+                return False
+        except torch.cuda.OutOfMemoryError:  # full, but the context works
+            continue
+        except Exception:
+            return False
+    return True
 
 
 def resident_budget(device: torch.device) -> int:

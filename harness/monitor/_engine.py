@@ -3,11 +3,12 @@ once (`ProbeScorer.tokens_each`), then run through the forward pass and the prob
 (`ProbeScorer.score`). The two stages overlap: the next batch is tokenised while this one runs.
 
 `ThreadScorer` runs the stages in two threads of this process; `ProcessScorer` in a process of its
-own, which alone loads the model (and which `RestartingScorer`, harness/monitor/_restart.py, starts
-again when it dies). Why a process: on a GPU a forward pass is kernel launches, Python
-work under the GIL (12 ms a pass on an H200's host), and so are template rendering and the server's
-HTTP work; in one process they take turns. On an H200 the monitor served 394 requests/s with the GPU
-30% busy and the GIL held nearly all the time (issue 25). A scorer process has a GIL of its own.
+own, which alone loads the model (what runs there: harness/monitor/_scorer_process.py; and which
+`RestartingScorer`, harness/monitor/_restart.py, starts again when it dies). Why a process: on a
+GPU a forward pass is kernel launches, Python work under the GIL (12 ms a pass on an H200's host),
+and so are template rendering and the server's HTTP work; in one process they take turns. On an
+H200 the monitor served 394 requests/s with the GPU 30% busy and the GIL held nearly all the time
+(issue 25). A scorer process has a GIL of its own.
 
 Both answer `await score(conversations)` with one `Scored` or `InputError` (a conversation the chat
 template rejects) per conversation, in order, and the seconds the forward pass took."""
@@ -16,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
 import os
-import queue
 import signal
 import threading
 import time
@@ -42,14 +41,22 @@ if TYPE_CHECKING:
     from ._restart import RestartingScorer
     from ._scorer import PassCost, ProbeScorer
 
-__all__ = ["ProcessScorer", "Scored", "ScorerGone", "ThreadScorer", "start_scorer"]
+__all__ = [
+    "DEVICE_LOST",
+    "ProcessScorer",
+    "Scored",
+    "ScorerGone",
+    "ThreadScorer",
+    "scorer_ended",
+    "start_scorer",
+]
 
 log = logging.getLogger("ctd.monitor")
 STOP_SECONDS = 10.0  # a scorer process asked to stop gets this long before it is killed
-# After a SIGTERM a scorer process waits this long for the monitor's word by the pipe: longer than
-# the server's graceful stop (up to 15 s), so that the checks in flight are still scored.
-TERM_GRACE_SECONDS = 30.0
 WARM_UP = "warm-up"  # the conversation of the passes before serving
+# The exit code of a scorer process whose GPU stopped answering after a failed pass (its CUDA
+# context lost: an illegal memory access, a device-side assert), so that it is started again.
+DEVICE_LOST = 3
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,15 @@ Outcome = Scored | InputError
 class ScorerGone(Unavailable):
     """The scorer process ended: no check can be scored until it is started again, or, where it is
     not, until the monitor is restarted."""
+
+
+def scorer_ended(exitcode: int | None) -> str:
+    """What the monitor says of a scorer process that ended with `exitcode`."""
+    if exitcode == DEVICE_LOST:
+        return (
+            f"the scorer process ended (exit code {exitcode}: its GPU stopped answering after a failed pass)"
+        )
+    return f"the scorer process ended (exit code {exitcode})"
 
 
 def tokenize_stage(scorer: ProbeScorer, conversations: list[Conversation]) -> tuple[list[Any], float]:
@@ -131,17 +147,6 @@ class ThreadScorer:
         self._forward.shutdown(wait=False, cancel_futures=True)
 
 
-@dataclass(frozen=True)
-class _Load:
-    """What the scorer process loads (picklable: it crosses to the spawned process)."""
-
-    safety: Path
-    dv: Path
-    model: str | None
-    batch_tokens: int
-    max_batch: int
-
-
 class ProcessScorer:
     """The two stages in a spawned process that loads the model; batches and outcomes cross a pipe.
     `start` returns once the process scored its warm-up passes, or raises what stopped it (the
@@ -173,10 +178,14 @@ class ProcessScorer:
     async def start(
         cls, safety: Path, dv: Path, *, model: str | None, batch_tokens: int, max_batch: int
     ) -> ProcessScorer:
+        from ._scorer_process import ScorerLoad, serve_scorer  # it imports this module
+
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         ours, theirs = context.Pipe()
         process = context.Process(
-            target=_serve, args=(theirs, _Load(safety, dv, model, batch_tokens, max_batch)), name="ctd-scorer"
+            target=serve_scorer,
+            args=(theirs, ScorerLoad(safety, dv, model, batch_tokens, max_batch)),
+            name="ctd-scorer",
         )
         process.daemon = True
         process.start()
@@ -250,7 +259,7 @@ class ProcessScorer:
             future.set_exception(RuntimeError(f"the scorer process failed this batch: {value}"))
 
     def _end(self, exitcode: int | None) -> None:
-        why = f"the scorer process ended (exit code {exitcode}); restart the monitor"
+        why = f"{scorer_ended(exitcode)}; restart the monitor"
         try:
             if self.gone is None:
                 self.gone = why
@@ -354,103 +363,3 @@ def _reap(process: Any, connection: Connection) -> None:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
-def _serve(connection: Connection, load: _Load) -> None:
-    """The scorer process: load and warm up, say ready (or the error that stopped it), then score
-    batches until told to stop or the monitor's end of the pipe closes. Tokenising happens in this
-    thread as batches arrive; the forward passes in another, one batch behind."""
-    _exit_with_parent()
-    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the monitor stops this
-    # process itself, after the checks in flight, by the pipe. A SIGTERM that is the only word
-    # ends it after a grace period.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit_later)
-
-    from ._scorer import ProbeScorer  # torch: seconds, with the signals above already set
-
-    try:
-        scorer = ProbeScorer.load(load.safety, load.dv, model=load.model, batch_tokens=load.batch_tokens)
-        warm_up(scorer, load.max_batch)
-    except Exception as error:
-        connection.send(("error", _picklable(error)))
-        return
-    # The model and torch live as long as this process: out of the collector's full scans, which
-    # hold the GIL for a fifth of a second over them (`ctd monitor serve` does the same).
-    gc.collect()
-    gc.freeze()
-    connection.send(("ready", scorer.pass_cost))
-    sending = threading.Lock()  # both threads answer down the one pipe
-
-    def send(reply: tuple[int, str, Any]) -> None:
-        with sending:
-            connection.send(reply)
-
-    tokenised: queue.Queue[tuple[int, tuple[list[Any], float]] | None] = queue.Queue(maxsize=2)
-    forward = threading.Thread(target=_forward_loop, args=(scorer, tokenised, send), name="ctd-forward")
-    forward.start()
-    try:
-        while True:
-            try:
-                message = connection.recv()
-            except (EOFError, OSError):  # the monitor is gone
-                break
-            if message is None:
-                break
-            number, conversations = message
-            try:
-                tokenised.put((number, tokenize_stage(scorer, conversations)))
-            except Exception as error:
-                log.exception("the scorer process failed to tokenise a batch")
-                send((number, "failed", f"{type(error).__name__}: {error}"))
-    finally:
-        tokenised.put(None)
-        forward.join()
-
-
-def _exit_with_parent() -> None:
-    """Exit the moment the monitor's process is gone, however it went: a SIGKILLed server must not
-    leave a process holding the GPU's memory, even one still loading the model."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="ctd-parent-watch", daemon=True).start()
-
-
-def _exit_later(signum: int, frame: Any) -> None:
-    timer = threading.Timer(TERM_GRACE_SECONDS, os._exit, (0,))
-    timer.daemon = True  # a stop by the pipe meanwhile is not held up by it
-    timer.start()
-
-
-def _forward_loop(
-    scorer: ProbeScorer, tokenised: queue.Queue, send: Callable[[tuple[int, str, Any]], None]
-) -> None:
-    while (item := tokenised.get()) is not None:
-        number, tokens = item
-        try:
-            reply: tuple[int, str, Any] = (number, "scored", forward_stage(scorer, tokens))
-        except Exception as error:
-            log.exception("the scorer process failed a forward pass")
-            reply = (number, "failed", f"{type(error).__name__}: {error}")
-        # The monitor is gone: go on taking batches (dropped), so that the receiving thread,
-        # which sees the pipe's end next, is never stuck on a full queue.
-        with contextlib.suppress(OSError, ValueError):
-            send(reply)
-
-
-def _picklable(error: Exception) -> Exception:
-    """The error itself when it crosses the pipe intact (InputError does), else a RuntimeError
-    with its message."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-    return error

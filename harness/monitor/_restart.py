@@ -5,7 +5,9 @@ Retry-After of about that long, and /healthz says so. A process that keeps dying
 `RESTARTS` deaths in `RESTART_WINDOW` seconds) or cannot be started again (an error, or not ready
 within `START_TIMEOUT` or ten times the first load, whichever is longer) is not tried again: the
 monitor must be restarted, as before. A pass that fails in a live process (a CUDA error, CUDA's
-out of memory) fails its batch alone, as before, and restarts nothing."""
+out of memory) fails its batch alone and restarts nothing, unless the GPU no longer answers after
+it (a lost CUDA context: an illegal memory access, a device-side assert): then the process ends
+(`DEVICE_LOST`) and is started again like any that died."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from ._engine import Outcome, ProcessScorer, ScorerGone
+from ._engine import Outcome, ProcessScorer, ScorerGone, scorer_ended
 
 if TYPE_CHECKING:
     from probes import Conversation
@@ -87,7 +89,7 @@ class RestartingScorer:
             return
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._window] + [now]
-        ended = f"the scorer process ended (exit code {exitcode})"
+        ended = scorer_ended(exitcode)
         if len(self._deaths) > self._restarts:
             minutes = f"{self._window / 60:g} minutes"
             self._why = f"{ended}, {len(self._deaths)} times in {minutes}; restart the monitor"

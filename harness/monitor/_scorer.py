@@ -24,6 +24,7 @@ from probes import (
     ProbeArtifact,
     ProbeError,
     bucket_batches,
+    device_answers,
     encode,
     identity_matches,
     is_legacy_identity,
@@ -145,6 +146,12 @@ class ProbeScorer:
                 raw[k, index] = probe(*probe_inputs(hidden.to(device), mask.to(device), pooled=probe.pooled))
         safety, dv = raw.double().cpu()  # the one copy to the host: two numbers per conversation
         return [(float(p), float(d)) for p, d in zip(torch.sigmoid(safety), dv, strict=True)]
+
+    def device_answers(self) -> bool:
+        """Whether the devices of the model and the probes still run work (`probes.device_answers`):
+        asked after a failed pass, whose error may have left the CUDA context unusable."""
+        devices = {parameter.device for parameter in self.model.model.parameters()}
+        return device_answers(devices | {torch.device(self.model.device)})
 
     def fit_pass_cost(self, max_batch: int) -> PassCost:
         """Fit `PassCost` through the time of a pass of one short conversation and of the largest

@@ -17,6 +17,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +32,9 @@ from monitor_run import serve, stop
 
 from harness import InputError
 from harness.monitor import Monitor
+
+# Private: the scorer process's exit code for a lost GPU, and what the monitor says of it.
+from harness.monitor._engine import DEVICE_LOST, scorer_ended
 
 # The forward pass batched with padding or alone (tests/harness/test_monitor_scorer.py says why).
 TOLERANCE = 1e-4
@@ -235,3 +240,52 @@ def _gone(process: psutil.Process, *, within: float) -> None:
             return
         time.sleep(0.1)
     pytest.fail(f"the scorer process {process.pid} outlived its server by {within} s")
+
+
+_LOST_GPU = """
+import queue, sys
+# Private: the scorer process's forward thread, run here with a stand-in for a failing GPU.
+from harness.monitor._scorer_process import _forward_loop
+from harness.monitor._scorer import Tokens
+
+class FailingGPU:
+    def score(self, batch):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def device_answers(self):
+        return sys.argv[1] == "answers"
+
+batches = queue.Queue()
+for number in (1, 2):
+    batches.put((number, ([Tokens((1, 2), False)], 0.0)))
+batches.put(None)
+_forward_loop(FailingGPU(), batches, lambda reply: print(reply[:2], flush=True))
+"""
+
+
+@pytest.mark.parametrize("device", ["answers", "lost"])
+def test_a_failed_pass_ends_the_scorer_process_only_when_the_gpu_no_longer_answers(device: str) -> None:
+    """A CPU cannot lose a CUDA context, so the failing pass and the check after it are stood in
+    for: a pass that fails on a GPU that still answers fails its batch alone; one after which it
+    does not answer fails its batch, then ends the process with DEVICE_LOST, which the monitor
+    says in its own words, and a `RestartingScorer` starts another (as after a SIGKILL, above)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOST_GPU, device], capture_output=True, text=True, timeout=120
+    )
+    replies = done.stdout.splitlines()
+    if device == "answers":
+        assert (done.returncode, replies) == (0, ["(1, 'failed')", "(2, 'failed')"]), done.stderr
+    else:
+        assert (done.returncode, replies) == (DEVICE_LOST, ["(1, 'failed')"]), done.stderr
+        assert "the GPU no longer answers in this process; ending it" in done.stderr
+        assert scorer_ended(done.returncode) == (
+            "the scorer process ended (exit code 3: its GPU stopped answering after a failed pass)"
+        )
+
+
+def test_the_device_check_passes_on_the_cpu() -> None:
+    import torch
+
+    from probes import device_answers
+
+    assert device_answers({torch.device("cpu")})
