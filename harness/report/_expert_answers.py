@@ -53,8 +53,9 @@ def expert_answer_lines(run_dir: Path) -> tuple[list[str], dict[str, Any]]:
             rows = [[s, *(_share(c[w], sum(c.values())) for w in ways)] for s, c in by_split.items()]
             lines += [
                 "**How the expert's scores were obtained** (share of each split's examples; "
-                "`experts._recovery`: `wider-top-k` read more top logprobs, `choice` constrained "
-                "the answer to the label tokens, `named-labels` named them in the prompt):",
+                "`experts._recovery`: `wider-top-k` read more top logprobs, `choice-spellings` "
+                "constrained the answer to the label words, `choice` (an older cache's rows) to their "
+                "lower-case spellings alone, `named-labels` named them in the prompt):",
                 "",
                 *markdown_table(["split", *ways], rows),
             ]
