@@ -21,6 +21,7 @@ replaces, under `cleaning_lock`) leaves the other where it is.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -33,7 +34,7 @@ from pathlib import Path
 from .._errors import named
 from ._tables import _umask
 
-__all__ = ["cleaning_lock", "staging_folder"]
+__all__ = ["cleaning_lock", "exchange_folders", "staging_folder"]
 
 # What flock on a folder fails with where the file system cannot lock one.
 _NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
@@ -128,3 +129,19 @@ def _remove_abandoned(parent: Path, prefix: str) -> None:
             continue
         shutil.rmtree(folder, ignore_errors=True)
         os.close(fd)
+
+
+def exchange_folders(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where the system or
+    the file system cannot, so the caller falls back to two renames."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))

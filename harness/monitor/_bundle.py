@@ -5,9 +5,6 @@ each, written beside and swapped in, never deleted to make room."""
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ import calibrate
 from experts import ExpertSpec
 
 from .._errors import InputError
-from ..data import cleaning_lock, read_json
+from ..data import cleaning_lock, exchange_folders, read_json
 from ..expert import spec_from_record
 from ..run import BundleLayout, file_sha256
 from ._bundle_record import BUNDLE_VERSION, CONTROL_MODES, BundleRecord, ControlMode
@@ -221,7 +218,7 @@ def install_bundle(staged: BundleLayout, target: BundleLayout) -> Path | None:
         )
         while kept.exists():
             kept = kept.with_name(kept.name + "_")
-        if _exchange(staged.root, target.root):
+        if exchange_folders(staged.root, target.root):
             try:
                 staged.root.rename(kept)  # the staged path now holds the old bundle
             except OSError as error:
@@ -241,7 +238,7 @@ def _swap_back(staged: BundleLayout, target: BundleLayout, kept: Path, error: OS
     two back (the same two names, so what failed the rename rarely fails this) and say so."""
     why = error.strerror or str(error)
     try:
-        swapped = _exchange(staged.root, target.root)
+        swapped = exchange_folders(staged.root, target.root)
     except OSError:
         swapped = False
     if swapped:
@@ -252,19 +249,3 @@ def _swap_back(staged: BundleLayout, target: BundleLayout, kept: Path, error: OS
         f"{target.root} is the new bundle; the old one is at {staged.root} ({why}): move it "
         f"elsewhere before the next bundle named {target.root.name} is written, which would remove it"
     ) from None
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where the system or
-    the file system cannot, so the caller falls back to two renames."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), str(b))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .._errors import InputError
 from .._workers import WorkerPool
-from ..data import atomic_path, read_scores, staging_folder, write_json
+from ..data import atomic_path, exchange_folders, read_scores, staging_folder, write_json
 from ..run import RunLayout
 from ._cascade_experts import cascade_experts_section
 from ._checks import checks_section
@@ -132,7 +132,13 @@ def _load(
 
 
 def _publish(staging: Path, final: Path) -> None:
-    """Rename the finished staging folder to report/, replacing any previous report."""
+    """Rename the finished staging folder to report/, replacing any previous report: in one atomic
+    exchange where the system can (a reader sees the old report or the new one, never none), the
+    old one left at the staging path and removed (by the next report's staging, if this process is
+    killed first); else by two renames."""
+    if final.exists() and exchange_folders(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     old = None
     if final.exists():
         # Not ".report.": the next report's staging would clear it as a dead writer's folder.

@@ -491,6 +491,49 @@ def test_an_interrupted_build_keeps_the_previous_report(
     assert not [p.name for p in run.iterdir() if p.name.startswith(".report")]
 
 
+def test_a_new_report_replaces_the_old_one_whole_and_leaves_nothing_beside_it(
+    full_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """report/ is swapped for the new one in one exchange (renameat2 here), the old one removed
+    after: no file of the old report stays, and no hidden folder is left in the run folder."""
+    run, _ = full_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "report" / "old-only.txt").write_text("from the report before")
+    before = (copy / "report").stat().st_ino
+    build_report(copy)
+    assert not (copy / "report" / "old-only.txt").exists() and (copy / "report" / "report.md").is_file()
+    assert (copy / "report").stat().st_ino != before
+    assert not [p.name for p in copy.iterdir() if p.name.startswith(".")]
+
+
+def test_a_report_stopped_while_it_removes_the_old_one_leaves_it_to_the_next(
+    full_run: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped (Ctrl-C, or killed) right after the exchange, as it removes the report it replaced:
+    report/ is the new one, and the old one, at the staging path, is removed by the next build."""
+    run, _ = full_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "report" / "old-only.txt").write_text("from the report before")
+    rmtree = shutil.rmtree
+
+    def stopped(path: Path, *args: object, **kwargs: object) -> None:
+        if (Path(path) / "old-only.txt").exists():
+            raise KeyboardInterrupt
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(copy)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert (copy / "report" / "report.md").is_file() and not (copy / "report" / "old-only.txt").exists()
+    (left,) = [p for p in copy.iterdir() if p.name.startswith(".")]
+    assert (left / "old-only.txt").is_file()
+    build_report(copy)
+    assert not [p.name for p in copy.iterdir() if p.name.startswith(".")]
+
+
 def test_workers_started_ahead_draw_the_same_report(full_run: tuple[Path, list[str]], tmp_path: Path) -> None:
     """`ctd eval` starts the figure workers while it calibrates (`figure_workers().start()`), so
     that their import of matplotlib is done when the report needs them: those very workers draw
