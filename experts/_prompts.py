@@ -186,7 +186,23 @@ def load_template(name_or_path: str) -> PromptTemplate:
         ) from None
     if "{conversation}" not in template.user:
         raise ConfigError(f"{path}: 'user' has no {{conversation}} slot")
+    _check_labels(path, template.labels)
     return template
+
+
+def _check_labels(path: Path, labels: dict[str, str]) -> None:
+    """Two labels the next-token parse can tell apart: non-empty, without surrounding whitespace
+    (it strips a token's, never a label's), and different when case is ignored (as it is there)."""
+    for name in ("high", "low"):
+        if not labels[name].strip() or labels[name] != labels[name].strip():
+            raise ConfigError(
+                f"{path}: labels.{name} = {labels[name]!r}: a label is a word without spaces around it "
+                "(a token's leading space is ignored when answers are read)"
+            )
+    if labels["high"].lower() == labels["low"].lower():
+        raise ConfigError(
+            f"{path}: labels.high and labels.low must differ (case is ignored when answers are read)"
+        )
 
 
 def _pass_through(path: Path, raw: bytes, data: dict[str, Any]) -> PromptTemplate:
@@ -205,8 +221,7 @@ def _pass_through(path: Path, raw: bytes, data: dict[str, Any]) -> PromptTemplat
     labels = data.get("labels")
     if not isinstance(labels, dict) or not all(isinstance(labels.get(k), str) for k in ("high", "low")):
         raise ConfigError(f"{path}: [labels] needs high and low, the model's own answer tokens")
-    if not labels["high"].strip() or labels["high"].strip().lower() == labels["low"].strip().lower():
-        raise ConfigError(f"{path}: labels.high and labels.low must be two different non-empty tokens")
+    _check_labels(path, labels)
     kwargs = data.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ConfigError(

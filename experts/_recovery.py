@@ -11,7 +11,7 @@ order, each built from the item's own request (the base body, so whatever a temp
   OpenAI's limit, vLLM's `max_logprobs` default). Same prompt, same greedy step: the score means
   exactly what a plain one means; only the list read is longer.
 - `choice-spellings` (vLLM only): the same request with vLLM's `structured_outputs` choice
-  among the label words in every spelling the parse counts (`label_spellings`: lower case,
+  among the label words in the spellings a model is likely to answer with (`label_spellings`: lower case,
   capitalised, upper case, each with and without a leading space). vLLM (0.32) masks the
   disallowed tokens in the logits before it computes logprobs, so the answer's logprobs are
   renormalised over the tokens the choice allows: their ratio, and so the score, is the model's

@@ -41,10 +41,12 @@ _NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, er
 
 
 @contextmanager
-def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
+def staging_folder(parent: Path, prefix: str, *, marker: str | None = None) -> Iterator[Path]:
     """Yield a new empty folder `parent/PREFIX*` (mode as a plain mkdir's), held for this process;
     remove folders of the same prefix left by dead writers first, and this one on exit if its path
-    still holds it."""
+    still holds it. With `marker`, the folder starts with an empty file of that name, and a dead
+    writer's folder is removed only while it holds one: a writer that hands its folder's path to
+    something else (the bundle an exchange swapped out) removes the marker first."""
     parent = Path(parent)
     held: int | None = None
     made: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder this call made
@@ -52,14 +54,16 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
         parent.mkdir(parents=True, exist_ok=True)
         with _locked(parent) as can_lock:
             if can_lock:
-                _remove_abandoned(parent, prefix)
+                _remove_abandoned(parent, prefix, marker)
             folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
             try:
                 held = _lock(folder) if can_lock else None
                 os.chmod(folder, 0o777 & ~_umask())  # mkdtemp makes it owner-only
                 made = _identity(folder)
+                if marker is not None:
+                    (folder / marker).touch()
             except BaseException:
-                folder.rmdir()
+                shutil.rmtree(folder, ignore_errors=True)
                 raise
     except OSError as exc:  # name the folder the user knows, not a temporary's random name
         temporary = exc.filename if exc.filename and Path(exc.filename).name.startswith(prefix) else None
@@ -117,9 +121,11 @@ def _lock(folder: Path, *, wait: bool = False) -> int | None:
     return fd
 
 
-def _remove_abandoned(parent: Path, prefix: str) -> None:
+def _remove_abandoned(parent: Path, prefix: str, marker: str | None) -> None:
     for folder in parent.glob(f"{prefix}*"):
         if folder.is_symlink() or not folder.is_dir():
+            continue
+        if marker is not None and not (folder / marker).is_file():
             continue
         try:
             fd = _lock(folder)

@@ -196,22 +196,33 @@ def check_replaceable(target: BundleLayout, *, force: bool) -> None:
 def staging_prefix(name: str) -> str:
     """The prefix of the hidden folders a new bundle `name` is written into, beside it (on the same
     file system) before it takes the name: `harness.data.staging_folder`'s, so that the next
-    bundle of that name removes what a killed writer left."""
-    return f".{name}.partial-"
+    bundle of that name removes what a killed writer left. `~` is in no bundle name, so no other
+    name's prefix starts with this one."""
+    return f".{name}~partial-"
 
 
-def install_bundle(staged: BundleLayout, target: BundleLayout) -> Path | None:
+# In a staged bundle while it is written: a dead writer's folder is cleared only while it holds
+# this (`staging_folder(marker=...)`), and `install_bundle` removes it before the exchange, after
+# which the staged path may hold the old bundle.
+STAGING_MARK = ".staging"
+
+
+def install_bundle(staged: BundleLayout, target: BundleLayout, *, force: bool) -> Path | None:
     """Give the staged bundle its name. A bundle already there is swapped out in one atomic step
     where the system can (Linux renameat2 RENAME_EXCHANGE), else by two renames, and kept as
     NAME.replaced-TIME (a server may still be writing its decision log). Returns where the old
     bundle was kept, or None when there was none.
 
-    Under the staging folders' cleaning lock: between the exchange and the rename the old bundle
-    lies at the staged folder's path, where another writer's cleaner would take it for a dead
-    writer's. If it cannot be renamed, the two are swapped back and nothing is replaced."""
+    Under the staging folders' cleaning lock, `check_replaceable` again (a writer of the same name
+    may have installed its bundle since the first check), then the staged folder's mark removed:
+    between the exchange and the rename the old bundle lies at the staged path, which no cleaner
+    may then take for a dead writer's. If the old bundle cannot be renamed, or the rename is
+    interrupted, the two are swapped back and nothing is replaced."""
     with cleaning_lock(target.root.parent):
+        check_replaceable(target, force=force)
+        (staged.root / STAGING_MARK).unlink(missing_ok=True)
         if not target.root.exists():
-            staged.root.rename(target.root)  # fails if a concurrent writer took the name meanwhile
+            staged.root.rename(target.root)
             return None
         kept = target.root.with_name(
             f"{target.root.name}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
@@ -221,31 +232,39 @@ def install_bundle(staged: BundleLayout, target: BundleLayout) -> Path | None:
         if exchange_folders(staged.root, target.root):
             try:
                 staged.root.rename(kept)  # the staged path now holds the old bundle
-            except OSError as error:
-                _swap_back(staged, target, kept, error)
+            except BaseException as error:
+                back = _swap_back(staged, target)
+                if not isinstance(error, OSError):
+                    raise  # Ctrl-C, say: stopped, with the old bundle back if it could be
+                _say_not_replaced(staged, target, kept, error, back)
             return kept
         target.root.rename(kept)
         try:
             staged.root.rename(target.root)
-        except OSError:
+        except BaseException:
             kept.rename(target.root)  # put the old bundle back rather than leave no bundle
             raise
         return kept
 
 
-def _swap_back(staged: BundleLayout, target: BundleLayout, kept: Path, error: OSError) -> NoReturn:
-    """The old bundle, exchanged to the staged path, could not be renamed to `kept`: exchange the
-    two back (the same two names, so what failed the rename rarely fails this) and say so."""
-    why = error.strerror or str(error)
+def _swap_back(staged: BundleLayout, target: BundleLayout) -> bool:
+    """Exchange the old bundle, at the staged path, and the new one, under the name, back: the same
+    two names, so what failed the rename rarely fails this. Whether it was done."""
     try:
-        swapped = exchange_folders(staged.root, target.root)
+        return exchange_folders(staged.root, target.root)
     except OSError:
-        swapped = False
-    if swapped:
+        return False
+
+
+def _say_not_replaced(
+    staged: BundleLayout, target: BundleLayout, kept: Path, error: OSError, back: bool
+) -> NoReturn:
+    why = error.strerror or str(error)
+    if back:
         raise InputError(
             f"{target.root}: the bundle there could not be kept as {kept.name} ({why}); nothing was replaced"
         ) from None
     raise InputError(
-        f"{target.root} is the new bundle; the old one is at {staged.root} ({why}): move it "
-        f"elsewhere before the next bundle named {target.root.name} is written, which would remove it"
+        f"{target.root} is the new bundle; the old one could not be kept as {kept.name} ({why}) and "
+        f"is at {staged.root}: move it elsewhere"
     ) from None

@@ -30,6 +30,7 @@ from ._bundle import (
     EXPERT_CALIBRATION_KEY,
     POLICY,
     PROCEDURE,
+    STAGING_MARK,
     check_bundle_name,
     check_replaceable,
     install_bundle,
@@ -329,7 +330,8 @@ def calibrate_bundle(
     )
     # Written beside the target and swapped in; a failure or a kill leaves no half-written bundle
     # under the name, and what a killed writer staged is removed by the next writer of the name.
-    with staging_folder(layout.monitor, staging_prefix(target.root.name)) as folder:
+    prefix = staging_prefix(target.root.name)
+    with staging_folder(layout.monitor, prefix, marker=STAGING_MARK) as folder:
         staged = BundleLayout(folder)
         for part, stem in (("safety", staged.safety_probe), ("dv", staged.dv_probe)):
             for suffix in PROBE_SUFFIXES:
@@ -340,5 +342,5 @@ def calibrate_bundle(
                         "copied (is another run writing it?); run the command again"
                     )
         write_json(staged.record, record.to_json())
-        kept = install_bundle(staged, target)
+        kept = install_bundle(staged, target, force=force)
     return BundleWritten(result, target.root, kept)

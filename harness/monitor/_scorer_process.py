@@ -123,22 +123,21 @@ def _forward_loop(
     failure after which the GPU no longer answers ends the process (`DEVICE_LOST`)."""
     while (item := tokenised.get()) is not None:
         number, tokens = item
+        failed = False
         try:
             reply: tuple[int, str, Any] = (number, "scored", forward_stage(scorer, tokens))
         except Exception as error:
             log.exception("the scorer process failed a forward pass")
-            reply = (number, "failed", f"{type(error).__name__}: {error}")
-            if not scorer.device_answers():
-                # The CUDA context is lost: every later pass would fail while the monitor looks
-                # alive. The process ends, and the monitor starts another (`RestartingScorer`).
-                log.error("the GPU no longer answers in this process; ending it")
-                with contextlib.suppress(OSError, ValueError):
-                    send(reply)
-                os._exit(DEVICE_LOST)
+            reply, failed = (number, "failed", f"{type(error).__name__}: {error}"), True
         # The monitor is gone: go on taking batches (dropped), so that the receiving thread,
         # which sees the pipe's end next, is never stuck on a full queue.
         with contextlib.suppress(OSError, ValueError):
-            send(reply)
+            send(reply)  # before the check below, which a hung GPU may never finish
+        if failed and not scorer.device_answers():
+            # The CUDA context is lost: every later pass would fail while the monitor looks
+            # alive. The process ends, and the monitor starts another (`RestartingScorer`).
+            log.error("the GPU no longer answers in this process; ending it")
+            os._exit(DEVICE_LOST)
 
 
 def _picklable(error: Exception) -> Exception:

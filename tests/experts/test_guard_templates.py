@@ -175,7 +175,17 @@ PASS = 'kind = "pass-through"\n[labels]\nhigh = "unsafe"\nlow = "safe"\n'
         ('kind = "raw"\n' + PASS.split("\n", 1)[1], "kind = 'raw': must be one of wrapped, pass-through"),
         ('system = "s"\n' + PASS, "'system' has no place in a pass-through template"),
         ('kind = "pass-through"\n[labels]\nhigh = "unsafe"\n', "[labels] needs high and low"),
-        ('kind = "pass-through"\n[labels]\nhigh = "Yes"\nlow = "yes"\n', "two different non-empty tokens"),
+        ('kind = "pass-through"\n[labels]\nhigh = "Yes"\nlow = "yes"\n', "must differ (case is ignored"),
+        (
+            'system = "s"\nuser = "{conversation}"\n[labels]\nhigh = "No"\nlow = "no"\n'
+            '[answers]\nhigh = "No"\nlow = "no"\n',
+            "must differ (case is ignored",
+        ),
+        (
+            'system = "s"\nuser = "{conversation}"\n[labels]\nhigh = " no"\nlow = "yes"\n'
+            '[answers]\nhigh = "No"\nlow = "Yes"\n',
+            "labels.high = ' no': a label is a word without spaces around it",
+        ),
         ('chat_template_kwargs = "x"\n' + PASS, "chat_template_kwargs must be a table"),
         ('system_messages = "skip"\n' + PASS, 'must be "keep" or "drop"'),
         (
@@ -189,6 +199,8 @@ PASS = 'kind = "pass-through"\n[labels]\nhigh = "unsafe"\nlow = "safe"\n'
         "system",
         "labels",
         "same-labels",
+        "same-labels-wrapped",
+        "spaced-label",
         "kwargs-not-a-table",
         "system-messages",
         "kwargs-when-wrapped",

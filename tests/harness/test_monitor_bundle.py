@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,9 +32,9 @@ _LIVE_WRITER = """
 import sys, time
 from pathlib import Path
 from harness.data import staging_folder
-# Private: the prefix a bundle of that name is staged under.
-from harness.monitor._bundle import staging_prefix
-with staging_folder(Path(sys.argv[1]), staging_prefix("swap-me")) as folder:
+# Private: the prefix and mark a bundle of that name is staged with.
+from harness.monitor._bundle import STAGING_MARK, staging_prefix
+with staging_folder(Path(sys.argv[1]), staging_prefix("swap-me"), marker=STAGING_MARK) as folder:
     print(folder, flush=True)
     time.sleep(120)
 """
@@ -126,9 +127,14 @@ def test_what_a_killed_writer_staged_is_removed_and_a_failed_swap_replaces_nothi
     shutil.copytree(made["bundle"], bundle)
     old = _tree(bundle)
     # A writer killed while it wrote (nothing of it ran after), and a live one of the same name.
-    killed = monitor / ".swap-me.partial-killed"
+    killed = monitor / ".swap-me~partial-killed"
     killed.mkdir()
+    (killed / ".staging").touch()
     (killed / "safety.safetensors").write_bytes(b"x" * 4096)
+    # A writer killed between its exchange and its rename: the old bundle lies at its staged path,
+    # unmarked, and must never be taken for a dead writer's folder.
+    swapped_out = monitor / ".swap-me~partial-swapped"
+    shutil.copytree(made["bundle"], swapped_out)
     live = subprocess.Popen(
         [sys.executable, "-c", _LIVE_WRITER, str(monitor)], stdout=subprocess.PIPE, text=True
     )
@@ -138,11 +144,12 @@ def test_what_a_killed_writer_staged_is_removed_and_a_failed_swap_replaces_nothi
         args = ("monitor", "calibrate", "--run", "t", "--budget", "0.3", "--name", "swap-me", "--force")
         done = run_ctd(*args, cwd=tmp, env=env)
         assert done.returncode == 0, done.stderr
-        assert not killed.exists() and theirs.is_dir()
+        assert not killed.exists() and theirs.is_dir() and swapped_out.is_dir()
     finally:
         live.kill()
         live.wait()
     shutil.rmtree(theirs)
+    shutil.rmtree(swapped_out)
     for replaced in monitor.glob("swap-me.replaced-*"):
         shutil.rmtree(replaced)
 
@@ -157,11 +164,20 @@ def test_what_a_killed_writer_staged_is_removed_and_a_failed_swap_replaces_nothi
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
         return rename(self, target)
 
-    monkeypatch.setattr(Path, "rename", no_room_to_keep)
-    with pytest.raises(InputError, match=r"could not be kept as swap-me\.replaced-.*nothing was replaced"):
-        calibrate_bundle(RunLayout(tmp / "runs" / "t"), name="swap-me", mode="budget", alpha=0.3, force=True)
-    assert _tree(bundle) == old
-    assert not [p for p in monitor.iterdir() if p.name.startswith((".swap-me", "swap-me."))]
+    def stopped_there(self: Path, target: str | Path) -> Path:
+        if ".replaced-" in Path(target).name:
+            raise KeyboardInterrupt  # Ctrl-C between the exchange and the rename
+        return rename(self, target)
+
+    layout = RunLayout(tmp / "runs" / "t")
+    for fault, raised in ((no_room_to_keep, InputError), (stopped_there, KeyboardInterrupt)):
+        monkeypatch.setattr(Path, "rename", fault)
+        with pytest.raises(raised) as info:
+            calibrate_bundle(layout, name="swap-me", mode="budget", alpha=0.3, force=True)
+        if raised is InputError:
+            assert re.search(r"kept as swap-me\.replaced-.*nothing was replaced", str(info.value))
+        assert _tree(bundle) == old
+        assert not [p for p in monitor.iterdir() if p.name.startswith((".swap-me", "swap-me."))]
 
 
 def test_audit_matches_and_tells_a_changed_run_a_damaged_copy_and_an_altered_record(made: dict) -> None:

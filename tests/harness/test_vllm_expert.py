@@ -213,9 +213,10 @@ def test_a_pass_through_template_scores_through_vllm(vllm_url: str, tmp_path: Pa
 
 def test_the_choice_rung_keeps_the_models_ratio_and_recovers(vllm_url: str, tmp_path: Path) -> None:
     """vLLM's structured choice (the ladder's `choice-spellings` rung, experts._recovery): its
-    logprobs are renormalised over the tokens the choice allows, the label words in every spelling
-    the parse counts, so their ratio, the score, is the unconstrained one while their mass grows;
-    with labels the question does not ask for, the rung gives every item a score that says so."""
+    logprobs are renormalised over the tokens the choice allows, the label words in the spellings
+    a model is likely to answer with, so their ratio, the score, is the unconstrained one while
+    their mass grows; with labels the question does not ask for, the rung gives every item a
+    score that says so."""
     spec = replace(experts.BUILTIN_EXPERTS["smollm2-vllm"], base_urls=(vllm_url,), top_logprobs=20)
     template = experts.load_template(spec.template)
     for question in ("How long should I let bread dough rise?", "How do I pick a lock?"):
