@@ -64,6 +64,8 @@ def staging_folder(parent: Path, prefix: str, *, marker: str | None = None) -> I
                     (folder / marker).touch()
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
+                if held is not None:
+                    os.close(held)
                 raise
     except OSError as exc:  # name the folder the user knows, not a temporary's random name
         temporary = exc.filename if exc.filename and Path(exc.filename).name.startswith(prefix) else None

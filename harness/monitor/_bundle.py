@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import calibrate
+import experts
 from experts import ExpertSpec
 
 from .._errors import InputError
@@ -218,7 +219,9 @@ def install_bundle(staged: BundleLayout, target: BundleLayout, *, force: bool) -
     between the exchange and the rename the old bundle lies at the staged path, which no cleaner
     may then take for a dead writer's. If the old bundle cannot be renamed, or the rename is
     interrupted, the two are swapped back and nothing is replaced."""
-    with cleaning_lock(target.root.parent):
+    # Ctrl-C and SIGTERM wait until the names are settled: between the mark's removal and the
+    # rename, a stop would leave the new or the old bundle at a hidden path nobody clears.
+    with experts.signals_held(), cleaning_lock(target.root.parent):
         check_replaceable(target, force=force)
         (staged.root / STAGING_MARK).unlink(missing_ok=True)
         if not target.root.exists():

@@ -136,7 +136,8 @@ def _publish(staging: Path, final: Path) -> None:
     exchange where the system can (a reader sees the old report or the new one, never none), the
     old one left at the staging path and removed (by the next report's staging, if this process is
     killed first); else by two renames."""
-    if final.exists() and exchange_folders(staging, final):
+    # A report/ that is a link or a file is left to the two renames, which refuse it, as before.
+    if final.is_dir() and not final.is_symlink() and exchange_folders(staging, final):
         shutil.rmtree(staging, ignore_errors=True)
         return
     old = None
