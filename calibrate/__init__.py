@@ -32,17 +32,12 @@ from ._expert_prior import (
 from ._fwer import FWER_METHODS, FWERMethod, FWERResult, control_fwer
 from ._joint import (
     JOINT_OBJECTIVES,
-    JOINT_RISKS,
     JointBatch,
     JointObjective,
     JointResult,
-    JointRisk,
-    RiskCounts,
-    candidate_risks,
     joint_control,
     joint_control_batch,
     joint_empirical_batch,
-    missed_positives,
 )
 from ._ltt import ControlResult, budget_control, empirical_control, performance_control
 from ._metrics import (
@@ -88,6 +83,7 @@ from ._pvalues import (
     min_calibration_size,
     min_certifiable_level,
 )
+from ._risks import JOINT_RISKS, JointRisk, RiskCounts, candidate_risks, missed_positives
 from ._settings import (
     CAL_FRACTION,
     CASCADE_RUN_POLICIES,

@@ -33,10 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._joint import JointTests, RiskCounts, run_joint_tests
+from ._joint import JointTests, run_joint_tests
 from ._ltt import first_by
 from ._metrics import predict
 from ._policies import threshold_grid
+from ._risks import RiskCounts
 from ._settings import ControlConfig
 
 __all__ = [

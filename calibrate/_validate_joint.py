@@ -21,18 +21,10 @@ from numpy.typing import NDArray
 
 from ._candidates import CandidateBatch
 from ._fwer import fwer_procedure
-from ._joint import (
-    JointBatch,
-    JointObjective,
-    RiskCounts,
-    candidate_risks,
-    joint_control_batch,
-    joint_empirical_batch,
-    joint_family,
-    missed_positives,
-)
+from ._joint import JointBatch, JointObjective, joint_control_batch, joint_empirical_batch, joint_family
 from ._policies import MergeRule
 from ._quota import count_at_most
+from ._risks import RiskCounts, candidate_risks, missed_positives
 from ._settings import ControlConfig
 from ._splits import Scores, Splits, policy_signal, threshold_candidates
 from ._validate import ValidationConfig, _chunks, _measure, _selector, _split_sizes

@@ -1,7 +1,9 @@
 """Answers as JSON lines, for moving them through object storage: `write_answers` writes every
 column of each stored answer exactly as stored, one object per line (behind `ctd cache export
 --out FILE.jsonl`), and `import_answers` reads such files back into a cache (behind `ctd cache
-import`) through `merge_caches`, the one way answers are added from elsewhere.
+import`) through `merge_caches`, the one way answers are added from elsewhere. `forget_answers`
+removes the answers got one way (a `how`), once a copy of them in that form is on disk (behind
+`ctd cache forget`): the next run asks those items again, and an import puts them back.
 
 An import first reads every file, each into a new cache of its own in a temporary folder beside
 the target (on its device, so a large import finds room where the cache lives), checking each
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
 import sqlite3
 import tempfile
 from collections.abc import Sequence
@@ -22,11 +26,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ._cache import SCHEMA_VERSION, ScoreCache
+from ._claims import _immediate
 from ._errors import ConfigError
 from ._merge import ANSWER_COLUMNS, MergeReport, merge_caches
-from ._storage import storage_errors
+from ._storage import as_storage_error, storage_errors, write_access
 
-__all__ = ["import_answers", "write_answers"]
+__all__ = ["answers_by_how", "forget_answers", "import_answers", "write_answers"]
 
 _TEXT = (
     "key",
@@ -42,6 +47,7 @@ _TEXT = (
 )
 _NULLABLE = frozenset({"label_mass", "prompt_tokens", "completion_tokens"})
 _BATCH = 5_000  # answers per read of a cache being exported, and lines per insert into the staging cache
+_FORGET_CHUNK = 500  # answers removed per write transaction by `forget_answers` (milliseconds each)
 _INSERT = (
     "INSERT INTO scores (" + ", ".join(f'"{c}"' for c in ANSWER_COLUMNS) + ") "
     f"VALUES ({', '.join('?' * len(ANSWER_COLUMNS))})"
@@ -76,6 +82,111 @@ def write_answers(cache: ScoreCache, handle: TextIO, *, expert: str | None = Non
         finally:
             connection.close()
     return written
+
+
+def answers_by_how(cache: ScoreCache, how: str, *, expert: str | None = None) -> dict[str, int]:
+    """How many answers of each expert `cache` holds that were got as `how` (`experts._recovery`)."""
+    where, values = _how_filter(cache, how, expert)
+    with storage_errors(cache.path), cache.engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            f"SELECT expert, COUNT(*) FROM scores {where} GROUP BY expert ORDER BY expert", values
+        )
+        return {name: int(count) for name, count in rows}
+
+
+def forget_answers(cache: ScoreCache, backup: Path, *, how: str, expert: str | None = None) -> int:
+    """Remove from `cache` the answers got as `how` (of `expert` only, if given) and return how
+    many were removed. First they are copied to `backup`, a new file (its folder made if need
+    be), as `write_answers` writes them, so that `ctd cache import` puts them back; the copy is
+    written beside, synced and only then given its name. The removal follows in short write
+    transactions (other runs on the cache wait milliseconds, not for the copy), each removing an
+    answer only if it is still stored as `how`. So no answer is ever only in neither place: a
+    failure or a kill before the name leaves every answer stored and no `backup`; after it, the
+    copy holds every answer removed (and perhaps some still stored: importing those adds nothing).
+    A copy that cannot be written is a StorageError naming `backup`."""
+    backup = Path(backup)
+    if backup.exists():
+        raise ConfigError(f"{backup}: already exists; the forgotten answers go to a new file")
+    refused = write_access(cache.path)  # before the copy: a cache that cannot change leaves none
+    if refused is not None:
+        raise refused
+    where, values = _how_filter(cache, how, expert)
+    columns = ", ".join(f'"{c}"' if c != "how" else f"{cache.how_column} AS how" for c in ANSWER_COLUMNS)
+    keys: list[str] = []
+    try:
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        tmp = backup.with_name(f".{backup.name}.{secrets.token_hex(4)}.partial")
+        # O_EXCL: never another file; mode 0o666 less the umask, as any file the project writes.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                keys = _copy_answers(
+                    cache, handle, f"SELECT {columns} FROM scores {where} ORDER BY rowid", values
+                )
+                handle.flush()
+                os.fsync(handle.fileno())
+            if keys:
+                os.link(tmp, backup)  # never replaces a file: one made since the check is refused
+                _sync_folder(backup.parent)
+        finally:
+            os.unlink(tmp)
+    except OSError as exc:  # the copy's own failures name the copy, not the cache
+        raise as_storage_error(backup, exc) from None
+    removed = 0
+    for start in range(0, len(keys), _FORGET_CHUNK):
+        chunk = keys[start : start + _FORGET_CHUNK]
+        with _immediate(cache) as cursor:  # a key re-stored since as something else stays
+            cursor.execute(
+                f"DELETE FROM scores WHERE key IN ({','.join('?' * len(chunk))}) AND {cache.how_column} = ?",
+                (*chunk, how),
+            )
+            removed += cursor.rowcount
+    return removed
+
+
+def _copy_answers(cache: ScoreCache, handle: TextIO, select: str, values: tuple[str, ...]) -> list[str]:
+    """Write the rows of `select` (ANSWER_COLUMNS) to `handle` as JSON lines, read in one
+    statement (a consistent snapshot that blocks no writer); return their keys."""
+    keys: list[str] = []
+    with storage_errors(cache.path):
+        connection = cache.engine.raw_connection()
+    try:
+        cursor = connection.cursor()
+        with storage_errors(cache.path):  # the cache's failures; the handle's are the caller's
+            cursor.execute(select, values)
+        while True:
+            with storage_errors(cache.path):
+                rows = cursor.fetchmany(_BATCH)
+            if not rows:
+                return keys
+            for row in rows:
+                answer = dict(zip(ANSWER_COLUMNS, row, strict=True))
+                keys.append(answer["key"])
+                handle.write(json.dumps(answer, ensure_ascii=False))
+                handle.write("\n")
+    finally:
+        connection.close()
+
+
+def _how_filter(cache: ScoreCache, how: str, expert: str | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause of the answers got as `how` (of `expert`), read as the cache reads `how`."""
+    if expert is None:
+        return f"WHERE {cache.how_column} = ?", (how,)
+    return f"WHERE {cache.how_column} = ? AND expert = ?", (how, expert)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a new name in `folder` durable (a system without folder syncs skips it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def import_answers(target: Path, files: Sequence[Path]) -> list[MergeReport]:

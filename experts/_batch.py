@@ -9,7 +9,7 @@ scoring sends two bodies per item: their lines are `KEY.0` (the high-stakes answ
 one key and are written once; items already cached are not written.
 
 Results are scored by the client's own code (`parse_response`) and stored with its own rows
-(`ExpertClient.score_row`, `failure_row`) through `ScoreCache.put_many`, whose insert keeps the
+(`ExpertClient.rows`, `experts._rows`) through `ScoreCache.put_many`, whose insert keeps the
 first answer of a key: a score some run already stored is never overwritten. A result line that
 failed (an error, a status other than 200, an answer without a usable score) is recorded as a
 failure with its reason, never a hit: a later run asks again. The whole results file is read
@@ -230,12 +230,12 @@ def commit_batch_results(
         item, request = owners[key]
         outcome = _score(client, key, request, [answers.get(cid) for cid in batch_custom_ids(key, request)])
         if isinstance(outcome, ExpertError):
-            failures.append(client.failure_row(key, item.id, outcome, attempts=1))
+            failures.append(client.rows.failure(key, item.id, outcome, attempts=1))
             failed[key] = outcome.reason
             report.failure_reasons[outcome.reason] += 1
         else:
             payload, score, usage = outcome
-            scores.append(client.score_row(key, item.id, payload, score, seconds=0.0, usage=usage))
+            scores.append(client.rows.score(key, item.id, payload, score, seconds=0.0, usage=usage))
     for start in range(0, max(len(scores), len(failures)), _COMMIT_CHUNK):
         end = start + _COMMIT_CHUNK
         cache.put_many(scores[start:end], failures[start:end])

@@ -3,43 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import httpx
 
+from ._attempts import Attempts, Pending
 from ._breaker import BreakerState
-from ._cache import SCHEMA_VERSION, CacheKey, CacheWriter, ScoreCache, now
+from ._cache import CacheKey, ScoreCache
 from ._claims import Lease
 from ._drain import DRAIN_GRACE, Drain, Stopped
-from ._errors import EndpointDown, ExpertError, HTTPStatusError, ResponseError
-from ._failure import FailureKind
 from ._flights import Flights
 from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
-from ._recovery import Scored, ladder, plain_how, recover
 from ._registry import ExpertSpec
 from ._resources import ClientResources
-from ._scoring import Request, Score, build_request, parse_response, total_usage
-from ._spend import CostLimitReached, Reservation, Spend
+from ._rows import AnswerRows
+from ._scoring import Request, build_request
+from ._spend import CostLimitReached, Spend
 
 __all__ = ["ExpertClient", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
 _CLAIM_BATCH_MAX = 512  # items claimed in one transaction at most (see `_produce`)
-
-
-@dataclass(frozen=True)
-class _Pending:
-    index: int
-    item: Item
-    request: Request
-    key: str
 
 
 @dataclass
@@ -49,7 +38,7 @@ class _Call:
     items: Sequence[Item]
     held: ClientResources
     stats: RunStats
-    queue: asyncio.Queue[_Pending | None]
+    queue: asyncio.Queue[Pending | None]
     results: list[ItemResult | None] = field(init=False)
     flights: Flights = field(init=False)  # keys in flight, with the items that share them
     # Keys this call claimed and has not answered yet (one count per key: items with the same
@@ -97,19 +86,28 @@ class ExpertClient:
     ) -> None:
         self.spec = spec
         self.spend = spend
-        self._over_limit: CostLimitReached | None = None  # the refusal that drained the client
         self.template: PromptTemplate = load_template(spec.template)
         self._endpoint_id = spec.endpoint_id()
         self.cache = cache
         self._transport = transport
         self._clock = clock
         self._sleep = sleep
-        self._rng = rng or random.Random(0)
         self._progress = progress
         self._lease = lease or Lease()
         self._held: ClientResources | None = None  # open between __aenter__ and __aexit__
         self._closed = False
         self._drain = Drain()
+        self.rows = AnswerRows(spec, self.template, self._endpoint_id)
+        self._attempts = Attempts(
+            spec,
+            self.template,
+            self.rows,
+            clock=clock,
+            sleep=sleep,
+            rng=rng or random.Random(0),
+            drain=self._drain,
+            spend=spend,
+        )
 
     async def _open(self) -> ClientResources:
         if self._closed:
@@ -184,12 +182,11 @@ class ExpertClient:
         try:
             return await self._score_items(items, held)
         except Stopped:
-            if self._over_limit is None or self.spend is None or self.spend.limit is None:
+            over_limit = self._attempts.over_limit  # the spend's refusal that drained the client
+            if over_limit is None or self.spend is None or self.spend.limit is None:
                 raise
             # Raised again with what was spent once the answers in flight were settled.
-            raise CostLimitReached(
-                self.spend.total, self.spend.limit, needed=self._over_limit.needed
-            ) from None
+            raise CostLimitReached(self.spend.total, self.spend.limit, needed=over_limit.needed) from None
 
     async def _score_items(
         self, items: Sequence[Item], held: ClientResources
@@ -231,7 +228,7 @@ class ExpertClient:
         (the other run answered it) or is claimed and queried here (its claim went stale, or
         the other run failed it and let it go)."""
         batch_size = min(_CLAIM_BATCH_MAX, 2 * n_workers)
-        waiting: list[_Pending] = []
+        waiting: list[Pending] = []
         for misses in self._misses(call):
             for start in range(0, len(misses), batch_size):
                 mine, others = await self._claim(call, misses[start : start + batch_size])
@@ -249,7 +246,7 @@ class ExpertClient:
         for _ in range(n_workers):
             await call.queue.put(None)
 
-    def _misses(self, call: _Call) -> Iterator[list[_Pending]]:
+    def _misses(self, call: _Call) -> Iterator[list[Pending]]:
         """Fill in cached results chunk by chunk and yield each chunk's items to query: one
         per key not already in flight in this call (the others follow it)."""
         items, stats = call.items, call.stats
@@ -266,12 +263,12 @@ class ExpertClient:
                     call.results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache", how=hit.how)
                     stats.cached += 1
                 elif call.flights.lead(key, index):
-                    misses.append(_Pending(index, item, request, key))
+                    misses.append(Pending(index, item, request, key))
             self._report(stats)
             if misses:
                 yield misses
 
-    async def _claim(self, call: _Call, batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+    async def _claim(self, call: _Call, batch: list[Pending]) -> tuple[list[Pending], list[Pending]]:
         """Split `batch` into the items this run now holds (counted in `unanswered`) and those
         another run holds; items another run answered since they were looked up become cache
         hits. A claim under way when the call is cancelled is waited for and counted all the
@@ -310,215 +307,13 @@ class ExpertClient:
             self._drain.check()  # a stop was asked: no next item
             if (pending := await call.queue.get()) is None:
                 return
-            result = await self._query(pending, call.held, call.stats)
+            result = await self._attempts.query(pending, call.held, call.stats)
             call.results[pending.index] = result
             call.flights.land(pending.key, result)
             call.unanswered[pending.key] -= 1  # its score or failure is stored: the claim is gone
             if call.unanswered[pending.key] <= 0:
                 del call.unanswered[pending.key]
             self._report(call.stats)
-
-    async def _query(self, pending: _Pending, held: ClientResources, stats: RunStats) -> ItemResult:
-        """One item through the breaker and the retry loop (the only retry layer in the stage).
-        A half-open breaker's probe gets one attempt: its outcome is what closes or reopens it."""
-        breaker, writer = held.breaker, held.writer
-        try:
-            probe = breaker.admit()
-        except EndpointDown as exc:  # open: nothing is sent
-            return await self._failed(pending, exc, 0, writer, stats)
-        try:
-            return await self._attempts(pending, held, stats, probe=probe)
-        finally:
-            breaker.abandon(probe=probe)  # a no-op once the probe's outcome is in
-
-    async def _attempts(
-        self, pending: _Pending, held: ClientResources, stats: RunStats, *, probe: bool
-    ) -> ItemResult:
-        policy = self.spec.retry
-        max_attempts = 1 if probe else policy.max_attempts
-        deadline = self._clock() + policy.deadline
-        request = pending.request
-        attempt = 0
-        while True:
-            attempt += 1
-            await held.limiter.admit(request.tokens, requests=len(request.bodies))
-            reservation = await self._reserve(self._billable(request))
-            try:
-                last = attempt >= max_attempts
-                outcome = await self._attempt(
-                    pending, held, stats, attempt, last, deadline, probe, reservation
-                )
-            finally:
-                self._drain.settled()
-                if reservation is not None:
-                    reservation.close()  # what was sent is charged; a body still in flight, its bound
-            if isinstance(outcome, ItemResult):
-                return outcome
-            self._drain.check()  # a stop came while the attempt was under way: no retry
-            stats.retries += 1
-            await self._sleep(outcome)
-
-    def _billable(self, request: Request) -> Request:
-        """Every body an attempt at `request` may send: its own and, for next-token scoring, the
-        recovery rungs' (reserved up front, so that the limit never stops an attempt between a
-        paid answer and its score)."""
-        if self.spend is None or not self.spend.bounded or self.spec.method != "next-token":
-            return request  # no rung to price: not built on every attempt of a free, unlimited run
-        rungs = ladder(request, self.template, self.spec.server)
-        return replace(request, bodies=(*request.bodies, *(rung.request.body for rung in rungs)))
-
-    async def _reserve(self, request: Request) -> Reservation | None:
-        """What the next attempt may cost, held in the spend; over the limit, the client drains
-        (nothing more is sent, the answers in flight land) and this attempt stops (`Stopped`)."""
-        if self.spend is None:
-            return None
-        try:
-            return await self.spend.reserve(request)
-        except CostLimitReached as refused:
-            if self._over_limit is None:
-                self._over_limit = refused
-            if not self._drain.asked:
-                self._drain.ask()
-            raise Stopped(str(refused)) from None
-
-    async def _attempt(
-        self,
-        pending: _Pending,
-        held: ClientResources,
-        stats: RunStats,
-        attempt: int,
-        last: bool,
-        deadline: float,
-        probe: bool,
-        reservation: Reservation | None = None,
-    ) -> ItemResult | float:
-        """One attempt: the item's result (committed), or the seconds to wait before the next.
-        From the moment it sends to the commit of its outcome, a stop lets it finish (Drain)."""
-        endpoint, limiter, writer, breaker = held.endpoint, held.limiter, held.writer, held.breaker
-        request = pending.request
-        payloads: list[Any] = []
-        try:
-            async with limiter.slot():
-                self._drain.sending()
-                stats.in_flight = limiter.in_flight
-                seconds = 0.0
-                for body in request.bodies:
-                    sent = reservation.sending() if reservation is not None else 0
-                    payload, took = await endpoint.request("POST", request.path, body)
-                    if reservation is not None:
-                        reservation.answered(sent, payload)
-                    payloads.append(payload)
-                    seconds += took
-            scored = await self._scored(payloads, request, held, reservation)
-            score, payloads, estimated = scored.score, scored.payloads, scored.estimated_tokens
-            seconds += scored.seconds
-        except ExpertError as exc:
-            if reservation is not None and isinstance(exc, HTTPStatusError):
-                reservation.refused()  # an error status is not billed; a lost answer may be
-            stats.errors_seen[exc.reason] += 1
-            if isinstance(exc, HTTPStatusError) and exc.status == 429:
-                stats.rate_limited += 1
-            delay = max(getattr(exc, "retry_after", None) or 0.0, self.spec.retry.backoff(attempt, self._rng))
-            if not exc.retryable or last or self._clock() + delay > deadline:
-                failed = await self._failed(pending, exc, attempt, writer, stats)
-                breaker.failed(exc, probe=probe)  # after the failure is in the ledger
-                return failed
-            return delay
-        breaker.answered(probe=probe)
-        usage = total_usage(payloads)
-        prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        limiter.settle(estimated, (prompt_tokens or 0) + (completion_tokens or 0) if usage else None)
-        stats.prompt_tokens += prompt_tokens or 0
-        stats.completion_tokens += completion_tokens or 0
-        stats.scored += 1
-        if writer is not None:
-            answer = scored.answer
-            response = answer[0] if len(answer) == 1 else answer
-            row = self.score_row(
-                pending.key, pending.item.id, response, score, seconds=seconds, usage=usage, how=scored.how
-            )
-            await writer.put_score(row)
-        return ItemResult(
-            pending.item.id, score.p, score.label_mass, "expert", attempts=attempt, how=scored.how
-        )
-
-    async def _scored(
-        self, payloads: list[Any], request: Request, held: ClientResources, reservation: Reservation | None
-    ) -> Scored:
-        """The score of an attempt's answers; a next-token answer without label mass goes down
-        the recovery ladder (`experts._recovery`) before it counts as a failure."""
-        try:
-            score = parse_response(self.spec.method, payloads, self.template, request)
-        except ResponseError as exc:
-            if self.spec.method != "next-token":
-                raise
-
-            return await recover(exc, payloads, request, self.template, self.spec.server, held, reservation)
-        how = plain_how(self.spec.method)
-        return Scored(score, how, tuple(payloads), tuple(payloads), request.tokens, 0.0)
-
-    def score_row(
-        self,
-        key: str,
-        item_id: str,
-        payload: Any,
-        score: Score,
-        *,
-        seconds: float,
-        usage: dict[str, Any],
-        how: str | None = None,
-    ) -> dict[str, Any]:
-        """The cache's row for an answered item (`payload`: the endpoint's JSON answer, a list of
-        them for likelihood scoring), as every writer of answers stores it: this client, and a
-        batch's results (`experts._batch`, `seconds` 0: a batch times no single request). `how`
-        says how the score was obtained (`experts._recovery`; the plain request's by default)."""
-        return {
-            "key": key,
-            "expert": self.spec.name,
-            "item_id": item_id,
-            "endpoint": self._endpoint_id,
-            "model": self.spec.model,
-            "method": self.spec.method,
-            "template_sha256": self.template.sha256,
-            "schema_version": SCHEMA_VERSION,
-            "score": score.p,
-            "label_mass": score.label_mass,
-            "how": how or plain_how(self.spec.method),
-            "response": json.dumps(payload, separators=(",", ":")),
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
-            "latency_ms": seconds * 1000.0,
-            "created": now(),
-        }
-
-    def failure_row(self, key: str, item_id: str, error: ExpertError, *, attempts: int) -> dict[str, Any]:
-        """The failures table's row for an item that got no score (never a cache hit)."""
-        return {
-            "key": key,
-            "expert": self.spec.name,
-            "item_id": item_id,
-            "reason": error.reason,
-            "message": str(error)[:500],
-            "attempts": attempts,
-            "created": now(),
-        }
-
-    async def _failed(
-        self, pending: _Pending, exc: ExpertError, attempts: int, writer: CacheWriter | None, stats: RunStats
-    ) -> ItemResult:
-        stats.failed += 1
-        stats.failure_reasons[exc.reason] += 1
-        if writer is not None:
-            await writer.put_failure(self.failure_row(pending.key, pending.item.id, exc, attempts=attempts))
-        return ItemResult(
-            pending.item.id,
-            None,
-            None,
-            "failed",
-            reason=exc.reason,
-            attempts=attempts,
-            failure=FailureKind.of(exc),
-        )
 
     def _report(self, stats: RunStats) -> None:
         if self.spend is not None:

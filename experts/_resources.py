@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import httpx
 
 from ._breaker import Breaker
-from ._cache import CacheWriter, ScoreCache
+from ._cache import ScoreCache
+from ._cache_writer import CacheWriter
 from ._claims import ClaimLedger, Lease
 from ._endpoint import Endpoint
 from ._limiter import Limiter

@@ -12,7 +12,7 @@ An attempt's reservation covers every body it may send: its request's and, for n
 scoring, the recovery rungs' (`experts._recovery`), so no request of an attempt that began can
 be refused by the limit half way (a paid answer left without its score would be paid again).
 Every path that sends a body marks it on the attempt's reservation (`sending`, then `answered`
-or `refused`); `ExpertClient._attempts` takes one per attempt, retries included, and closes it.
+or `refused`); `experts._attempts.Attempts` takes one per attempt, retries included, and closes it.
 """
 
 from __future__ import annotations

@@ -134,8 +134,9 @@ def run_eval(
     """Run (or resume) every stage of `config` in its run folder and return what happened.
     `display` draws the stages' progress (None: nothing is shown); `on_stage` is called after
     each stage, while the display is still up, so a line it prints through `display.print` stays
-    above the bars. `retry_failed` reruns the query stage when it recorded expert failures
-    (answers already in the cache are not asked again). `overlap` False runs the query stage
+    above the bars. `retry_failed` reruns the query stage when it recorded expert failures or
+    answers it had left the cache since (`ctd cache forget`); answers in the cache are not asked
+    again. `overlap` False runs the query stage
     after the probe stage rather than beside it. When the probe stage is to run, torch and
     transformers are imported first and what the process holds then is frozen (`gc.freeze`: out
     of the cyclic collector's later scans, for the life of the process)."""
@@ -175,11 +176,11 @@ def run_eval(
     # The endpoint is checked once per run, before the first expensive stage, and only if the
     # query stage will ask it something: with every answer in the cache the expert may be down.
     query = QueryStage(ctx)
-    if retry_failed and (manifests.read("query") or {}).get("failed", 0):
+    if retry_failed and _asks_again(ctx, query):
         manifests.invalidate("query")
     if not manifests.up_to_date("query", query.fingerprint()[0]):
         # A damaged, full or read-only cache costs no request.
-        items = [example.item() for example in query.examples()]
+        items = query.asked_items()
         missing = preflight_cache(ctx.roots.cache, expert.spec, items)
         may_serve = config.expert_settings.serve == "auto" and expert.spec.server != "external"
         if missing:
@@ -254,6 +255,19 @@ def run_eval(
         read_summary(layout.report.summary_table),
         read_warnings(layout.root),
     )
+
+
+def _asks_again(ctx: RunContext, query: QueryStage) -> bool:
+    """Whether `--retry-failed` reruns the query stage: it recorded failures, or answers it had
+    left the cache since (`ctd cache forget`). A stage not up to date runs anyway."""
+    if not ctx.manifests.up_to_date(query.name, query.fingerprint()[0]):
+        return False
+    if (ctx.manifests.read(query.name) or {}).get("failed", 0):
+        return True
+    missing = query.left_the_cache()
+    if missing:
+        ctx.manifests.log(f"query: {missing} of its answers left the cache since it ran: asked again")
+    return missing > 0
 
 
 def _import_model_stack() -> None:

@@ -1,8 +1,9 @@
-"""`ctd cache stats|explain|export|import|merge|check|salvage`: the shared SQLite cache of expert
-answers."""
+"""`ctd cache stats|explain|export|import|merge|forget|check|salvage`: the shared SQLite cache of
+expert answers."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -13,7 +14,7 @@ from rich.table import Table
 
 import experts
 
-from .._errors import EXIT_FAILED, InputError
+from .._errors import EXIT_FAILED, EnvironmentFailure, InputError
 from ..data import atomic_path, check_writable, read_dataset, write_table
 from ..expert import resolve_expert
 from ..run import Roots
@@ -34,7 +35,7 @@ __all__ = ["register"]
 
 
 cache_app = typer.Typer(
-    help="The SQLite cache of expert answers: stats, explain, export, import, merge, check, salvage.",
+    help="The SQLite cache of expert answers: stats, explain, export, import, merge, forget, check, salvage.",
     no_args_is_help=True,
 )
 
@@ -273,6 +274,103 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
     stdout.print(f"merged into {path}", highlight=False, markup=False)
 
 
+@cache_app.command("forget")
+@clean_errors
+def cache_forget(
+    how: Annotated[
+        str,
+        typer.Option(
+            "--how",
+            help="How the answers to forget were got, as the cache and the report name it: "
+            + ", ".join(experts.HOWS)
+            + " (choice: the vLLM recovery rung's first version, off by up to 0.18).",
+        ),
+    ],
+    expert: Annotated[
+        str | None,
+        typer.Option("--expert", help="Only this expert's answers (its name as `ctd cache stats` lists it)."),
+    ] = None,
+    cache: CacheOption = None,
+    backup: Annotated[
+        Path | None,
+        typer.Option(
+            "--backup",
+            help="A new .jsonl file the answers are copied to first (default: beside the cache, "
+            "NAME.forgotten-HOW-TIME.jsonl); `ctd cache import` puts them back.",
+        ),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Forget them; without it the command only counts them.")
+    ] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Remove the stored answers got one way (--how), so that the next `ctd query` (or `ctd eval
+    --retry-failed`) asks those items again and pays for them alone, not for every answer as a
+    new cache would. They are copied to --backup first, synced and named before anything is
+    removed: a failure there removes nothing, and a stop later leaves every removed answer in
+    the copy. Without --yes, only says how many there are."""
+    if how not in experts.HOWS:
+        raise InputError(f"--how {how}: not a way answers are got; one of: {', '.join(experts.HOWS)}")
+    path = _existing(cache)
+    where = "--backup" if backup is not None else "the copy"
+    if backup is not None:
+        check_writable(backup, "--backup", (".jsonl",))
+        if backup.exists():
+            raise InputError(f"--backup {backup}: already exists; the answers go to a new file")
+    store = experts.ScoreCache(path)
+    forgotten = 0
+    try:
+        if expert is not None and expert not in (held := store.counts()):
+            experts_held = ", ".join(sorted(held)) or "none"
+            raise InputError(f"--expert {expert}: no answers of it in {path} (its experts: {experts_held})")
+        found = experts.answers_by_how(store, how, expert=expert)
+        if yes and found:
+            backup = backup or _default_backup(path, how)
+            try:
+                forgotten = experts.forget_answers(store, backup, how=how, expert=expert)
+            except experts.StorageError as exc:
+                if exc.path != backup:
+                    raise
+                # The copy failed, not the cache: nothing was removed (see forget_answers).
+                said = str(exc).removeprefix(f"{backup}: ")
+                problem = f"{where} {backup}: cannot be written ({said}); nothing was forgotten"
+                raise (EnvironmentFailure if exc.environment else InputError)(problem) from None
+    finally:
+        store.close()
+    total = sum(found.values())
+    if json_output:
+        print_json(
+            {
+                "cache": str(path),
+                "how": how,
+                "answers": found,
+                "forgotten": forgotten,
+                "backup": str(backup) if yes and found else None,
+            }
+        )
+        return
+    of = f" of {expert}" if expert is not None else ""
+    if not found:
+        stdout.print(f"{path}: no answers{of} got as {how}; nothing to forget", highlight=False, markup=False)
+        return
+    each = ", ".join(f"{name}: {count}" for name, count in found.items())
+    if not yes:
+        stdout.print(
+            f"{path}: {total} answers{of} got as {how} ({each}); nothing changed: add --yes to forget "
+            "them (copied to a .jsonl file first); then `ctd query`, or `ctd eval --retry-failed`, "
+            "asks those items again",
+            highlight=False,
+            markup=False,
+        )
+        return
+    stdout.print(
+        f"{path}: forgot {forgotten} answers{of} got as {how}; copied first to {backup} "
+        f"(`ctd cache import {backup} --cache {path}` puts them back)",
+        highlight=False,
+        markup=False,
+    )
+
+
 @cache_app.command("check")
 @clean_errors
 def cache_check(cache: CacheOption = None, json_output: JsonOption = False) -> None:
@@ -320,6 +418,17 @@ def cache_salvage(
         f"recovered {result.recovered['scores']} answers and {result.recovered['failures']} recorded "
         f"failures from {path} into {out}" + (f"; unreadable, so lost: {skipped}" if skipped else ""),
         highlight=False,
+    )
+
+
+def _default_backup(cache: Path, how: str) -> Path:
+    """Where `ctd cache forget` copies the answers without --backup: a new file beside the cache."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = cache.with_name(f"{cache.stem}.forgotten-{how}-{stamp}")
+    return next(
+        candidate
+        for n in itertools.count(1)
+        if not (candidate := Path(f"{base}{'' if n == 1 else f'-{n}'}.jsonl")).exists()
     )
 
 

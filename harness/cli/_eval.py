@@ -241,7 +241,12 @@ def eval_command(
         Path | None, typer.Option("--runs-dir", help="Runs root (default: $CTD_RUNS_DIR or ./runs).")
     ] = None,
     retry_failed: Annotated[
-        bool, typer.Option("--retry-failed", help="Ask the expert again for the examples it failed on.")
+        bool,
+        typer.Option(
+            "--retry-failed",
+            help="Ask the expert again for the examples it failed on, and for those whose answers "
+            "left the cache since (`ctd cache forget`).",
+        ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
 ) -> None:

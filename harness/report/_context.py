@@ -34,12 +34,19 @@ __all__ = [
 METRICS: tuple[str, ...] = ("auroc", "accuracy")
 METRIC_NAMES = {"auroc": "AUROC", "accuracy": "accuracy"}
 
+# Every module that draws a figure, imported by the workers as they start.
+_FIGURE_MODULES = (
+    "harness.report._figures",
+    "harness.report._validation_figures",
+    "harness.report._joint_figures",
+)
+
 
 def figure_workers() -> WorkerPool:
     """The worker processes that draw a report's figures, each importing matplotlib and the
-    figures' module first; `start()` them ahead of `build_report(figures=...)` and that import overlaps
-    the work before it."""
-    return WorkerPool(preload=(*MATPLOTLIB, "harness.report._figures"))
+    figures' modules first; `start()` them ahead of `build_report(figures=...)` and that import
+    overlaps the work before it."""
+    return WorkerPool(preload=(*MATPLOTLIB, *_FIGURE_MODULES))
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """What `ctd report` reads from a finished run folder, and the cheap numbers it derives from it.
 
 Everything here is file -> numbers: the sweep tables written by `calibrate_scores` (sweep.csv,
-groups.csv, baselines.csv, summary.json with the SweepConfig and the DV quality), the validation
-records, and one millisecond-scale library call on the scores table (mean v at top-k, which no
-stage writes). No stage is re-run: the report reads the numbers the stages computed.
+groups.csv, baselines.csv, summary.json with the SweepConfig) and the validation records; what
+the report shows of the DV probe itself is in `_dv_data`. No stage is re-run: the report reads
+the numbers the stages computed.
 """
 
 from __future__ import annotations
@@ -32,17 +32,14 @@ from ..run import SweepLayout
 __all__ = [
     "BINARY_SUFFIX",
     "GAIN_BASELINES",
-    "MEAN_V_FRACTIONS",
     "Curve",
     "GainCurve",
     "GroupResult",
     "Sweep",
     "curves",
-    "dv_quality_rows",
     "gain_curves",
     "group_result",
     "mean_std",
-    "mean_value_curves",
     "paired_gain",
     "read_config_text",
     "read_sweep",
@@ -51,8 +48,6 @@ __all__ = [
 
 # The policies of the report's group table.
 GROUP_POLICIES: tuple[str, ...] = ("ctd", "unc-topk")
-# k/N = 0.01, ..., 1: k / 100 is correctly rounded, so 0.05 here == the literal 0.05.
-MEAN_V_FRACTIONS: NDArray[np.float64] = np.arange(1, 101) / 100
 _INTEGER_COLUMNS = ("seed", "batch_size", "n_certified", "n_eval", "trials", "n", "n_delegated")
 # A swept budget read back from a file matches a fixed budget up to float noise, never more.
 _ON_GRID = 1e-9
@@ -408,52 +403,3 @@ def group_result(
             entry[f"mean_v_{policy}"] = seed_mean(groups["mean_v_selected"][chosen])
         rows.append(entry)
     return GroupResult(budget=budget, objective=objective, batch_size=batch_size, rows=rows)
-
-
-# ---------------------------------------------------------------- DV-probe diagnostics
-
-
-def dv_quality_rows(sweep: Sweep, by_seed: dict[int, calibrate.Scores]) -> list[dict[str, Any]]:
-    """The DV quality per seed that `calibrate_scores` wrote into summary.json: MSE and Spearman
-    of the DV score against the true v on each seed's test rows, and n, their number (counted in
-    the scores table when an older summary.json lacks it)."""
-    found = sweep.summary.get("dv_quality")
-    if not isinstance(found, dict):
-        raise InputError(f"{sweep.files.summary}: no 'dv_quality' (run `ctd calibrate` again)")
-    rows = []
-    for seed, q in sorted(found.items(), key=lambda item: int(item[0])):
-        n = q.get("n", by_seed[int(seed)].n if int(seed) in by_seed else -1)
-        rows.append(
-            {
-                "seed": int(seed),
-                "n": int(n),
-                "mse": _number(q.get("mse")),
-                "spearman": _number(q.get("spearman")),
-            }
-        )
-    return rows
-
-
-def _number(value: object) -> float:
-    return float("nan") if value is None else float(value)  # JSON writes NaN as null
-
-
-MEAN_V_SIGNALS: tuple[str, ...] = ("dv", "uncertainty", "oracle")
-
-
-def mean_value_curves(by_seed: dict[int, calibrate.Scores]) -> dict[str, NDArray[np.float64]]:
-    """Mean v of the top-k test rows by each signal, k/N on MEAN_V_FRACTIONS: an array of
-    shape (seeds, fractions) per signal, plus "all" (mean v of every row, shape (seeds,)).
-    Uncertainty ranks by closeness to the median probe score of the seed's test rows."""
-    out: dict[str, list] = {name: [] for name in (*MEAN_V_SIGNALS, "all")}
-    for _, scores in sorted(by_seed.items()):
-        value = scores.value
-        signals = {
-            "dv": scores.dv,
-            "uncertainty": calibrate.uncertainty_signal(scores.probe, scores.probe),
-            "oracle": value,
-        }
-        for name, signal in signals.items():
-            out[name].append(calibrate.mean_value_at_k(signal, value, MEAN_V_FRACTIONS))
-        out["all"].append(float(value.mean()))
-    return {name: np.array(values, dtype=np.float64) for name, values in out.items()}

@@ -18,18 +18,16 @@ from ._context import METRIC_NAMES, METRICS, ReportContext, fmt, markdown_table,
 from ._data import (
     BINARY_SUFFIX,
     GROUP_POLICIES,
-    MEAN_V_FRACTIONS,
     Curve,
     Sweep,
     curves,
-    dv_quality_rows,
     gain_curves,
     group_result,
     mean_std,
-    mean_value_curves,
     read_sweep,
     value_at,
 )
+from ._dv_data import MEAN_V_FRACTIONS, dv_quality_rows, mean_value_curves
 
 __all__ = [
     "binary_section",

@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from .._errors import InputError
 from ..run import JOBS, MIN_SELECTION, JobRecord, RunLayout, read_job
-from . import _figures as fig
+from . import _validation_figures as fig
 from ._context import ReportContext, markdown_table, pct
 
 __all__ = ["measured", "validation_section", "with_ci"]

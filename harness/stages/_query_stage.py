@@ -25,7 +25,7 @@ from ._expert_calibration import (
     score_content_free,
     write_expert_calibration,
 )
-from ._query import QuerySummary, preflight_cache, query_items
+from ._query import QuerySummary, preflight_cache, query_items, uncached_count
 
 __all__ = ["QueryStage", "expert_identity"]
 
@@ -85,13 +85,35 @@ class QueryStage:
         """What the stage asks the expert about: every dev example, then every test example."""
         return [*self.ctx.data.dev, *self.ctx.data.test]
 
+    def asked_items(self) -> list[experts.Item]:
+        """Every item the stage asks about: the examples', then any content-free inputs."""
+        return [e.item() for e in self.examples()] + self._content_free()
+
+    def left_the_cache(self) -> int:
+        """How many of the stage's answers the cache no longer holds (`ctd cache forget`), read
+        without changing the cache: an InputError when it holds none of them (another cache
+        than the run's, or none there), since asking them all again is no retry."""
+        path = self.ctx.roots.cache
+        items = self.asked_items()
+        missing = len(items)
+        if path.is_file():
+            cache = experts.ScoreCache(path)
+            try:
+                missing = uncached_count(items, self.ctx.expert.spec, cache)
+            finally:
+                cache.close()
+        if items and missing == len(items):
+            raise InputError(
+                f"--retry-failed: none of the {len(items)} answers of the query stage is in the cache "
+                f"{path} (not the cache the run used? it is $CTD_CACHE); nothing was asked"
+            )
+        return missing
+
     def run(self) -> StageResult:
         ctx = self.ctx
         examples = self.examples()
         if not self.checked:
-            missing = preflight_cache(
-                ctx.roots.cache, ctx.expert.spec, [e.item() for e in examples] + self._content_free()
-            )
+            missing = preflight_cache(ctx.roots.cache, ctx.expert.spec, self.asked_items())
             if missing:
                 ctx.manifests.log(f"query: {missing} answers left the cache since the run began")
                 start_server = ctx.expert.preflight(serve=self.may_serve)

@@ -24,7 +24,7 @@ from calibrate._cascade import (
     selection_keys,
 )
 from calibrate._cascade_validate import validate_cascade
-from calibrate._joint import RiskCounts, run_joint_tests
+from calibrate._joint import run_joint_tests
 
 
 def cascade_table(n: int, stages: int, seed: int) -> CascadeScores:
@@ -174,5 +174,6 @@ def test_bad_levels_are_refused() -> None:
     with pytest.raises(ValueError, match="margins must start at 0"):
         cascade_grid(scores, splits.est, margins=(0.1, 0.2))
     assert isinstance(
-        cascade_risks(scores, grid, splits.est, splits.cal, CascadeLevels((0.3, None)))[0], RiskCounts
+        cascade_risks(scores, grid, splits.est, splits.cal, CascadeLevels((0.3, None)))[0],
+        calibrate.RiskCounts,
     )

@@ -159,6 +159,30 @@ def test_eval_runs_every_stage_then_skips_and_reruns_only_what_changed(tmp_path,
         assert "outputs changed on disk since it ran" in (run / "log.txt").read_text()
         assert listed()["status"] == "done"
 
+        # Answers removed from the cache (`ctd cache forget`, here of three answers marked as the
+        # old `choice` rung's): a plain rerun keeps the run as it is and asks nothing; with
+        # --retry-failed the query stage asks those three items and no other.
+        with contextlib.closing(sqlite3.connect(tmp_path / "cache.sqlite")) as connection:
+            connection.execute("UPDATE scores SET how = 'choice' WHERE rowid IN (2, 5, 7)")
+            connection.commit()
+        forgot = run_ctd("cache", "forget", "--how", "choice", "--yes", cwd=tmp_path, env=env)
+        assert forgot.returncode == 0 and "forgot 3 answers" in forgot.stdout, forgot.stderr
+        rerun_args = (*eval_args(data, server.url), "--json", "--budgets", "0.4,0.6", "--no-merge-controls")
+        plain = run_ctd(*rerun_args, cwd=tmp_path, env=env, timeout=600)
+        assert plain.returncode == 0, plain.stderr
+        assert stage_status(plain.stdout)["query"] == "skipped" and item_requests(server) == requests
+        asked = run_ctd(*rerun_args, "--retry-failed", cwd=tmp_path, env=env, timeout=600)
+        assert asked.returncode == 0, asked.stderr
+        assert stage_status(asked.stdout)["query"] == "ran"
+        assert sum(item_requests(server).values()) == sum(requests.values()) + 3
+        # A cache that holds none of the run's answers (not the one it used): asking them all
+        # again is no retry, so nothing is asked and the cache is not made.
+        other = {**env, "CTD_CACHE": str(tmp_path / "other.sqlite")}
+        elsewhere = run_ctd(*rerun_args, "--retry-failed", cwd=tmp_path, env=other, timeout=600)
+        assert_one_line_error(elsewhere, "--retry-failed", "other.sqlite", "nothing was asked")
+        assert not (tmp_path / "other.sqlite").exists()
+        assert sum(item_requests(server).values()) == sum(requests.values()) + 3
+
 
 def test_too_many_expert_failures_stop_before_calibration(tmp_path, env) -> None:
     """Two of 64 test items fail at the expert (3.1%, above --max-failed 1%): the run stops after

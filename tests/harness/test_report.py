@@ -42,7 +42,8 @@ from harness.report import (
 )
 
 # Private: the report's tables.
-from harness.report._data import MEAN_V_FRACTIONS, Sweep, read_sweep
+from harness.report._data import Sweep, read_sweep
+from harness.report._dv_data import MEAN_V_FRACTIONS
 from harness.report._sections import MEAN_V_TABLE_FRACTIONS
 from harness.report._summary import MAX_BUDGETS, SUMMARY_BUDGETS, summary_budgets
 from harness.run import JOBS, MIN_SELECTION, read_job

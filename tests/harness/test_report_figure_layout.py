@@ -14,6 +14,7 @@ from matplotlib.colors import to_rgb
 
 # Private: the figures' layout and the curves they draw.
 import harness.report._figures as fig
+import harness.report._validation_figures as validation_fig
 from harness.report._data import Curve, GainCurve
 
 
@@ -22,14 +23,14 @@ def test_histogram_bins_lie_on_the_lattice_with_alpha_between_bins(n: int, alpha
     rng = np.random.default_rng(0)
     realised = rng.integers(int(0.5 * alpha * n), int(1.2 * alpha * n), size=200) / n
     edge = int(np.floor(alpha * n + 1e-9))
-    bins = fig._lattice_bins([realised], n, edge)
+    bins = validation_fig._lattice_bins([realised], n, edge)
     counts = bins * n - 0.5
     assert np.allclose(counts, np.round(counts))  # every edge halfway between two multiples of 1/n
     widths = np.diff(np.round(counts))
     assert np.all(widths == widths[0])  # every bin holds as many achievable rates
     assert np.any(np.isclose(bins, (edge + 0.5) / n))  # alpha's edge is a bin edge
     assert bins[0] < realised.min() and bins[-1] > realised.max()
-    assert bins.size <= fig._MAX_BINS + 2
+    assert bins.size <= validation_fig._MAX_BINS + 2
     # A rate meets alpha exactly when it is left of that edge (integer counts decide violations).
     assert all((r <= alpha + 1e-12) == (r < (edge + 0.5) / n) for r in realised)
 
