@@ -134,9 +134,9 @@ def run_eval(
     """Run (or resume) every stage of `config` in its run folder and return what happened.
     `display` draws the stages' progress (None: nothing is shown); `on_stage` is called after
     each stage, while the display is still up, so a line it prints through `display.print` stays
-    above the bars. `retry_failed` reruns the query stage when it recorded expert failures or
-    answers it had left the cache since (`ctd cache forget`); answers in the cache are not asked
-    again. `overlap` False runs the query stage
+    above the bars. `retry_failed` reruns the stages that ask experts (query, cascade) when they
+    recorded failures or answers they had left the cache since (`ctd cache forget`); answers in
+    the cache are not asked again. `overlap` False runs the query stage
     after the probe stage rather than beside it. When the probe stage is to run, torch and
     transformers are imported first and what the process holds then is frozen (`gc.freeze`: out
     of the cyclic collector's later scans, for the life of the process)."""
@@ -176,8 +176,10 @@ def run_eval(
     # The endpoint is checked once per run, before the first expensive stage, and only if the
     # query stage will ask it something: with every answer in the cache the expert may be down.
     query = QueryStage(ctx)
-    if retry_failed and _asks_again(ctx, query):
-        manifests.invalidate("query")
+    later = CascadeStage(ctx) if config.cascade else None
+    for asking in (query, later):
+        if retry_failed and asking is not None and _asks_again(manifests, asking):
+            manifests.invalidate(asking.name)
     if not manifests.up_to_date("query", query.fingerprint()[0]):
         # A damaged, full or read-only cache costs no request.
         items = query.asked_items()
@@ -222,7 +224,7 @@ def run_eval(
         *first,
         DVStage(ctx),
         # Later experts of a cascade: a run of one expert has no such stage and is as it was.
-        *([CascadeStage(ctx)] if config.cascade else []),
+        *([later] if later is not None else []),
         CalibrateStage(ctx),
         ValidateStage(ctx),
         ReportStage(ctx, figures),
@@ -257,16 +259,17 @@ def run_eval(
     )
 
 
-def _asks_again(ctx: RunContext, query: QueryStage) -> bool:
-    """Whether `--retry-failed` reruns the query stage: it recorded failures, or answers it had
-    left the cache since (`ctd cache forget`). A stage not up to date runs anyway."""
-    if not ctx.manifests.up_to_date(query.name, query.fingerprint()[0]):
+def _asks_again(manifests: Manifests, stage: QueryStage | CascadeStage) -> bool:
+    """Whether `--retry-failed` reruns a stage that asks experts (the query stage, the cascade's
+    later experts): it recorded failures, or answers it had left the cache since (`ctd cache
+    forget`). A stage not up to date runs anyway."""
+    if not manifests.read(stage.name) or not manifests.up_to_date(stage.name, stage.fingerprint()[0]):
         return False
-    if (ctx.manifests.read(query.name) or {}).get("failed", 0):
+    if (manifests.read(stage.name) or {}).get("failed", 0):
         return True
-    missing = query.left_the_cache()
+    missing = stage.left_the_cache()
     if missing:
-        ctx.manifests.log(f"query: {missing} of its answers left the cache since it ran: asked again")
+        manifests.log(f"{stage.name}: {missing} of its answers left the cache since it ran: asked again")
     return missing > 0
 
 

@@ -244,8 +244,8 @@ def eval_command(
         bool,
         typer.Option(
             "--retry-failed",
-            help="Ask the expert again for the examples it failed on, and for those whose answers "
-            "left the cache since (`ctd cache forget`).",
+            help="Ask the experts again (a cascade's later ones too) for the examples they failed "
+            "on, and for those whose answers left the cache since (`ctd cache forget`).",
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,

@@ -81,17 +81,34 @@ class CascadeStage:
     def outputs(self) -> list[Path]:
         return [self.ctx.layout.cascade.scores]
 
+    def queries(self) -> list[QueryStage]:
+        """The query stage of each later expert k = 2..K, in cascade/query-K/. checked=False: its
+        endpoint is checked (and its server started) only if some answer is not in the cache."""
+        ctx = self.ctx
+        return [
+            QueryStage(
+                replace(ctx, expert=expert, layout=StageLayout(ctx.layout.root, k)),
+                may_serve=ctx.config.serve == "auto" and expert.spec.server != "external",
+                checked=False,
+                spend_key=f"{self.name}/{k}",
+            )
+            for k, expert in enumerate(self.experts(), start=2)
+        ]
+
+    def left_the_cache(self) -> int:
+        """How many of the later experts' answers the cache no longer holds (`ctd cache forget`);
+        see `QueryStage.left_the_cache`."""
+        return sum(query.left_the_cache() for query in self.queries())
+
     def run(self) -> StageResult:
         ctx, layout = self.ctx, self.ctx.layout
         before = cascade_expert_scores(layout.query)  # stage 1's answers as the cascade uses them
         stages: list[dict[str, NDArray]] = []
         details = []
-        for k, expert in enumerate(self.experts(), start=2):
-            at_stage = replace(ctx, expert=expert, layout=StageLayout(layout.root, k))
-            may_serve = ctx.config.serve == "auto" and expert.spec.server != "external"
-            # checked=False: the endpoint is checked (and its server started) only if some answer
-            # is not in the cache.
-            QueryStage(at_stage, may_serve=may_serve, checked=False, spend_key=f"{self.name}/{k}").run()
+        failed = 0
+        for k, query in enumerate(self.queries(), start=2):
+            expert, at_stage = query.ctx.expert, query.ctx
+            failed += int(query.run().manifest.get("failed", 0))
             answers = cascade_expert_scores(at_stage.layout.query)
             folder = layout.cascade.dv(k)
             folder.root.mkdir(parents=True, exist_ok=True)
@@ -114,7 +131,10 @@ class CascadeStage:
         write_scores(layout.cascade.scores, columns)
         table = read_scores(layout.cascade.scores)  # the contract holds
         test_rows = int((table.split == "test").sum())
-        return StageResult(f"{'; '.join(details)}; {test_rows} test rows every expert answered")
+        detail = f"{'; '.join(details)}; {test_rows} test rows every expert answered"
+        if failed:
+            detail += f"; later experts failed on {failed} (rerun with --retry-failed to ask again for those)"
+        return StageResult(detail, {"failed": failed})
 
     def check_outputs(self) -> None:
         return None

@@ -104,8 +104,8 @@ class QueryStage:
                 cache.close()
         if items and missing == len(items):
             raise InputError(
-                f"--retry-failed: none of the {len(items)} answers of the query stage is in the cache "
-                f"{path} (not the cache the run used? it is $CTD_CACHE); nothing was asked"
+                f"--retry-failed: none of the run's {len(items)} answers of {self.ctx.expert.spec.name} "
+                f"is in the cache {path} (not the cache the run used? it is $CTD_CACHE); nothing was asked"
             )
         return missing
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from ctd_cli import assert_one_line_error, run_ctd
 from eval_data import FAST, SIZES, eval_env, write_tagged_data
-from fault_server import RunningServer, item_score
+from fault_server import FaultPlan, RunningServer, item_score
 
 from harness import read_scores, read_table
 
@@ -116,3 +116,43 @@ def test_a_later_expert_must_be_a_registered_name_other_than_the_one_before(tmp_
         done = run_ctd("eval", "--expert", expert, cwd=tmp_path, env=env, timeout=120)
         assert_one_line_error(done, fragment)
     assert not (tmp_path / "runs").exists()
+
+
+def test_retry_failed_asks_a_later_expert_again_for_what_it_failed_on(tmp_path: Path) -> None:
+    """The later expert fails on two test examples: the cascade leaves them out and says so; once
+    it answers them, --retry-failed asks it for those two and no other, and the cascade has them."""
+    env = eval_env(tmp_path)
+    experts_file = tmp_path / "experts.toml"
+    env["CTD_EXPERTS_FILE"] = str(experts_file)
+    data = write_tagged_data(tmp_path / "data")
+    first_test_item = SIZES["train"] + SIZES["dev"]
+    broken = frozenset({first_test_item + 2, first_test_item + 3})
+    with RunningServer() as small, RunningServer(FaultPlan(broken=broken), score=larger_expert) as large:
+        experts_file.write_text(
+            f'[experts.small]\nbase_url = "{small.url}"\nmodel = "fault-model"\n\n'
+            f'[experts.large]\nbase_url = "{large.url}"\nmodel = "fault-model"\n'
+        )
+        args = ["eval", *FAST, "--json", "--name", "two", "--expert", "small,large"]
+        args += [a for token in data for a in ("--data", token)]
+        done = run_ctd(*args, cwd=tmp_path, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr
+        cascade = next(s for s in json.loads(done.stdout)["stages"] if s["stage"] == "cascade")
+        assert "later experts failed on 2 (rerun with --retry-failed" in cascade["detail"]
+        run = tmp_path / "runs" / "two"
+
+        def test_ids(table: Path) -> set[str]:
+            scores = read_scores(table)
+            return set(scores.id[scores.split == "test"].tolist())
+
+        every = test_ids(run / "scores.parquet")
+        assert len(every - test_ids(run / "cascade" / "scores.parquet")) == len(broken)  # left out
+        asked = {k: v for k, v in large.server.counts.requests.items() if k >= 0}
+
+        large.server.plan = FaultPlan()  # the expert answers them now
+        again = run_ctd(*args, "--retry-failed", cwd=tmp_path, env=env, timeout=600)
+        assert again.returncode == 0, again.stderr
+        status = stage_status(again.stdout)
+        assert status["query"] == "skipped" and status["cascade"] == "ran"
+        now = {k: v for k, v in large.server.counts.requests.items() if k >= 0}
+        assert {k for k in now if now[k] != asked.get(k)} == set(broken)  # those two, no other
+        assert test_ids(run / "cascade" / "scores.parquet") == every
