@@ -19,6 +19,7 @@ and checked before anything is committed, so a malformed file commits nothing.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from ._cache import ScoreCache
 from ._client import ExpertClient
 from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError
 from ._items import Item, ItemResult
+from ._recovery import RECOVERABLE
+from ._redact import MASK, redact
 from ._registry import ExpertSpec
 from ._scoring import Request, Score, parse_response, total_usage
 
@@ -64,15 +67,20 @@ def batch_custom_ids(key: str, request: Request) -> list[str]:
 class BatchRequests:
     """What a batch file holds for a data set, counted while its lines are produced: `items`
     in all, `cached` already answered (not written), `duplicates` sharing the key of an earlier
-    item (written once), `written` items written, as `lines` lines, about `tokens` tokens (the
-    client's estimate, `Request.tokens`)."""
+    item (written once), `to_recover` left out because their request was answered before without
+    label tokens (a recorded `experts._recovery.RECOVERABLE` failure: the same deterministic
+    request in a batch would get the same answer, paid again; a live `ctd query` runs the
+    recovery ladder for them), their keys in `left_out`, and `written` items written, as `lines`
+    lines, about `tokens` tokens (the client's estimate, `Request.tokens`)."""
 
     items: int = 0
     cached: int = 0
     duplicates: int = 0
+    to_recover: int = 0
     written: int = 0
     lines: int = 0
     tokens: int = 0
+    left_out: set[str] = field(default_factory=set)
 
 
 def batch_request_lines(
@@ -85,7 +93,15 @@ def batch_request_lines(
     seen: set[str] = set()
     for start in range(0, len(items), _LOOKUP_CHUNK):
         chunk = [(item, *client.request_for(item)) for item in items[start : start + _LOOKUP_CHUNK]]
-        cached = cache.get_many([key for *_, key in chunk]) if cache is not None else {}
+        keys = [key for *_, key in chunk]
+        cached = cache.get_many(keys) if cache is not None else {}
+        unanswered = [key for key in keys if key not in cached]
+        # Only next-token scoring has a recovery ladder, and only the live client climbs it.
+        recover = (
+            cache.failed_keys(unanswered, RECOVERABLE)
+            if cache is not None and spec.method == "next-token"
+            else set()
+        )
         for _, request, key in chunk:
             counts.items += 1
             if key in cached:
@@ -95,6 +111,10 @@ def batch_request_lines(
                 counts.duplicates += 1
                 continue
             seen.add(key)
+            if key in recover:
+                counts.to_recover += 1
+                counts.left_out.add(key)
+                continue
             counts.written += 1
             counts.tokens += request.tokens
             for custom_id, body in zip(batch_custom_ids(key, request), request.bodies, strict=True):
@@ -114,11 +134,12 @@ class BatchAnswer:
     error: Any
 
     def failure(self) -> ExpertError | None:
-        """Why this line holds no answer to score, or None."""
+        """Why this line holds no answer to score, or None. The message is redacted (it is stored
+        in the failures table): an error may quote a key, as the live client's are redacted."""
         if self.status is not None and self.status != 200:
-            return HTTPStatusError(self.status, f"{_shown(self.error or self.body)} ({self.where})")
+            return HTTPStatusError(self.status, f"{redact(_shown(self.error or self.body))} ({self.where})")
         if self.error is not None:
-            return ResponseError(f"{_shown(self.error)} ({self.where})", reason="batch-error")
+            return ResponseError(f"{redact(_shown(self.error))} ({self.where})", reason="batch-error")
         if not isinstance(self.body, Mapping):
             return ResponseError(f"the result holds no answer body ({self.where})", reason="no-logprobs")
         return None
@@ -135,11 +156,13 @@ def _shown(value: Any) -> str:
     return json.dumps(value)[:300] if not isinstance(value, str) else value
 
 
-def read_batch_results(paths: Sequence[Path]) -> dict[str, BatchAnswer]:
+def read_batch_results(paths: Sequence[Path], *, api_key_env: str | None = None) -> dict[str, BatchAnswer]:
     """Every result line of `paths` (a batch's output file and, for OpenAI's Batch API, its
     error file), by custom_id. The whole of each file is read and checked first: a line that is
     not a result (`{"custom_id", "response": {"status_code", "body"}, "error"}`) or a custom_id
-    seen before is one ConfigError naming file:line."""
+    seen before is one ConfigError naming file:line. The key `api_key_env` names is masked
+    wherever a line holds it (an answer that echoes it is stored), as the live client does."""
+    key = os.environ.get(api_key_env, "").encode() if api_key_env else b""
     answers: dict[str, BatchAnswer] = {}
     for path in paths:
         try:
@@ -150,6 +173,8 @@ def read_batch_results(paths: Sequence[Path]) -> dict[str, BatchAnswer]:
             if not line.strip():
                 continue
             where = f"{path}:{number}"
+            if key and key in line:
+                line = line.replace(key, MASK.encode())
             answer, custom_id = _result_line(line, where)
             if custom_id in answers:
                 raise ConfigError(f"{where}: custom_id {custom_id!r} repeats {answers[custom_id].where}")
@@ -164,6 +189,8 @@ def _result_line(line: bytes, where: str) -> tuple[BatchAnswer, str]:
         raise ConfigError(f"{where}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a result line") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: expected a result object, found {type(record).__name__}")
     custom_id = record.get("custom_id")
@@ -186,8 +213,11 @@ class BatchCommit:
     """What committing a batch's results did: `committed` items scored into the cache,
     `already` items the cache answered before (kept, not overwritten), `failed` items recorded
     as failures (`failure_reasons`), `unmatched` result lines whose custom_id is no item's (a
-    different data file, expert, method or template), `missing` items still without an answer."""
+    different data file, expert, method or template), `missing` items still without an answer,
+    and `usd` what the batch's answers cost at the expert's prices with the batch discount, from
+    the usage they report (every line: an answer is paid whether or not it scores)."""
 
+    usd: float = 0.0
     lines: int = 0
     committed: int = 0
     already: int = 0
@@ -212,7 +242,12 @@ def commit_batch_results(
     for item, request, key in keyed:
         owners.setdefault(key, (item, request))
     wanted = {cid: key for key, (_, request) in owners.items() for cid in batch_custom_ids(key, request)}
-    report = BatchCommit(lines=len(answers), unmatched=sum(cid not in wanted for cid in answers))
+    usage = total_usage([answer.body for answer in answers.values()])
+    report = BatchCommit(
+        lines=len(answers),
+        unmatched=sum(cid not in wanted for cid in answers),
+        usd=spec.price.usd(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), batch=True),
+    )
     if answers and report.unmatched == len(answers):
         raise ConfigError(
             f"none of the {len(answers)} result lines answers an item of the data with expert "

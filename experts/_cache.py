@@ -374,6 +374,26 @@ class ScoreCache:
             for row in session.exec(query.order_by(ScoreRow.created)):
                 yield self._with_how(row)
 
+    def failed_keys(self, keys: Sequence[str], reasons: Iterable[str]) -> set[str]:
+        """The keys among `keys` with a recorded failure for one of `reasons` (500 keys a query)."""
+        wanted = sorted(set(reasons))
+        found: set[str] = set()
+        with storage_errors(self.path):
+            connection = self.engine.raw_connection()
+            try:
+                cursor = connection.cursor()
+                for start in range(0, len(keys), 500):
+                    chunk = list(keys[start : start + 500])
+                    cursor.execute(
+                        f"SELECT DISTINCT key FROM failures WHERE key IN ({','.join('?' * len(chunk))}) "
+                        f"AND reason IN ({','.join('?' * len(wanted))})",
+                        [*chunk, *wanted],
+                    )
+                    found.update(key for (key,) in cursor.fetchall())
+            finally:
+                connection.close()
+        return found
+
     def lookup_item(self, item_id: str) -> tuple[list[ScoreRow], list[FailureRow]]:
         with storage_errors(self.path), Session(self.engine) as session:
             query = self._select_scores().where(ScoreRow.item_id == item_id)

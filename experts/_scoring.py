@@ -163,6 +163,8 @@ def _likelihood(payloads: Sequence[Mapping[str, Any]], template: PromptTemplate,
         raise ResponseError(
             "the answer lacks echoed prompt logprobs for both answers", reason="no-logprobs"
         ) from None
+    if high == low == -math.inf:  # both impossible: their difference, and so the score, is NaN
+        raise ResponseError("both answers have log-likelihood -inf", reason="bad-logprobs")
     # Softmax over the two answers, computed from the difference for stability.
     return Score(p=1.0 / (1.0 + math.exp(min(low - high, 700.0))), label_mass=None)
 

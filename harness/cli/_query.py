@@ -149,6 +149,12 @@ def _batch(
             f"for {written.written} examples (about {written.tokens:,} tokens) to {written.out}; "
             "nothing was sent"
         )
+        if written.to_recover:
+            stdout.print(
+                f"left out {written.to_recover} examples answered before without label tokens: the same "
+                "request in a batch gets the same answer; `ctd query` (live) tries the recovery ladder "
+                "for them"
+            )
         stdout.print(f"cost: {written.estimate}")
         return
     if out is None:
@@ -165,6 +171,11 @@ def _batch(
         )
         for reason, count in sorted(summary.failure_reasons.items()):
             stdout.print(f"  failed: {count} x {reason} (a later run asks them again)")
+        if not spec.price.free:
+            stdout.print(
+                f"cost: about ${summary.usd:.4f} for the batch's answers at {spec.name}'s prices with the "
+                "batch discount, from the usage they report"
+            )
     summary.check_failures(max_failed)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 import experts
@@ -43,15 +43,21 @@ class QueryEstimate:
 
 
 def estimate_queries(
-    items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache | None, *, batch: bool = False
+    items: Sequence[Item],
+    spec: ExpertSpec,
+    cache: ScoreCache | None,
+    *,
+    batch: bool = False,
+    leave_out: Set[str] = frozenset(),
 ) -> QueryEstimate:
     """The estimate for `items`: one request per body of each distinct uncached input (items
-    with the same input share one; a failure is asked again)."""
+    with the same input share one; a failure is asked again), but for the keys in `leave_out`."""
     client = experts.ExpertClient(spec, cache=None)
     pending: dict[str, experts.Request] = {}
     for item in items:
         request, key = client.request_for(item)
-        pending.setdefault(key, request)
+        if key not in leave_out:
+            pending.setdefault(key, request)
     stored = cache.get_many(list(pending)) if cache is not None and pending else {}
     missing = [request for key, request in pending.items() if key not in stored]
     bound, price = Spend(spec.price), spec.price

@@ -33,6 +33,7 @@ class BatchOutSummary:
     total: int
     cached: int
     duplicates: int
+    to_recover: int
     written: int
     lines: int
     tokens: int
@@ -61,6 +62,7 @@ class BatchInSummary:
     failure_reasons: dict[str, int]
     dropped: int
     seconds: float
+    usd: float  # what the batch's answers cost (their reported usage, with the batch discount)
 
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -81,6 +83,8 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
     """Write the requests `ctd query` would send for `data` (its cache misses, each key once) as
     an OpenAI batch file at `path`, atomically; nothing is sent and no key is written."""
     check_writable(path, "--batch-out", BATCH_SUFFIXES)
+    if path.exists():  # the data, a batch's requests or its paid results: never replaced
+        raise InputError(f"--batch-out {path}: already exists; the requests go to a new file")
     dataset = read_dataset(data)
     cache_path = cache_path or Roots.resolve().cache
     counts = experts.BatchRequests()
@@ -89,7 +93,7 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
         with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
             for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
                 handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-        estimate = estimate_queries(dataset.items, spec, cache, batch=True)
+        estimate = estimate_queries(dataset.items, spec, cache, batch=True, leave_out=counts.left_out)
     finally:
         cache.close()
     return BatchOutSummary(
@@ -99,6 +103,7 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
         total=counts.items,
         cached=counts.cached,
         duplicates=counts.duplicates,
+        to_recover=counts.to_recover,
         written=counts.written,
         lines=counts.lines,
         tokens=counts.tokens,
@@ -118,9 +123,10 @@ def batch_in(
     check_writable(out, "--out")
     for path in results:
         if not Path(path).is_file():
-            raise InputError(f"--batch-in {path}: no such file")
+            problem = "is a folder, expected a results .jsonl" if Path(path).is_dir() else "no such file"
+            raise InputError(f"--batch-in {path}: {problem}")
     dataset = read_dataset(data)
-    answers = experts.read_batch_results(results)
+    answers = experts.read_batch_results(results, api_key_env=spec.api_key_env)
     cache_path = cache_path or Roots.resolve().cache
     cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
@@ -143,4 +149,5 @@ def batch_in(
         failure_reasons=dict(report.failure_reasons),
         dropped=dataset.dropped,
         seconds=round(time.monotonic() - started, 3),
+        usd=report.usd,
     )

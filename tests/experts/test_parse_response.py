@@ -110,6 +110,20 @@ def test_likelihood_extreme_differences_do_not_overflow() -> None:
     assert p(-1.0, -2000.0) == 1.0
 
 
+def test_likelihood_with_both_answers_impossible_is_no_score() -> None:
+    """Both answers at log-likelihood -inf (a token of each at -Infinity, which JSON readers
+    accept): the difference is NaN, so there is no score, not a NaN one (NaN rows are dropped
+    by the cache's insert while counted as stored). One impossible answer still scores."""
+    template = load_template("stakes-v1")
+    request = build_request("likelihood", template, "x", "m", top_logprobs=20)
+    both = likelihood_answers(request, [-math.inf, 0.0, 0.0, 0.0], [-1.0, -math.inf, 0.0, 0.0])
+    with pytest.raises(ResponseError) as info:
+        parse_response("likelihood", both, template, request)
+    assert info.value.reason == "bad-logprobs"
+    one = likelihood_answers(request, [-1.0, 0.0, 0.0, 0.0], [-math.inf, 0.0, 0.0, 0.0])
+    assert parse_response("likelihood", one, template, request).p == 1.0
+
+
 @pytest.mark.parametrize(
     "case", ["no-logprobs", "one-answer", "no-choices", "none-in-answer", "no-answer-tokens", "not-objects"]
 )

@@ -24,6 +24,7 @@ from harness.stages import preflight_cache
 
 ITEMS = 1000
 SECRET = "sk-batch-secret-0123456789"  # the expert's API key: it must reach no batch file
+BEARER = "q1w2e3r4t5y6u7i8"  # a bearer token a results file quotes
 
 
 def write_data(folder: Path, n: int, *, name: str = "data.jsonl") -> Path:
@@ -124,6 +125,7 @@ def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
             "total": ITEMS + 1,
             "cached": 0,
             "duplicates": 1,
+            "to_recover": 0,
             "written": ITEMS,
             "lines": ITEMS * bodies,
             "tokens": 0,
@@ -338,7 +340,9 @@ def test_a_malformed_result_line_commits_nothing(tmp_path: Path, answered: tuple
             '{"custom_id": "k", "response": {"status_code": "200"}}',
             ":4: response.status_code must be an integer",
         ),
+        ('{"custom_id": "k", "response": ' + "[" * 200_000 + "]" * 200_000 + "}", ":4: nested too deeply"),
     ],
+    ids=["list", "no-custom-id", "neither", "status-text", "deep"],
 )
 def test_a_line_that_is_no_result_is_named(
     tmp_path: Path, answered: tuple[Path, Path, str], line: str, problem: str
@@ -405,3 +409,93 @@ def test_batch_options_that_cannot_work_are_one_line(
     assert_one_line_error(result, problem)
     assert stored(tmp_path / "cache.sqlite") == (0, 0)
     assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "o.csv").exists()
+
+
+# --------------------------------------------------------------------------- what a results file may hold
+
+
+def test_secrets_in_results_stay_out_of_the_cache_and_unlabelled_answers_are_left_to_the_ladder(
+    tmp_path: Path,
+) -> None:
+    """A results file that quotes a key in an error and echoes the expert's own key in an answer:
+    neither reaches the cache. An answer without label tokens is a failure the live client would
+    try to recover: the next --batch-out leaves it out (the same request would get the same
+    answer, paid again) and says so, and a live `ctd query` asks it. The batch's answers are
+    priced from their usage."""
+    data = write_data(tmp_path, 8)
+    leaked = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123"  # not this expert's key: found by its shape
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "next-token")
+        priced = expert.registry.read_text() + "price_input = 2.0\nprice_output = 8.0\nbatch_discount = 0.5\n"
+        expert.registry.write_text(priced)
+        assert expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl").returncode == 0
+
+        def edit(line: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+            item = int(line["body"]["messages"][-1]["content"].split("item-")[1].split(":")[0])
+            body = result["response"]["body"]
+            if item == 2:  # an answer whose top tokens hold neither label
+                for entry in body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]:
+                    entry["token"] = "perhaps"
+            if item == 3:
+                said = f"Incorrect API key provided: {leaked}. Authorization: Bearer {BEARER}"
+                error = {"error": {"message": said}}
+                result["response"] = {"status_code": 401, "request_id": "r", "body": error}
+            if item == 4:
+                body["echo"] = f"your key is {SECRET}"
+            return result
+
+        answer_batch(
+            tmp_path / "requests.jsonl",
+            running.url.removesuffix("/v1"),
+            tmp_path / "results.jsonl",
+            edit=edit,
+        )
+        usage = sum(
+            json.loads(line)["response"]["body"].get("usage", {}).get(kind, 0) * price
+            for line in (tmp_path / "results.jsonl").read_text().splitlines()
+            for kind, price in (("prompt_tokens", 2.0), ("completion_tokens", 8.0))
+        )
+        committed = expert.ctd(
+            "query", "--data", str(data), "--batch-in", "results.jsonl", "--out", "batch.csv",
+            "--max-failed", "0.5", "--json",
+        )  # fmt: skip
+        assert committed.returncode == 0, committed.stderr
+        report = json.loads(committed.stdout)
+        assert report["failure_reasons"] == {"no-label-mass": 1, "http-401": 1}
+        assert report["usd"] == pytest.approx(usage / 1e6 * 0.5) and usage > 0
+        with sqlite3.connect(tmp_path / "cache.sqlite") as db:
+            stored_text = " ".join(
+                str(value)
+                for table in ("scores", "failures")
+                for row in db.execute(f"SELECT * FROM {table}").fetchall()
+                for value in row
+            )
+        assert SECRET not in stored_text and leaked not in stored_text and BEARER not in stored_text
+        assert "Incorrect API key provided" in stored_text  # the message itself is kept
+
+        again = expert.ctd("query", "--data", str(data), "--batch-out", "again.jsonl", "--json")
+        assert again.returncode == 0, again.stderr
+        second = json.loads(again.stdout)
+        assert (second["to_recover"], second["written"]) == (1, 1)  # item 2 left out, item 3 asked
+        assert "item-3:" in (tmp_path / "again.jsonl").read_text()
+        shown = expert.ctd("query", "--data", str(data), "--batch-out", "third.jsonl")
+        assert "left out 1 examples answered before without label tokens" in shown.stdout
+
+        paid = item_requests(running)
+        live = expert.ctd("query", "--data", str(data), "--out", "live.csv")
+        assert live.returncode == 0, live.stderr
+        assert item_requests(running) - paid == 2  # items 2 and 3, live
+
+
+def test_batch_out_never_replaces_a_file(tmp_path: Path, answered: tuple[Path, Path, str]) -> None:
+    """Not the data set, not a batch's paid results: --batch-out names a new file."""
+    data, results, url = answered
+    before = {path: path.read_bytes() for path in (data, results)}
+    expert = Expert(tmp_path, url, "next-token")
+    for path in (data, results):
+        refused = expert.ctd("query", "--data", str(data), "--batch-out", str(path))
+        assert_one_line_error(refused, f"--batch-out {path}: already exists")
+    assert {path: path.read_bytes() for path in (data, results)} == before
+    (tmp_path / "folder.jsonl").mkdir()
+    folder = expert.ctd("query", "--data", str(data), "--batch-in", "folder.jsonl", "--out", "o.csv")
+    assert_one_line_error(folder, "--batch-in folder.jsonl: is a folder")
