@@ -146,7 +146,8 @@ def score_command(
         read_bundle(bundle).expert_spec(expert_url)
     plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
     try:
-        summary = _run(plan, options, on_ray, json_output=json_output)
+        with plan.held():  # a second job on --out is refused before the display starts
+            summary = _run(plan, options, on_ray, json_output=json_output)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped
         print(
             "error: interrupted; the shards written are kept: rerun the same command to resume",

@@ -15,7 +15,7 @@ from ._scores import (
     write_scores,
 )
 from ._simulate import DEFAULT_RANDOM_STATE, SCENARIOS, Scenario, simulate_scores
-from ._staging import cleaning_lock, exchange_folders, staging_folder
+from ._staging import cleaning_lock, exchange_folders, folder_writer, staging_folder
 from ._tables import (
     RawTable,
     atomic_path,
@@ -48,6 +48,7 @@ __all__ = [
     "cleaning_lock",
     "dumps",
     "exchange_folders",
+    "folder_writer",
     "load_data",
     "parse_data_spec",
     "read_dataset",

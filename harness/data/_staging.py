@@ -34,7 +34,7 @@ from pathlib import Path
 from .._errors import named
 from ._tables import _umask
 
-__all__ = ["cleaning_lock", "exchange_folders", "staging_folder"]
+__all__ = ["cleaning_lock", "exchange_folders", "folder_writer", "staging_folder"]
 
 # What flock on a folder fails with where the file system cannot lock one.
 _NO_LOCKS = frozenset({errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
@@ -87,6 +87,19 @@ def cleaning_lock(parent: Path) -> Iterator[None]:
     take at a staging folder's path (an exchange of two folders, then a rename)."""
     with _locked(Path(parent)):
         yield
+
+
+@contextmanager
+def folder_writer(folder: Path) -> Iterator[bool]:
+    """Hold `folder`'s lock for the block, as its one writer: BlockingIOError at once when another
+    process holds it (it is not waited for). Yields False (and holds nothing) where the file
+    system takes no lock on a folder."""
+    fd = _lock(Path(folder))
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _identity(folder: Path) -> tuple[int, int]:

@@ -76,6 +76,7 @@ def read_rows(path: Path, *, start: int, line: int, first_index: int, count: int
 def _parquet_rows(path: Path, first: int) -> Iterator[tuple[str, dict[str, object], int]]:
     """(where, row, row number) from row `first` on, reading only the row groups from there."""
     import pyarrow.parquet as pq
+    from pyarrow import ArrowException
 
     try:
         handle = pq.ParquetFile(path)
@@ -90,8 +91,16 @@ def _parquet_rows(path: Path, first: int) -> Iterator[tuple[str, dict[str, objec
         if number + size <= first:
             number += size
             continue
-        for batch in handle.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):
-            for row in batch.to_pylist():
+        batches = handle.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns)
+        while True:
+            try:  # a damaged page is met here: pyarrow's error (OSError, ValueError) names no file
+                batch = next(batches, None)
+                rows = batch.to_pylist() if batch is not None else None
+            except (OSError, ValueError, ArrowException) as error:
+                raise InputError(f"{path}: row group {group + 1} is not readable ({error})") from None
+            if rows is None:
+                break
+            for row in rows:
                 if number >= first:
                     yield f"{path}: row {number + 1}", row, number
                 number += 1

@@ -27,8 +27,9 @@ class ScoreLayout:
         return self.root / f".shard-{index:05d}.parquet.{_pid()}.tmp"
 
     def temps(self) -> Iterator[Path]:
-        """Temporary shard files left by a killed job."""
-        return self.root.glob(".shard-*.parquet.*.tmp")
+        """Temporary files left by a killed job: its shards', and its manifest's (`write_json`)."""
+        yield from self.root.glob(".shard-*.parquet.*.tmp")
+        yield from self.root.glob(f".{self.manifest.name}.*.tmp")
 
     def shards(self) -> Iterator[Path]:
         return self.root.glob("shard-*.parquet")

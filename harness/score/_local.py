@@ -86,24 +86,25 @@ def score_local(plan: ScorePlan, options: ScoreOptions, *, progress: Progress | 
     """Score the plan's pending shards here, in order (the model is loaded only when one is
     pending). `progress` gets shards done/total with rows/s."""
     started = time.perf_counter()
-    pending = plan.pending()
-    total = len(plan.shards)
-    finished = total - len(pending)
-    report = progress or (lambda *_: None)
-    report(PROGRESS_WHAT, finished, total, "", "shards")
-    done: list[ShardDone] = []
-    if pending:
-        scorer = ShardScorer(options)
-        begun = time.perf_counter()  # rows/s of the scoring, the model's loading left out
-        rows = 0
-        try:
-            for task in pending:
-                result = scorer(task)
-                done.append(result)
-                rows += result.rows
-                finished += 1
-                rate = rows / max(time.perf_counter() - begun, 1e-9)
-                report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")
-        finally:
-            scorer.close()
+    with plan.held():
+        pending = plan.pending()
+        total = len(plan.shards)
+        finished = total - len(pending)
+        report = progress or (lambda *_: None)
+        report(PROGRESS_WHAT, finished, total, "", "shards")
+        done: list[ShardDone] = []
+        if pending:
+            scorer = ShardScorer(options)
+            begun = time.perf_counter()  # rows/s of the scoring, the model's loading left out
+            rows = 0
+            try:
+                for task in pending:
+                    result = scorer(task)
+                    done.append(result)
+                    rows += result.rows
+                    finished += 1
+                    rate = rows / max(time.perf_counter() - begun, 1e-9)
+                    report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")
+            finally:
+                scorer.close()
     return summarize(plan, done, time.perf_counter() - started)

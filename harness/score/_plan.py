@@ -9,7 +9,8 @@ starts, so ten million rows plan in bounded memory."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from experts import redact_url
 
 from .._errors import InputError
-from ..data import read_json, write_json
+from ..data import folder_writer, read_json, write_json
 from ..monitor import read_bundle
 from ..run import file_sha256
 from ._inputs import input_files, walk_rows
@@ -32,6 +33,7 @@ MANIFEST_VERSION = 1
 # What a rerun must share with the job that wrote the folder (the limit may change: a job tried
 # on a few rows is then run in full, and only the shards it lacks are scored).
 SAME_JOB = ("version", "bundle", "inputs", "shard_rows", "expert", "expert_url")
+_HELD_HERE: set[Path] = set()  # output folders this process holds (`ScorePlan.held`)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,36 @@ class ScorePlan:
     def layout(self) -> ScoreLayout:
         return ScoreLayout(self.out)
 
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the output folder as its one job's for the block (`score_local` and `score_ray` do;
+        the command line holds it from before its display starts, and a hold this process has
+        already is taken as it is): a second job on the same folder (the same command started
+        twice, a resubmitted batch job beside the old one) is one InputError, not a race over the
+        same shards' files. Under the hold, a killed job's temporary files are removed before,
+        and this job's after."""
+        key = self.out.resolve()
+        if key in _HELD_HERE:
+            yield
+            return
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(folder_writer(self.out))
+            except BlockingIOError:
+                raise InputError(
+                    f"--out {self.out}: another `ctd score` job is writing there; wait for it to end "
+                    "(or stop it), then rerun to resume"
+                ) from None
+            _HELD_HERE.add(key)
+            stack.callback(_HELD_HERE.discard, key)
+            self._clear_temps()
+            yield
+            self._clear_temps()
+
+    def _clear_temps(self) -> None:
+        for temp in self.layout.temps():
+            temp.unlink(missing_ok=True)
+
     def pending(self) -> list[ShardTask]:
         """Shards not done yet (`ShardTask.done_by`): no file, fewer rows than the task's (the last
         shard of a job tried with a smaller --limit), or rows the expert failed on."""
@@ -120,6 +152,8 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
     out = Path(options.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: is a file, where a folder is expected")
+    if Path(data).is_dir() and out.resolve() == Path(data).resolve():
+        raise InputError(f"--out {out}: is the --data folder; the shards go to a folder of their own")
     bundle = read_bundle(Path(options.bundle))
     files = input_files(Path(data))
     shards: list[ShardTask] = []
@@ -162,8 +196,6 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
     layout = ScoreLayout(out)
     _check_same_job(layout, manifest)
     out.mkdir(parents=True, exist_ok=True)
-    for temp in layout.temps():  # a killed job's half-written shards
-        temp.unlink(missing_ok=True)
     write_json(layout.manifest, manifest)
     return ScorePlan(out, tuple(shards), rows)
 

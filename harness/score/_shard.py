@@ -11,7 +11,7 @@ import errno
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +138,10 @@ class ShardScorer:
         if task.done_by(record):
             assert record is not None
             return ShardDone.from_record(record, written=False)
+        if record and record.get("path") == task.path and record.get("first_row") == task.first_row:
+            # Scored again for its expert failures, a shard an earlier job wrote with more rows
+            # (a job rerun with a smaller --limit) keeps every row: the file it replaces held them.
+            task = replace(task, stop_row=max(task.stop_row, int(record.get("stop_row", task.stop_row))))
         started = time.perf_counter()
         rows = read_rows(
             Path(task.path),
@@ -184,11 +188,18 @@ class ShardScorer:
         the expert (the rest came from the cache). Without the expert: no score, "expert-disabled"."""
         if self.spec is None or not delegated:
             return {i: (None, "expert-disabled") for i in delegated}, 0
-        from experts import Item
+        from experts import Item, Stopped
+
+        from ..stages import score_stoppable
 
         # Ids unique within the call (an input's id may repeat); the cache is keyed by content.
         items = [Item(f"{task.index}-{i}", rows[i].item.conversation) for i in delegated]
-        results, stats = self._expert_loop().run(self._expert_client().score(items))
+        client = self._expert_client()
+        try:
+            # A stop signal drains the client: the answers in flight are committed, not paid twice.
+            results, stats = self._expert_loop().run(score_stoppable(client, items, opened=True))
+        except Stopped:
+            raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
         return answers, stats.scored + stats.failed
 

@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "probe_stage": "._probe",
     "query_dataset": "._query",
     "query_items": "._query",
+    "score_stoppable": "._query",
     "read_dv_metrics": "._dv_metrics",
     "read_expert_scores": "._dv",
     "resolve_scores": "._calibrate",

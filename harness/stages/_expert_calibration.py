@@ -43,12 +43,12 @@ def content_free_items() -> list[Item]:
 def score_content_free(spec: ExpertSpec, cache_path: Path, spend: experts.Spend | None = None) -> np.ndarray:
     """The expert's raw P(high) on each content-free input (NaN where it failed), through the cache:
     asked once per expert and template, then read back; paid from `spend` (the query stage's)."""
-    from ._query import _score_once  # Private: the query stage's one signal-aware scoring call
+    from ._query import score_stoppable  # the query stage's one signal-aware scoring call
 
     cache = ScoreCache.for_run(cache_path)
     try:
         results, _stats = asyncio.run(
-            _score_once(experts.ExpertClient(spec, cache=cache, spend=spend), content_free_items())
+            score_stoppable(experts.ExpertClient(spec, cache=cache, spend=spend), content_free_items())
         )
     except experts.Stopped:
         raise KeyboardInterrupt from None

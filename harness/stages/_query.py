@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -162,13 +163,14 @@ def query_dataset(
     return replace(summary, dropped=dataset.dropped)
 
 
-async def _score_once(
-    client: experts.ExpertClient, items: Sequence[experts.Item]
+async def score_stoppable(
+    client: experts.ExpertClient, items: Sequence[experts.Item], *, opened: bool = False
 ) -> tuple[list[experts.ItemResult], experts.RunStats]:
-    """The run's one `score` call inside the client's life (pool, limiter, breaker, claims).
-    A first SIGTERM or SIGINT drains the client: nothing more is sent and the answers in flight
-    get `experts.DRAIN_GRACE` seconds to arrive and be committed, so a resume pays for none of
-    them again; a second signal cuts that short. Either way the call raises `experts.Stopped`."""
+    """One `score` call of `client`, inside its life (pool, limiter, breaker, claims): opened and
+    closed around the call, or `opened` already (a client kept across calls, `ctd score`'s). A
+    first SIGTERM or SIGINT drains the client: nothing more is sent and the answers in flight get
+    `experts.DRAIN_GRACE` seconds to arrive and be committed, so a resume pays for none of them
+    again; a second signal cuts that short. Either way the call raises `experts.Stopped`."""
     signals = 0
 
     def stop() -> None:
@@ -183,7 +185,7 @@ async def _score_once(
 
     with stop_signals(stop):
         try:
-            async with client:
+            async with nullcontext() if opened else client:
                 scored = await client.score(items)
         except experts.EndpointDown:
             if signals:  # the endpoint failed during the drain: the stop asked for comes first
@@ -236,7 +238,7 @@ def query_items(
                 say(estimate)
         try:
             results, stats = asyncio.run(
-                _score_once(experts.ExpertClient(spec, cache=cache, progress=sink, spend=spend), items)
+                score_stoppable(experts.ExpertClient(spec, cache=cache, progress=sink, spend=spend), items)
             )
         except experts.Stopped:  # the answers that arrived are committed; the rest is not lost
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a run

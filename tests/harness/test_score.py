@@ -17,7 +17,9 @@ import asyncio
 import json
 import math
 import os
+import random
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -28,7 +30,8 @@ from ctd_cli import assert_one_line_error, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer
 from monitor_run import conversations_of
 
-from harness.data import read_scores
+from harness import InputError
+from harness.data import folder_writer, read_scores
 from harness.monitor import Monitor, read_bundle
 from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score
 
@@ -203,6 +206,92 @@ def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(made: dict, one_go
     assert all(row["expert"] is not None for row in rows_of(out).values() if row["delegated"])
 
 
+def test_a_smaller_limit_keeps_every_row_of_a_shard_scored_again_for_its_failures(
+    made: dict, one_go: tuple
+) -> None:
+    """A full job whose expert failed, then the same job with a smaller --limit and a working
+    expert: the shards scored again for their failures keep all their rows (the limit cutting
+    one of them does not shrink the file it replaces), and the rows the limit leaves out stay."""
+    tmp = made["tmp"]
+    out, cache = tmp / "score-limit-failed", tmp / "score-limit-failed.sqlite"
+    args = ("--shard-rows", "12", "--expert", "--expert-cache", str(cache))
+    with RunningServer(FaultPlan(broken=frozenset(range(-1, 10_000)))) as broken:
+        failed = run_ctd(
+            "score", "--bundle", str(made["bundle"]), "--data", str(tmp / "data" / "test.jsonl"),
+            "--out", str(out), *args, "--expert-url", broken.url, cwd=tmp, env=made["env"], timeout=600,
+        )  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    sizes = {p.name: pq.read_metadata(p).num_rows for p in out.glob("shard-*.parquet")}
+    with RunningServer(port=broken.port) as working:
+        score(made, out, *args, "--limit", "30", "--expert-url", working.url)
+    assert {p.name: pq.read_metadata(p).num_rows for p in out.glob("shard-*.parquet")} == sizes
+    assert set(rows_of(out)) == set(one_go[1])
+
+
+def test_a_stop_during_expert_calls_keeps_every_answer_paid_for(tmp_path: Path, made: dict) -> None:
+    """SIGTERM while the expert answers delegated rows (each answer takes half a second): the job
+    drains, so every answer the expert gave is committed to the cache, and exits 130; the rerun
+    asks the expert for the delegated rows the cache lacks and no other."""
+    out, cache = tmp_path / "out", tmp_path / "cache.sqlite"
+    job = ("--shard-rows", "24", "--limit", "24", "--expert", "--expert-cache", str(cache))
+    data = str(made["tmp"] / "data" / "test.jsonl")
+    args = ("score", "--bundle", str(made["bundle"]), "--data", data, "--out", str(out), *job)
+    with RunningServer(FaultPlan(delay=0.5)) as slow:
+        process = start_ctd(*args, "--expert-url", slow.url, cwd=tmp_path, env=made["env"])
+        deadline = time.monotonic() + 300
+        while not any(n for item, n in slow.server.counts.requests.items() if item >= 0):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+        answered = sum(n for item, n in slow.server.counts.successes.items() if item >= 0)
+    assert process.returncode == 130, stderr
+    assert "stopping: waiting up to" in stderr and "Traceback" not in stderr
+    with sqlite3.connect(cache) as db:
+        stored = db.execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert stored == answered > 0  # every answer paid for is kept
+    with RunningServer(port=slow.port) as working:  # the same URL: the same job
+        rerun = score(made, out, *job, "--expert-url", working.url)
+        asked = sum(n for item, n in working.server.counts.requests.items() if item >= 0)
+    assert asked == rerun["delegated"] - stored
+
+
+def test_a_second_job_on_the_same_out_is_one_line_and_touches_nothing(tmp_path: Path, made: dict) -> None:
+    """While a job writes --out (its lock held here, as a running `ctd score` holds it), the same
+    command is refused in one line, exit 2: the running job's temporary shard file stays, and no
+    shard is written beside it. With the lock free the job runs, and its leftovers go."""
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = out / ".shard-00000.parquet.elsewhere-1.tmp"
+    theirs.write_bytes(b"half a shard")
+    command = ("score", "--bundle", str(made["bundle"]), "--data", str(made["tmp"] / "data" / "test.jsonl"),
+               "--out", str(out), "--shard-rows", "32")  # fmt: skip
+    with folder_writer(out) as held:
+        assert held
+        refused = run_ctd(*command, cwd=tmp_path, env=made["env"], timeout=600)
+    assert_one_line_error(refused, f"--out {out}: another `ctd score` job is writing there")
+    assert theirs.read_bytes() == b"half a shard" and not list(out.glob("shard-*.parquet"))
+    done = run_ctd(*command, cwd=tmp_path, env=made["env"], timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert not theirs.exists() and len(list(out.glob("shard-*.parquet"))) == 2
+
+
+def test_a_damaged_parquet_input_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A damaged data page (the footer intact) fails where pyarrow reads it, with an error that
+    names no file (OSError) or is not an input error at all (UnicodeDecodeError): one InputError
+    naming the file and its row group."""
+    rows = {
+        "inputs": [f"conversation {i} " + "x" * (i % 50) for i in range(500)],
+        "ids": [f"id{i}" for i in range(500)],
+    }
+    pq.write_table(pa.table(rows), tmp_path / "ok.parquet", row_group_size=100, compression="none")
+    damaged = bytearray((tmp_path / "ok.parquet").read_bytes())
+    damaged[200:264] = bytes(random.Random(200).randrange(256) for _ in range(64))
+    (tmp_path / "bad.parquet").write_bytes(damaged)
+    with pytest.raises(InputError, match=r"bad\.parquet: row group 1 is not readable"):
+        list(walk_rows(tmp_path / "bad.parquet"))
+
+
 def test_a_killed_job_resumes_without_writing_a_shard_twice(made: dict, one_go: tuple) -> None:
     tmp = made["tmp"]
     out = tmp / "score-killed"
@@ -272,6 +361,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
     (tmp_path / "broken.jsonl").write_text(data.read_text().splitlines()[0] + "\n{not json\n")
     (tmp_path / "a-file").write_text("")
     (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "traffic").mkdir()
+    (tmp_path / "traffic" / "day.jsonl").write_text(data.read_text())
     out = tmp_path / "out"
     for changed, extra, fragment in (
         ({"--bundle": tmp_path / "nope"}, [], "not a monitor bundle"),
@@ -280,6 +371,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({"--data": tmp_path / "missing.jsonl"}, [], "no such file or folder"),
         ({"--data": tmp_path / "notes.txt"}, [], "expected a .jsonl, .csv, .parquet file"),
         ({"--out": tmp_path / "a-file"}, [], "is a file, where a folder is expected"),
+        ({"--data": tmp_path / "traffic", "--out": tmp_path / "traffic"}, [], "is the --data folder"),
         ({}, ["--shard-rows", "0"], "--shard-rows 0: must be at least 1"),
         ({}, ["--limit", "0"], "--limit 0: must be at least 1"),
         ({}, ["--micro-batch", "0"], "--micro-batch 0: must be at least 1"),
