@@ -128,6 +128,8 @@ def score_command(
         raise InputError(
             f"--expert-url {redact_url(expert_url)}: only with --expert (without it no expert is asked)"
         )
+    if expert_cache is not None and not expert:
+        raise InputError(f"--expert-cache {expert_cache}: only with --expert (without it no expert is asked)")
     # Absolute: Ray actors on other machines start in other working directories.
     options = ScoreOptions(
         bundle=bundle.absolute(),

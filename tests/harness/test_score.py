@@ -379,6 +379,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--batch-tokens", "1048577"], "--batch-tokens 1048577: must lie in 1..1048576"),
         ({}, ["--expert", "--expert-url", "ftp://example"], "expert entry"),
         ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
+        ({}, ["--expert-cache", "c.sqlite"], "--expert-cache c.sqlite: only with --expert"),
         ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
     ):
         given = {"--bundle": made["bundle"], "--data": data, "--out": out, **changed}
