@@ -31,7 +31,7 @@ from ._client import ExpertClient
 from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError
 from ._items import Item, ItemResult
 from ._recovery import RECOVERABLE
-from ._redact import MASK, redact
+from ._redact import MASK, MIN_SECRET, redact
 from ._registry import ExpertSpec
 from ._scoring import Request, Score, parse_response, total_usage
 
@@ -141,7 +141,8 @@ class BatchAnswer:
         if self.error is not None:
             return ResponseError(f"{redact(_shown(self.error))} ({self.where})", reason="batch-error")
         if not isinstance(self.body, Mapping):
-            return ResponseError(f"the result holds no answer body ({self.where})", reason="no-logprobs")
+            # Not `no-logprobs`: nothing was answered, so it is no answer for the ladder to recover.
+            return ResponseError(f"the result holds no answer body ({self.where})", reason="batch-error")
         return None
 
 
@@ -163,6 +164,8 @@ def read_batch_results(paths: Sequence[Path], *, api_key_env: str | None = None)
     seen before is one ConfigError naming file:line. The key `api_key_env` names is masked
     wherever a line holds it (an answer that echoes it is stored), as the live client does."""
     key = os.environ.get(api_key_env, "").encode() if api_key_env else b""
+    if len(key) < MIN_SECRET:  # a token as short as "x" would garble the JSON, not hide a secret
+        key = b""
     answers: dict[str, BatchAnswer] = {}
     for path in paths:
         try:

@@ -21,13 +21,13 @@ from urllib.parse import quote
 
 from ._config import redact_url
 
-__all__ = ["MASK", "redact", "redact_known", "secret_values"]
+__all__ = ["MASK", "MIN_SECRET", "redact", "redact_known", "secret_values"]
 
 MASK = "***"  # what redact_url puts in place of URL credentials too
 
 # A configured key shorter than this is not removed: it is no secret (guessed in under 15
 # million tries) and replacing it everywhere would garble every message (a key "x").
-_MIN_CONFIGURED = 4
+MIN_SECRET = 4
 # A variable named like a secret must hold at least this much to be treated as one, so that
 # a flag such as HF_TOKEN=1 does not blank every "1" out of the messages.
 _MIN_NAMED = 8
@@ -95,7 +95,7 @@ def secret_values(api_key_env: str | None = None) -> list[str]:
     """The secrets in the environment now: the value of `api_key_env` (4+ characters), and of
     every variable named like a secret (8+ characters)."""
     found: list[str] = []
-    if api_key_env and len(configured := os.environ.get(api_key_env, "")) >= _MIN_CONFIGURED:
+    if api_key_env and len(configured := os.environ.get(api_key_env, "")) >= MIN_SECRET:
         found.append(configured)
     for name, value in os.environ.items():
         if len(value) >= _MIN_NAMED and ("_" + name.upper()).endswith(_SECRET_SUFFIXES):

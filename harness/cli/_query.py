@@ -151,7 +151,7 @@ def _batch(
         )
         if written.to_recover:
             stdout.print(
-                f"left out {written.to_recover} examples answered before without label tokens: the same "
+                f"left out {written.to_recover} requests answered before without label tokens: the same "
                 "request in a batch gets the same answer; `ctd query` (live) tries the recovery ladder "
                 "for them"
             )

@@ -27,7 +27,7 @@ from ._layout import ScoreLayout
 if TYPE_CHECKING:
     from ._shard import ScoreOptions
 
-__all__ = ["MANIFEST_VERSION", "ScorePlan", "ShardTask", "plan_score", "shard_record"]
+__all__ = ["MANIFEST_VERSION", "ScorePlan", "ShardTask", "one_job", "plan_score", "shard_record"]
 
 MANIFEST_VERSION = 1
 # What a rerun must share with the job that wrote the folder (the limit may change: a job tried
@@ -95,25 +95,9 @@ class ScorePlan:
     @contextmanager
     def held(self) -> Iterator[None]:
         """Hold the output folder as its one job's for the block (`score_local` and `score_ray` do;
-        the command line holds it from before its display starts, and a hold this process has
-        already is taken as it is): a second job on the same folder (the same command started
-        twice, a resubmitted batch job beside the old one) is one InputError, not a race over the
-        same shards' files. Under the hold, a killed job's temporary files are removed before,
-        and this job's after."""
-        key = self.out.resolve()
-        if key in _HELD_HERE:
-            yield
-            return
-        with ExitStack() as stack:
-            try:
-                stack.enter_context(folder_writer(self.out))
-            except BlockingIOError:
-                raise InputError(
-                    f"--out {self.out}: another `ctd score` job is writing there; wait for it to end "
-                    "(or stop it), then rerun to resume"
-                ) from None
-            _HELD_HERE.add(key)
-            stack.callback(_HELD_HERE.discard, key)
+        the command line holds it from before its display starts): see `one_job`. Under the hold,
+        a killed job's temporary files are removed before, and this job's after."""
+        with one_job(self.out):
             self._clear_temps()
             yield
             self._clear_temps()
@@ -126,6 +110,30 @@ class ScorePlan:
         """Shards not done yet (`ShardTask.done_by`): no file, fewer rows than the task's (the last
         shard of a job tried with a smaller --limit), or rows the expert failed on."""
         return [task for task in self.shards if not task.done_by(shard_record(self.layout.shard(task.index)))]
+
+
+@contextmanager
+def one_job(out: Path) -> Iterator[None]:
+    """Hold the folder `out` for one `ctd score` job for the block (a lock the system drops when
+    the process ends): a second job there (the same command started twice, a resubmitted batch
+    job beside the old one) is one InputError, and neither its plan nor its shards touch the
+    running job's files. A hold this process has already is taken as it is; a folder not there
+    yet has no job to meet."""
+    key = Path(out).resolve()
+    if key in _HELD_HERE or not Path(out).is_dir():
+        yield
+        return
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(folder_writer(Path(out)))
+        except BlockingIOError:
+            raise InputError(
+                f"--out {out}: another `ctd score` job is writing there; wait for it to end "
+                "(or stop it), then rerun to resume"
+            ) from None
+        _HELD_HERE.add(key)
+        stack.callback(_HELD_HERE.discard, key)
+        yield
 
 
 def shard_record(path: Path) -> dict[str, Any] | None:
@@ -194,9 +202,10 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
         "shards": len(shards),
     }
     layout = ScoreLayout(out)
-    _check_same_job(layout, manifest)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(layout.manifest, manifest)
+    with one_job(out):  # a running job's manifest is neither judged nor rewritten by another
+        _check_same_job(layout, manifest)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(layout.manifest, manifest)
     return ScorePlan(out, tuple(shards), rows)
 
 

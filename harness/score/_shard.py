@@ -199,6 +199,7 @@ class ShardScorer:
             # A stop signal drains the client: the answers in flight are committed, not paid twice.
             results, stats = self._expert_loop().run(score_stoppable(client, items, opened=True))
         except Stopped:
+            self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
         return answers, stats.scored + stats.failed
@@ -259,14 +260,20 @@ class ShardScorer:
     def close(self) -> None:
         """Let the model and the expert cache go (a Ray actor's end; a process's exit does the same)."""
         self.__dict__.pop("scorer", None)
-        client, self._client = self._client, None
-        loop, self._loop = self._loop, None
         try:
-            if client is not None and loop is not None:
-                loop.run(client.__aexit__(None, None, None))  # commits the answers handed over
+            self._close_client()
         finally:
+            loop, self._loop = self._loop, None
             if loop is not None:
                 loop.close()
+
+    def _close_client(self) -> None:
+        """Close the expert client (committing the answers handed over) and its cache."""
+        client, self._client = self._client, None
+        try:
+            if client is not None and self._loop is not None:
+                self._loop.run(client.__aexit__(None, None, None))
+        finally:
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None

@@ -18,6 +18,7 @@ import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 from fault_server import RunningServer
 
+from experts import BatchAnswer, read_batch_results
 from harness.data import read_dataset, read_table
 from harness.expert import resolve_expert
 from harness.stages import preflight_cache
@@ -479,7 +480,7 @@ def test_secrets_in_results_stay_out_of_the_cache_and_unlabelled_answers_are_lef
         assert (second["to_recover"], second["written"]) == (1, 1)  # item 2 left out, item 3 asked
         assert "item-3:" in (tmp_path / "again.jsonl").read_text()
         shown = expert.ctd("query", "--data", str(data), "--batch-out", "third.jsonl")
-        assert "left out 1 examples answered before without label tokens" in shown.stdout
+        assert "left out 1 requests answered before without label tokens" in shown.stdout
 
         paid = item_requests(running)
         live = expert.ctd("query", "--data", str(data), "--out", "live.csv")
@@ -499,3 +500,16 @@ def test_batch_out_never_replaces_a_file(tmp_path: Path, answered: tuple[Path, P
     (tmp_path / "folder.jsonl").mkdir()
     folder = expert.ctd("query", "--data", str(data), "--batch-in", "folder.jsonl", "--out", "o.csv")
     assert_one_line_error(folder, "--batch-in folder.jsonl: is a folder")
+
+
+def test_a_short_key_is_not_masked_and_an_empty_answer_is_no_answer_to_recover(
+    answered: tuple[Path, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local server's token such as "1" is no secret: masking it would garble every line of the
+    results (its digits). A line with status 200 and no body was not answered: its reason is not
+    one the recovery ladder (and so the next --batch-out) treats as an answer without labels."""
+    _, results, _ = answered
+    monkeypatch.setenv("SHORT_KEY", "1")
+    assert read_batch_results([results], api_key_env="SHORT_KEY") == read_batch_results([results])
+    failure = BatchAnswer(f"{results}:1", 200, None, None).failure()
+    assert failure is not None and failure.reason == "batch-error"

@@ -271,6 +271,7 @@ def test_a_second_job_on_the_same_out_is_one_line_and_touches_nothing(tmp_path: 
         refused = run_ctd(*command, cwd=tmp_path, env=made["env"], timeout=600)
     assert_one_line_error(refused, f"--out {out}: another `ctd score` job is writing there")
     assert theirs.read_bytes() == b"half a shard" and not list(out.glob("shard-*.parquet"))
+    assert not (out / "score.json").exists()  # its plan was not written over the running job's
     done = run_ctd(*command, cwd=tmp_path, env=made["env"], timeout=600)
     assert done.returncode == 0, done.stderr
     assert not theirs.exists() and len(list(out.glob("shard-*.parquet"))) == 2
