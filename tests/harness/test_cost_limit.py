@@ -123,11 +123,11 @@ def test_batch_out_prices_the_batch_with_its_discount(tmp_path: Path) -> None:
     ]
     (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     env = register(tmp_path, "http://127.0.0.1:9/v1")  # never asked: a batch sends nothing
-    args = ("query", "--data", "data.jsonl", "--expert", "paid", "--batch-out", "b.jsonl", "--json")
-    full = json.loads(run_ctd(*args, cwd=tmp_path, env=env).stdout)
+    args = ("query", "--data", "data.jsonl", "--expert", "paid", "--json", "--batch-out")
+    full = json.loads(run_ctd(*args, "full.jsonl", cwd=tmp_path, env=env).stdout)
     registry = Path(env["CTD_EXPERTS_FILE"])
     registry.write_text(registry.read_text() + "batch_discount = 0.5\n")
-    half = json.loads(run_ctd(*args, cwd=tmp_path, env=env).stdout)
+    half = json.loads(run_ctd(*args, "half.jsonl", cwd=tmp_path, env=env).stdout)  # a new file each
     assert full["usd"] > 0 and abs(half["usd"] - full["usd"] / 2) < 1e-12
     assert (
         half["estimate"].startswith("about 10 batch lines, about $") and "batch discount" in half["estimate"]
