@@ -64,24 +64,40 @@ def write_answers(cache: ScoreCache, handle: TextIO, *, expert: str | None = Non
     """Write the answers of `cache` (of `expert` only, if given) to `handle`, one JSON object per
     line with every column of `ANSWER_COLUMNS` as stored, streamed in the order they were
     added; return how many."""
+    where, values = ("WHERE expert = ?", (expert,)) if expert is not None else ("", ())
+    return _write_rows(cache, handle, where, values)
+
+
+def _write_rows(
+    cache: ScoreCache, handle: TextIO, where: str, values: tuple[str, ...], keys: list[str] | None = None
+) -> int:
+    """Write the answers `where` selects to `handle` as `write_answers` does, read in one statement
+    (a consistent snapshot that blocks no writer); return how many, and append their keys to
+    `keys` if given. The cache's failures are StorageErrors naming it; the handle's are the
+    caller's to name."""
     # `how` through the cache's own reading of it: an old cache it could not migrate (read-only)
     # has no such column, and a quoted unknown name would be read by SQLite as a string literal.
     columns = ", ".join(f'"{c}"' if c != "how" else f"{cache.how_column} AS how" for c in ANSWER_COLUMNS)
-    where, values = ("WHERE expert = ?", (expert,)) if expert is not None else ("", ())
     written = 0
     with storage_errors(cache.path):
         connection = cache.engine.raw_connection()
-        try:
-            cursor = connection.cursor()
+    try:
+        cursor = connection.cursor()
+        with storage_errors(cache.path):
             cursor.execute(f"SELECT {columns} FROM scores {where} ORDER BY rowid", values)
-            while rows := cursor.fetchmany(_BATCH):
-                for row in rows:
-                    handle.write(json.dumps(dict(zip(ANSWER_COLUMNS, row, strict=True)), ensure_ascii=False))
-                    handle.write("\n")
-                written += len(rows)
-        finally:
-            connection.close()
-    return written
+        while True:
+            with storage_errors(cache.path):
+                rows = cursor.fetchmany(_BATCH)
+            if not rows:
+                return written
+            for row in rows:
+                handle.write(json.dumps(dict(zip(ANSWER_COLUMNS, row, strict=True)), ensure_ascii=False))
+                handle.write("\n")
+            written += len(rows)
+            if keys is not None:
+                keys.extend(row[_KEY] for row in rows)
+    finally:
+        connection.close()
 
 
 def answers_by_how(cache: ScoreCache, how: str, *, expert: str | None = None) -> dict[str, int]:
@@ -111,7 +127,6 @@ def forget_answers(cache: ScoreCache, backup: Path, *, how: str, expert: str | N
     if refused is not None:
         raise refused
     where, values = _how_filter(cache, how, expert)
-    columns = ", ".join(f'"{c}"' if c != "how" else f"{cache.how_column} AS how" for c in ANSWER_COLUMNS)
     keys: list[str] = []
     try:
         backup.parent.mkdir(parents=True, exist_ok=True)
@@ -120,9 +135,7 @@ def forget_answers(cache: ScoreCache, backup: Path, *, how: str, expert: str | N
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                keys = _copy_answers(
-                    cache, handle, f"SELECT {columns} FROM scores {where} ORDER BY rowid", values
-                )
+                _write_rows(cache, handle, where, values, keys)
                 handle.flush()
                 os.fsync(handle.fileno())
             if keys:
@@ -142,30 +155,6 @@ def forget_answers(cache: ScoreCache, backup: Path, *, how: str, expert: str | N
             )
             removed += cursor.rowcount
     return removed
-
-
-def _copy_answers(cache: ScoreCache, handle: TextIO, select: str, values: tuple[str, ...]) -> list[str]:
-    """Write the rows of `select` (ANSWER_COLUMNS) to `handle` as JSON lines, read in one
-    statement (a consistent snapshot that blocks no writer); return their keys."""
-    keys: list[str] = []
-    with storage_errors(cache.path):
-        connection = cache.engine.raw_connection()
-    try:
-        cursor = connection.cursor()
-        with storage_errors(cache.path):  # the cache's failures; the handle's are the caller's
-            cursor.execute(select, values)
-        while True:
-            with storage_errors(cache.path):
-                rows = cursor.fetchmany(_BATCH)
-            if not rows:
-                return keys
-            for row in rows:
-                answer = dict(zip(ANSWER_COLUMNS, row, strict=True))
-                keys.append(answer["key"])
-                handle.write(json.dumps(answer, ensure_ascii=False))
-                handle.write("\n")
-    finally:
-        connection.close()
 
 
 def _how_filter(cache: ScoreCache, how: str, expert: str | None) -> tuple[str, tuple[str, ...]]:

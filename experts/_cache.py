@@ -297,8 +297,8 @@ class ScoreCache:
         """The raw stored answers (JSON text) among `keys` (looked up 500 at a time)."""
         return dict(self._rows("response", keys))
 
-    def _rows(self, columns: str, keys: Sequence[str]) -> list[tuple[Any, ...]]:
-        """(key, *columns) of the stored scores among `keys`, 500 keys per query."""
+    def _rows(self, columns: str, keys: Sequence[str], table: str = "scores") -> list[tuple[Any, ...]]:
+        """(key, *columns) of the rows of `table` (the stored scores) among `keys`, 500 keys per query."""
         rows: list[tuple[Any, ...]] = []
         # The hot path of a resumed run: plain SQL on the driver connection, no ORM objects.
         with storage_errors(self.path):
@@ -309,7 +309,7 @@ class ScoreCache:
                 for start in range(0, len(keys), 500):
                     chunk = list(keys[start : start + 500])
                     marks = ",".join("?" * len(chunk))
-                    cursor.execute(f"SELECT key, {columns} FROM scores WHERE key IN ({marks})", chunk)
+                    cursor.execute(f"SELECT key, {columns} FROM {table} WHERE key IN ({marks})", chunk)
                     rows += cursor.fetchall()
                 cursor.close()
         finally:
@@ -375,24 +375,9 @@ class ScoreCache:
                 yield self._with_how(row)
 
     def failed_keys(self, keys: Sequence[str], reasons: Iterable[str]) -> set[str]:
-        """The keys among `keys` with a recorded failure for one of `reasons` (500 keys a query)."""
-        wanted = sorted(set(reasons))
-        found: set[str] = set()
-        with storage_errors(self.path):
-            connection = self.engine.raw_connection()
-            try:
-                cursor = connection.cursor()
-                for start in range(0, len(keys), 500):
-                    chunk = list(keys[start : start + 500])
-                    cursor.execute(
-                        f"SELECT DISTINCT key FROM failures WHERE key IN ({','.join('?' * len(chunk))}) "
-                        f"AND reason IN ({','.join('?' * len(wanted))})",
-                        [*chunk, *wanted],
-                    )
-                    found.update(key for (key,) in cursor.fetchall())
-            finally:
-                connection.close()
-        return found
+        """The keys among `keys` with a recorded failure for one of `reasons`."""
+        wanted = frozenset(reasons)
+        return {key for key, reason in self._rows("reason", keys, table="failures") if reason in wanted}
 
     def lookup_item(self, item_id: str) -> tuple[list[ScoreRow], list[FailureRow]]:
         with storage_errors(self.path), Session(self.engine) as session:

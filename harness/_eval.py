@@ -263,12 +263,13 @@ def _asks_again(manifests: Manifests, stage: QueryStage | CascadeStage) -> bool:
     """Whether `--retry-failed` reruns a stage that asks experts (the query stage, the cascade's
     later experts): it recorded failures, or answers it had left the cache since (`ctd cache
     forget`). A stage not up to date runs anyway."""
+    manifest = manifests.read(stage.name)
     try:
-        if not manifests.read(stage.name) or not manifests.up_to_date(stage.name, stage.fingerprint()[0]):
+        if not manifest or not manifests.up_to_date(stage.name, stage.fingerprint()[0]):
             return False
     except OSError:  # an input of its fingerprint is gone: the stages before make it again
         return False
-    if (manifests.read(stage.name) or {}).get("failed", 0):
+    if manifest.get("failed", 0):
         return True
     missing = stage.left_the_cache()
     if missing:

@@ -28,7 +28,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from .._errors import named
@@ -89,17 +89,11 @@ def cleaning_lock(parent: Path) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def folder_writer(folder: Path) -> Iterator[bool]:
+def folder_writer(folder: Path) -> AbstractContextManager[bool]:
     """Hold `folder`'s lock for the block, as its one writer: BlockingIOError at once when another
     process holds it (it is not waited for). Yields False (and holds nothing) where the file
     system takes no lock on a folder."""
-    fd = _lock(Path(folder))
-    try:
-        yield fd is not None
-    finally:
-        if fd is not None:
-            os.close(fd)
+    return _locked(Path(folder), wait=False)
 
 
 def _identity(folder: Path) -> tuple[int, int]:
@@ -108,10 +102,10 @@ def _identity(folder: Path) -> tuple[int, int]:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[bool]:
-    """Hold `folder`'s lock for the block; yields False (and holds nothing) where the file system
-    takes no lock on a folder."""
-    fd = _lock(folder, wait=True)
+def _locked(folder: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold `folder`'s lock for the block (waiting for it, or BlockingIOError without `wait`);
+    yields False (and holds nothing) where the file system takes no lock on a folder."""
+    fd = _lock(folder, wait=wait)
     try:
         yield fd is not None
     finally:

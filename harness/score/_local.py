@@ -63,7 +63,8 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
             every.append(by_index[task.index])
             continue
         record = shard_record(plan.layout.shard(task.index))
-        if record and record.get("path") == task.path and record.get("first_row") == task.first_row:
+        if task.wrote(record):
+            assert record is not None
             every.append(ShardDone.from_record(record, written=False))  # expert failures counted too
     written = [d for d in every if d.written]
     return ScoreSummary(

@@ -62,9 +62,17 @@ class ShardTask:
         run wrote) and the expert answered every row it was asked about (a shard with expert
         failures is scored again: the answers that came back are in the cache, only the failed
         rows are asked again)."""
-        if not record or record.get("path") != self.path or record.get("first_row") != self.first_row:
+        if not self.wrote(record):
             return False
+        assert record is not None
         return int(record.get("stop_row", -1)) >= self.stop_row and not record.get("expert_failed", 0)
+
+    def wrote(self, record: Mapping[str, Any] | None) -> bool:
+        """Whether a shard file's record is of this task's shard (the same file and first row),
+        whatever its rows' end and expert failures."""
+        if record is None:
+            return False
+        return record.get("path") == self.path and record.get("first_row") == self.first_row
 
     def to_row(self) -> dict[str, object]:
         return asdict(self)

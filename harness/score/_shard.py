@@ -138,7 +138,8 @@ class ShardScorer:
         if task.done_by(record):
             assert record is not None
             return ShardDone.from_record(record, written=False)
-        if record and record.get("path") == task.path and record.get("first_row") == task.first_row:
+        if task.wrote(record):
+            assert record is not None
             # Scored again for its expert failures, a shard an earlier job wrote with more rows
             # (a job rerun with a smaller --limit) keeps every row: the file it replaces held them.
             task = replace(task, stop_row=max(task.stop_row, int(record.get("stop_row", task.stop_row))))
