@@ -101,15 +101,16 @@ def score_command(
         ),
     ] = None,
     max_failed: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--max-failed",
             help=(
                 "With --expert: exit with code 1 when more than this fraction of the delegated rows "
                 f"got no expert score [{MAX_FAILED:g}] (their shards are scored again by a rerun)."
             ),
+            show_default=False,
         ),
-    ] = MAX_FAILED,
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Score conversations in bulk with a monitor bundle: probe, DV, delegation, (optionally) the
@@ -121,7 +122,10 @@ def score_command(
     from ..score import ScoreOptions, plan_score
 
     on_ray = _ray_options(ray, actors)
-    check_max_failed(max_failed)
+    if max_failed is not None and not expert:
+        raise InputError(f"--max-failed {max_failed:g}: only with --expert (without it no expert is asked)")
+    failed_limit = MAX_FAILED if max_failed is None else max_failed
+    check_max_failed(failed_limit)
     if expert_url is not None and not expert:
         from experts import redact_url
 
@@ -164,7 +168,7 @@ def score_command(
         check_failed_fraction(
             summary.expert_failed,
             summary.delegated,
-            max_failed,
+            failed_limit,
             what="delegated rows without an expert score",
             remedy="their rows say why (reason); rerun the same command to ask them again",
         )

@@ -36,6 +36,7 @@ class ScoreSummary:
     tokens: int
     seconds: float  # this run's wall time
     rows_scored: int  # rows of the shards written by this run
+    reused: int = 0  # of those, rows whose probe side came from their shard's earlier file
 
     @property
     def rows_per_second(self) -> float:
@@ -47,10 +48,12 @@ class ScoreSummary:
     def line(self) -> str:
         failed = f" ({self.expert_failed:,} rows failed: rerun to ask again)" if self.expert_failed else ""
         refused = f"; {self.refused:,} rows refused by the chat template (see reason)" if self.refused else ""
+        reused = f" ({self.reused:,} rows' probe scores kept from their shard files)" if self.reused else ""
         return (
             f"{self.rows:,} rows in {self.shards} shards ({self.written} written, {self.skipped} "
             f"already there): {self.delegated:,} delegated, {self.expert_calls:,} expert calls{failed}, "
-            f"{self.tokens:,} tokens{refused}; {self.rows_per_second:.1f} rows/s overall; wrote {self.out}"
+            f"{self.tokens:,} tokens{refused}; {self.rows_per_second:.1f} rows/s overall{reused}; "
+            f"wrote {self.out}"
         )
 
 
@@ -80,6 +83,7 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
         tokens=sum(d.tokens for d in every),
         seconds=seconds,
         rows_scored=sum(d.rows for d in written),
+        reused=sum(d.reused for d in written),
     )
 
 
@@ -106,6 +110,17 @@ def score_local(plan: ScorePlan, options: ScoreOptions, *, progress: Progress | 
                     finished += 1
                     rate = rows / max(time.perf_counter() - begun, 1e-9)
                     report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")
-            finally:
-                scorer.close()
+            except BaseException as error:
+                _close_after(scorer, error)
+                raise
+            scorer.close()
     return summarize(plan, done, time.perf_counter() - started)
+
+
+def _close_after(scorer: ShardScorer, error: BaseException) -> None:
+    """Close the scorer of a job that failed with `error`, which stays the error raised: one of the
+    closing's own (committing the expert's answers) becomes a note on it, not its replacement."""
+    try:
+        scorer.close()
+    except Exception as closing:
+        error.add_note(f"closing the shard scorer failed too: {type(closing).__name__}: {closing}")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from experts import ExpertClient, ExpertSpec, ScoreCache
 
-    from ..monitor import ProbeScorer, Tokens
+    from ..monitor import ProbeScorer
 
 __all__ = ["OUTPUT_COLUMNS", "ScoreOptions", "ShardDone", "ShardScorer", "output_schema"]
 
@@ -84,6 +84,7 @@ class ShardDone:
     written: bool  # False when the shard file was already there (nothing redone)
     expert_failed: int = 0  # delegated rows left without an expert score (asked again on rerun)
     refused: int = 0  # rows the chat template refused: no scores, the reason says why
+    reused: int = 0  # rows whose probe side came from the shard's earlier file (not the model)
 
     @classmethod
     def from_record(cls, record: dict[str, Any], *, written: bool) -> ShardDone:
@@ -97,6 +98,7 @@ class ShardDone:
             written=written,
             expert_failed=int(record.get("expert_failed", 0)),
             refused=int(record.get("refused", 0)),
+            reused=int(record.get("reused", 0)),
         )
 
 
@@ -110,8 +112,6 @@ class ShardScorer:
             import torch
 
             torch.set_num_threads(options.threads)
-        from ..monitor import ProbeScorer  # torch and the model load here, not at import
-
         self.options = options
         self.layout = ScoreLayout(Path(options.out))
         self.bundle = read_bundle(Path(options.bundle))
@@ -123,14 +123,25 @@ class ShardScorer:
         self._loop: asyncio.Runner | None = None
         self._client: ExpertClient | None = None
         self._cache: ScoreCache | None = None
-        self.scorer: ProbeScorer = ProbeScorer.load(
-            self.bundle.layout.safety_probe,
-            self.bundle.layout.dv_probe,
-            model=options.model,
-            batch_tokens=options.batch_tokens,
-        )
-        # Micro-batches are cut into passes by what a pass costs on this machine.
-        self.scorer.fit_pass_cost(options.micro_batch)
+        self._scorer: ProbeScorer | None = None
+
+    @property
+    def scorer(self) -> ProbeScorer:
+        """The bundle's probes over the model, loaded at the first row that needs them: a rerun
+        that only asks the expert again for a shard's failed rows loads no model."""
+        if self._scorer is None:
+            from ..monitor import ProbeScorer  # torch and the model load here, not at import
+
+            scorer = ProbeScorer.load(
+                self.bundle.layout.safety_probe,
+                self.bundle.layout.dv_probe,
+                model=self.options.model,
+                batch_tokens=self.options.batch_tokens,
+            )
+            # Micro-batches are cut into passes by what a pass costs on this machine.
+            scorer.fit_pass_cost(self.options.micro_batch)
+            self._scorer = scorer
+        return self._scorer
 
     def __call__(self, task: ShardTask) -> ShardDone:
         target = self.layout.shard(task.index)
@@ -151,33 +162,44 @@ class ShardScorer:
             first_index=task.first_row,
             count=task.rows,
         )
+        # A shard scored again (for its expert failures, or for rows a smaller --limit left out)
+        # keeps the probe side of the rows its file holds: only the rows past them meet the model.
+        scores, sides, tokens = _probe_side_of(target, record, rows) if task.wrote(record) else ([], [], 0)
+        reused = len(scores)
         # Each row's tokens, or why the model's chat template refuses the conversation (the
         # monitor answers such a request with a 4xx; here the row says why and the job goes on:
         # one odd conversation among millions must not stop it).
-        tokens = [
-            str(t) if isinstance(t, InputError) else t
-            for t in self.scorer.tokens_each([row.item.conversation for row in rows])
-        ]
-        scorable = [(i, t) for i, t in enumerate(tokens) if not isinstance(t, str)]
-        scores: list[tuple[float, float] | None] = [None] * len(rows)  # None: refused
+        fresh = (
+            [
+                str(t) if isinstance(t, InputError) else t
+                for t in self.scorer.tokens_each([row.item.conversation for row in rows[reused:]])
+            ]
+            if reused < len(rows)
+            else []
+        )
+        scorable = [(reused + i, t) for i, t in enumerate(fresh) if not isinstance(t, str)]
+        scores += [None] * len(fresh)  # None: refused
+        sides += [t if isinstance(t, str) else t.truncated for t in fresh]
+        tokens += sum(len(t.ids) for _, t in scorable)
         for at in range(0, len(scorable), self.options.micro_batch):
             group = scorable[at : at + self.options.micro_batch]
             for (i, _), pair in zip(group, self.scorer.score([t for _, t in group]), strict=True):
                 scores[i] = pair
         delegated = [i for i, pair in enumerate(scores) if pair and self.bundle.delegates(pair[1])]
         answers, calls = self._ask(task, rows, delegated)
-        table = self._table(rows, tokens, scores, answers)
+        table = self._table(rows, sides, scores, answers)
         record = {
             "version": SHARD_RECORD_VERSION,
             "index": task.index,
             **task.row_range(),
             "rows": len(rows),
-            "tokens": sum(len(t.ids) for t in tokens if not isinstance(t, str)),
-            "refused": len(rows) - len(scorable),
+            "tokens": tokens,
+            "refused": sum(isinstance(side, str) for side in sides),
             "delegated": len(delegated),
             "expert_calls": calls,
             "expert_failed": sum(answers[i][0] is None for i in delegated) if self.spec is not None else 0,
             "seconds": time.perf_counter() - started,
+            "reused": reused,
         }
         _write_once(table, record, self.layout, task.index, replace=target.exists())
         return ShardDone.from_record(record, written=True)
@@ -226,18 +248,25 @@ class ShardScorer:
     def _table(
         self,
         rows: list[InputRow],
-        tokens: list[Tokens | str],
+        sides: list[str | bool],
         scores: list[tuple[float, float] | None],
         answers: dict[int, tuple[float | None, str | None]],
     ) -> pa.Table:
+        """The shard's columns; `sides`: each row's truncation, or why the chat template refused it."""
         import pyarrow as pa
 
         columns: dict[str, list[Any]] = {name: [] for name in OUTPUT_COLUMNS}
-        for i, (row, tok, pair) in enumerate(zip(rows, tokens, scores, strict=True)):
-            if isinstance(tok, str) or pair is None:  # refused by the chat template: no scores
-                refused = {"id": row.item.id, "delegated": False, "truncated": False, "true_label": row.label}
+        for i, (row, side, pair) in enumerate(zip(rows, sides, scores, strict=True)):
+            if isinstance(side, str) or pair is None:  # refused by the chat template: no scores
+                refused = {
+                    "id": row.item.id,
+                    "delegated": False,
+                    "truncated": False,
+                    "reason": f"{REFUSED}: {side}",
+                    "true_label": row.label,
+                }
                 for name in OUTPUT_COLUMNS:
-                    columns[name].append(refused.get(name, f"{REFUSED}: {tok}" if name == "reason" else None))
+                    columns[name].append(refused.get(name))
                 continue
             probe, dv = pair
             answer, reason = answers.get(i, (None, "not-delegated"))
@@ -251,7 +280,7 @@ class ShardScorer:
                 ("expert", expert),
                 ("score", score),
                 ("label", int(calibrate.predict(score))),
-                ("truncated", tok.truncated),
+                ("truncated", side),
                 ("reason", reason),
                 ("true_label", row.label),
             ):
@@ -260,7 +289,7 @@ class ShardScorer:
 
     def close(self) -> None:
         """Let the model and the expert cache go (a Ray actor's end; a process's exit does the same)."""
-        self.__dict__.pop("scorer", None)
+        self._scorer = None
         try:
             self._close_client()
         finally:
@@ -278,6 +307,42 @@ class ShardScorer:
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None
+
+
+def _probe_side_of(
+    path: Path, record: dict[str, Any] | None, rows: list[InputRow]
+) -> tuple[list[tuple[float, float] | None], list[str | bool], int]:
+    """The probe side of the first rows of `rows` as the shard file at `path` holds them (written by
+    an earlier job for the same task: `record` is its record): each row's (probe, DV) scores or
+    None, its truncation or why the chat template refused it, and their tokens. Nothing when the
+    file cannot be trusted with it: unreadable, of another record version, or its rows not the
+    first of `rows` (their ids differ)."""
+    import pyarrow.parquet as pq
+
+    nothing: tuple[list[tuple[float, float] | None], list[str | bool], int] = ([], [], 0)
+    if record is None or record.get("version") != SHARD_RECORD_VERSION:
+        return nothing
+    try:
+        earlier = pq.read_table(path, columns=["id", "probe", "dv", "truncated", "reason"]).to_pylist()
+    except Exception:  # damaged or changed under us: the rows meet the model again
+        return nothing
+    if len(earlier) != record.get("rows") or len(earlier) > len(rows):
+        return nothing
+    if any(old["id"] != row.item.id for old, row in zip(earlier, rows, strict=False)):
+        return nothing
+    scores: list[tuple[float, float] | None] = []
+    sides: list[str | bool] = []
+    for old in earlier:
+        reason = old["reason"] or ""
+        if old["probe"] is None or old["dv"] is None:
+            if not reason.startswith(f"{REFUSED}: "):
+                return nothing
+            scores.append(None)
+            sides.append(reason.removeprefix(f"{REFUSED}: "))
+        else:
+            scores.append((old["probe"], old["dv"]))
+            sides.append(bool(old["truncated"]))
+    return scores, sides, int(record.get("tokens", 0))
 
 
 def output_schema() -> pa.Schema:

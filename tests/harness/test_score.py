@@ -33,7 +33,7 @@ from monitor_run import conversations_of
 from harness import InputError
 from harness.data import folder_writer, read_scores
 from harness.monitor import Monitor, read_bundle
-from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score
+from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score, score_local
 
 # Private: the row reader a shard uses, compared here with a full read of each format.
 from harness.score._inputs import read_rows, walk_rows
@@ -146,6 +146,7 @@ def test_a_limited_job_then_the_full_one_writes_only_the_missing_shards(made: di
     assert {name: after[name] for name in before} == before  # shards 0 and 1 not rewritten
     assert after["shard-00002.parquet"] != partial
     assert (full["shards"], full["written"], full["skipped"], full["rows"]) == (6, 4, 2, 64)
+    assert full["reused"] == 6  # the limited job's rows 24-29 kept their probe side; 30-35 met the model
     assert_same_rows(rows_of(out), one_go[1])
     rerun = score(made, out, "--shard-rows", "12")
     assert (rerun["written"], rerun["skipped"], rerun["tokens"]) == (0, 6, full["tokens"]) and stamps(
@@ -202,6 +203,10 @@ def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(made: dict, one_go
     redone = {f"shard-{i // 12:05d}.parquet" for i, row in enumerate(one_go[1].values()) if row["delegated"]}
     after = stamps(out)
     assert rerun["written"] == len(redone) and all(after[name] != before[name] for name in redone)
+    # Their probe side is the first job's (the rerun loaded no model): only the expert was asked.
+    assert rerun["reused"] == sum(pq.read_metadata(out / name).num_rows for name in redone) > 0
+    again = rows_of(out)
+    assert all((again[k]["probe"], again[k]["dv"]) == (row["probe"], row["dv"]) for k, row in written.items())
     assert all(after[name] == before[name] for name in set(before) - redone)
     assert all(row["expert"] is not None for row in rows_of(out).values() if row["delegated"])
 
@@ -293,6 +298,29 @@ def test_a_damaged_parquet_input_is_one_line_naming_it(tmp_path: Path) -> None:
         list(walk_rows(tmp_path / "bad.parquet"))
 
 
+def test_a_failed_job_raises_its_own_error_when_closing_fails_too(
+    tmp_path: Path, made: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The input shrinks after the plan (the job's error: one line naming the file), and closing
+    the scorer then fails as well (injected: committing to a failing disk is what it stands for):
+    the job's error is the one raised, the closing's a note on it."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join((made["tmp"] / "data" / "test.jsonl").read_text().splitlines(True)[:10]))
+    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
+    plan = plan_score(options, data, shard_rows=5, limit=None)
+    data.write_text("".join(data.read_text().splitlines(True)[:3]))
+
+    def failing_close(self: ShardScorer) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ShardScorer, "close", failing_close)
+    with pytest.raises(InputError, match="fewer rows than when the job was planned") as raised:
+        score_local(plan, options)
+    assert raised.value.__notes__ == [
+        "closing the shard scorer failed too: OSError: [Errno 28] No space left on device"
+    ]
+
+
 def test_a_killed_job_resumes_without_writing_a_shard_twice(made: dict, one_go: tuple) -> None:
     tmp = made["tmp"]
     out = tmp / "score-killed"
@@ -382,6 +410,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
         ({}, ["--expert-cache", "c.sqlite"], "--expert-cache c.sqlite: only with --expert"),
         ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
+        ({}, ["--max-failed", "0.2"], "--max-failed 0.2: only with --expert"),
     ):
         given = {"--bundle": made["bundle"], "--data": data, "--out": out, **changed}
         command = [str(token) for pair in given.items() for token in pair]
