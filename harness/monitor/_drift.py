@@ -25,11 +25,13 @@ import calibrate
 from .._errors import InputError
 
 __all__ = [
+    "ALARM_LINE_SECONDS",
     "BETTING_FRACTIONS",
     "DEFAULT_MTFA",
     "MAX_MTFA",
     "MIN_MTFA",
     "Alarm",
+    "AlarmLines",
     "DelegationCap",
     "RateWatch",
     "check_mtfa",
@@ -51,6 +53,11 @@ MIN_MTFA, MAX_MTFA = 100.0, 1e12
 # delays from the start at 2x, 1.5x, 1.2x): within 2-6% of the best of four grids in every case,
 # where 1/2..1/16 missed 1.2x at alpha 0.1 and 1/4..1/64 was 20% slower at 2x at alpha 0.3.
 BETTING_FRACTIONS: tuple[float, ...] = tuple(2.0**-j for j in range(1, 9))
+
+# Under a lasting drift the statistic restarts and alarms again every few hundred requests (at
+# 500 requests/s, several times a second): the process log gets one line per risk this often at
+# most; every alarm is still in the decision log and counted in /metrics.
+ALARM_LINE_SECONDS = 60.0
 
 
 def check_mtfa(mtfa: float) -> float:
@@ -89,9 +96,34 @@ class Alarm:
         return (
             f"drift: the {self.risk} rate is above the certified {self.target:g}: e-detector "
             f"evidence {self.statistic:.3g} >= {self.threshold:g} over the last {self.since} requests "
-            f"({self.since_events}/{self.since} = {rate:.3f}; after {self.seen} requests in all); "
+            f"({self.since_events}/{self.since} = {rate:.3f} over all of them: the evidence adds up bets "
+            f"started at each, so a rise among the latest shows first; after {self.seen} requests in all); "
             f"traffic at the certified rate does this once per {self.threshold:g} requests at most on average"
         )
+
+
+class AlarmLines:
+    """Which alarms get a line in the process log: each risk's first, then at most one per `every`
+    seconds, counting the alarms raised since the line before."""
+
+    def __init__(self, every: float = ALARM_LINE_SECONDS) -> None:
+        self.every = every
+        self._last: dict[str, tuple[float, int]] = {}  # risk -> (when its last line was, its alarms then)
+
+    def line(self, alarm: Alarm, now: float) -> str | None:
+        """The line for `alarm` raised at `now` (seconds on any monotonic clock), or None."""
+        last = self._last.get(alarm.risk)
+        if last is not None and now - last[0] < self.every:
+            return None
+        self._last[alarm.risk] = (now, alarm.alarms)
+        unsaid = alarm.alarms - 1 - (last[1] if last is not None else 0)
+        more = (
+            f"; {unsaid} more {alarm.risk} alarm{'s' if unsaid > 1 else ''} since the last line "
+            f"({alarm.alarms} in all; each in the decision log, lines at most every {self.every:g} s)"
+            if unsaid
+            else ""
+        )
+        return alarm.describe() + more
 
 
 def _sr_path(start: float, factors: list[float]) -> list[float]:

@@ -26,7 +26,7 @@ from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
 from ._decision import Decision, Latency, request_id
 from ._decisions import DecisionLog, record_bound
-from ._drift import DEFAULT_MTFA, Alarm, DelegationCap, RateWatch, check_mtfa
+from ._drift import DEFAULT_MTFA, Alarm, AlarmLines, DelegationCap, RateWatch, check_mtfa
 from ._engine import Scored
 from ._errors import LogUnavailable, Overloaded
 from ._expert import ExpertGate
@@ -82,6 +82,7 @@ class Monitor:
         levels = bundle.levels
         self.delegation = RateWatch("delegation", levels.get("budget", 1.0), mtfa=drift_mtfa)
         self.errors = RateWatch("error", levels.get("error", 1.0), mtfa=drift_mtfa)
+        self.alarm_lines = AlarmLines()
         # request id -> (the label decided, whether the certified cascade decided it, labelled yet)
         self._labels: OrderedDict[str, tuple[int, bool, bool]] = OrderedDict()
         # request id -> the expert's answer, kept until its decision is logged: a request refused
@@ -298,12 +299,14 @@ class Monitor:
     async def _alarm(self, alarm: Alarm | None) -> None:
         if alarm is None:
             return
-        log.warning(alarm.describe())
+        line = self.alarm_lines.line(alarm, time.monotonic())
+        if line is not None:
+            log.warning(line)
         if self.decisions is not None:
             try:  # an alarm is logged here and in the process log; a full disk must not hide it
                 await self.decisions.write({"event": "alarm", **asdict(alarm)})
             except LogUnavailable as error:
-                log.error("%s; the alarm above is not in the decision log", error)
+                log.error("%s; this drift alarm is not in the decision log: %s", error, alarm.describe())
 
     async def feedback(self, rid: str, label: int) -> bool:
         """The true label of a checked conversation: feeds the error watch when the decision was the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from harness.monitor import DEFAULT_MTFA, Decision, DelegationCap, Latency, Rate
 # Private: the monitor's parts, unit-tested one by one.
 from harness.monitor._batcher import MicroBatcher
 from harness.monitor._decisions import DecisionLog
+from harness.monitor._drift import AlarmLines
 from harness.monitor._metrics import GaugeValue, MonitorMetrics
 from harness.monitor._server import MAX_BODY_BYTES, BadRequest, parse_check, parse_feedback, read_json_body
 
@@ -76,6 +78,30 @@ def test_twice_the_certified_rate_raises_the_alarm_with_its_evidence_and_latches
         assert "drift: the delegation rate is above the certified" in alarm.describe()
         assert watch.first_raised == alarm and watch.alarm  # latched after the restart:
         assert watch.last.statistic < DEFAULT_MTFA and watch.alarms >= 1
+
+
+def test_a_lasting_drift_gets_a_log_line_a_minute_counting_the_alarms_between() -> None:
+    """At nine times the certified rate the detector alarms every dozen requests; at 500
+    requests/s that is dozens of lines a second. The process log gets each risk's first alarm,
+    then one line per minute at most, saying how many alarms it did not show; every alarm still
+    comes out of the watch (to the decision log and /metrics)."""
+    watch = RateWatch("delegation", 0.1)
+    alarms = watch.extend(np.random.default_rng(7).random(200_000) < 0.9)  # 400 s at 500 requests/s
+    assert len(alarms) > 10_000 and [a.alarms for a in alarms] == list(range(1, len(alarms) + 1))
+    when = [a.seen / 500 for a in alarms]
+    lines = AlarmLines(every=60.0)
+    said = [(i, line) for i, a in enumerate(alarms) if (line := lines.line(a, now=when[i])) is not None]
+    assert said[0] == (0, alarms[0].describe())  # the first alarm: its own line, nothing to count
+    assert len(said) == 7  # at 0 s, then the first alarm 60 s or more after each line
+    for (before, _), (at, line) in itertools.pairwise(said):
+        assert when[at] - when[before] >= 60.0 > when[at - 1] - when[before]
+        assert line == alarms[at].describe() + (
+            f"; {at - before - 1} more delegation alarms since the last line ({at + 1} in all; "
+            "each in the decision log, lines at most every 60 s)"
+        )
+    # Another risk's first alarm has its own line at once.
+    first_error = RateWatch("error", 0.1).extend(np.ones(100, dtype=bool))[0]
+    assert lines.line(first_error, now=when[-1]) == first_error.describe()
 
 
 def test_traffic_at_the_certified_rate_raises_no_alarm_and_an_uncertified_watch_never_does() -> None:
