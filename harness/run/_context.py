@@ -10,8 +10,9 @@ from ..data import DataSplits
 from ..expert import ResolvedExpert
 from ._config import RunConfig
 from ._costs import RunCosts
-from ._layout import Roots, RunLayout
+from ._layout import RunLayout
 from ._log import Manifests
+from ._roots import Roots
 from ._stage import ProgressFn
 
 __all__ = ["RunContext"]
