@@ -78,6 +78,20 @@ def named(error: OSError, path: Path | str, *, unless_named: str | None = None) 
     return type(error)(error.errno, os.strerror(error.errno), str(path))
 
 
+ALSO = "error, too: "  # the start of a note on an error: a second failure the command line prints
+
+
+def add_also(error: BaseException, line: str) -> None:
+    """Note on `error` a failure that came after it (cleaning up): `error` stays the one raised,
+    and the command line prints this line before its own."""
+    error.add_note(ALSO + line)
+
+
+def also_lines(error: BaseException) -> list[str]:
+    """The lines `add_also` noted on `error`."""
+    return [note for note in getattr(error, "__notes__", ()) if note.startswith(ALSO)]
+
+
 class RunFailed(Exception):
     """The run did its work, but what it produced cannot be used as it is (for example too
     many expert answers failed). Everything it did is kept; the message says what to do."""

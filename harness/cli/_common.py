@@ -25,6 +25,7 @@ from .._errors import (
     EnvironmentFailure,
     InputError,
     RunFailed,
+    also_lines,
 )
 from .._workers import WorkerError
 from ..data import dumps
@@ -65,7 +66,11 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return command(*args, **kwargs)
+            try:
+                return command(*args, **kwargs)
+            except Exception as exc:  # a failure in cleaning up after it: its own line first
+                print_also(exc)
+                raise
         except (InputError, ProbeError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=2) from None
@@ -105,6 +110,12 @@ def clean_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(code=code) from None
 
     return wrapper
+
+
+def print_also(error: BaseException) -> None:
+    """The failures noted on `error` as it propagated (`add_also`), a line each on stderr."""
+    for line in also_lines(error):
+        print(line, file=sys.stderr)
 
 
 def parse_floats(text: str, option: str) -> tuple[float, ...]:

@@ -16,7 +16,7 @@ from ..run import Roots, StageProgress
 
 # the lazy face: only the defaults load
 from ..score import DEFAULT_ACTOR_THREADS, DEFAULT_MICRO_BATCH, DEFAULT_SHARD_ROWS
-from ._common import clean_errors, print_json, stdout
+from ._common import clean_errors, print_also, print_json, stdout
 from ._expert_options import JsonOption
 
 if TYPE_CHECKING:
@@ -154,7 +154,10 @@ def score_command(
     try:
         with plan.held():  # a second job on --out is refused before the display starts
             summary = _run(plan, options, on_ray, json_output=json_output)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped
+    except (
+        KeyboardInterrupt
+    ) as stop:  # Ctrl-C or SIGTERM: the shards written stay, the one in work is dropped
+        print_also(stop)
         print(
             "error: interrupted; the shards written are kept: rerun the same command to resume",
             file=sys.stderr,

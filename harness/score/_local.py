@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._errors import add_also
 from ._plan import ScorePlan, shard_record
 from ._shard import ScoreOptions, ShardDone, ShardScorer
 
@@ -35,8 +36,8 @@ class ScoreSummary:
     refused: int  # rows the chat template refused (their reason says why)
     tokens: int
     seconds: float  # this run's wall time
-    rows_scored: int  # rows of the shards written by this run
-    reused: int = 0  # of those, rows whose probe side came from their shard's earlier file
+    rows_scored: int  # rows this run put through the model (what rows/s counts)
+    reused: int = 0  # rows of the shards it wrote whose probe side came from their earlier file
 
     @property
     def rows_per_second(self) -> float:
@@ -82,7 +83,7 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
         refused=sum(d.refused for d in every),
         tokens=sum(d.tokens for d in every),
         seconds=seconds,
-        rows_scored=sum(d.rows for d in written),
+        rows_scored=sum(d.model_rows for d in written),
         reused=sum(d.reused for d in written),
     )
 
@@ -100,15 +101,15 @@ def score_local(plan: ScorePlan, options: ScoreOptions, *, progress: Progress | 
         done: list[ShardDone] = []
         if pending:
             scorer = ShardScorer(options)
-            begun = time.perf_counter()  # rows/s of the scoring, the model's loading left out
-            rows = 0
+            begun = time.perf_counter()
+            rows = 0  # put through the model: rows/s leaves out reused rows and the model's loading
             try:
                 for task in pending:
                     result = scorer(task)
                     done.append(result)
-                    rows += result.rows
+                    rows += result.model_rows
                     finished += 1
-                    rate = rows / max(time.perf_counter() - begun, 1e-9)
+                    rate = rows / max(time.perf_counter() - begun - scorer.loading_seconds, 1e-9)
                     report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")
             except BaseException as error:
                 _close_after(scorer, error)
@@ -123,4 +124,4 @@ def _close_after(scorer: ShardScorer, error: BaseException) -> None:
     try:
         scorer.close()
     except Exception as closing:
-        error.add_note(f"closing the shard scorer failed too: {type(closing).__name__}: {closing}")
+        add_also(error, f"closing the shard scorer (committing the expert's answers) failed: {closing}")

@@ -140,7 +140,7 @@ def score_ray(
     with plan.held():
         for result in run_shards_on_ray(plan, options, ray_options, on_start=ready):
             done.append(result)
-            rows += result.rows if result.written else 0
+            rows += result.model_rows if result.written else 0
             finished += 1
             rate = rows / max(time.perf_counter() - begun, 1e-9)
             report(PROGRESS_WHAT, finished, total, f"{rate:.1f} rows/s", "shards")

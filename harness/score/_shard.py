@@ -86,6 +86,11 @@ class ShardDone:
     refused: int = 0  # rows the chat template refused: no scores, the reason says why
     reused: int = 0  # rows whose probe side came from the shard's earlier file (not the model)
 
+    @property
+    def model_rows(self) -> int:
+        """Rows this shard put through the model (what a rows/s rate counts)."""
+        return self.rows - self.reused
+
     @classmethod
     def from_record(cls, record: dict[str, Any], *, written: bool) -> ShardDone:
         return cls(
@@ -124,6 +129,7 @@ class ShardScorer:
         self._client: ExpertClient | None = None
         self._cache: ScoreCache | None = None
         self._scorer: ProbeScorer | None = None
+        self.loading_seconds = 0.0  # spent loading the model (not a shard's scoring time)
 
     @property
     def scorer(self) -> ProbeScorer:
@@ -132,6 +138,7 @@ class ShardScorer:
         if self._scorer is None:
             from ..monitor import ProbeScorer  # torch and the model load here, not at import
 
+            started = time.perf_counter()
             scorer = ProbeScorer.load(
                 self.bundle.layout.safety_probe,
                 self.bundle.layout.dv_probe,
@@ -141,6 +148,7 @@ class ShardScorer:
             # Micro-batches are cut into passes by what a pass costs on this machine.
             scorer.fit_pass_cost(self.options.micro_batch)
             self._scorer = scorer
+            self.loading_seconds += time.perf_counter() - started
         return self._scorer
 
     def __call__(self, task: ShardTask) -> ShardDone:
@@ -154,7 +162,7 @@ class ShardScorer:
             # Scored again for its expert failures, a shard an earlier job wrote with more rows
             # (a job rerun with a smaller --limit) keeps every row: the file it replaces held them.
             task = replace(task, stop_row=max(task.stop_row, int(record.get("stop_row", task.stop_row))))
-        started = time.perf_counter()
+        started, loaded_before = time.perf_counter(), self.loading_seconds
         rows = read_rows(
             Path(task.path),
             start=task.byte_offset if task.byte_offset is not None else task.first_row,
@@ -198,7 +206,7 @@ class ShardScorer:
             "delegated": len(delegated),
             "expert_calls": calls,
             "expert_failed": sum(answers[i][0] is None for i in delegated) if self.spec is not None else 0,
-            "seconds": time.perf_counter() - started,
+            "seconds": time.perf_counter() - started - (self.loading_seconds - loaded_before),
             "reused": reused,
         }
         _write_once(table, record, self.layout, task.index, replace=target.exists())

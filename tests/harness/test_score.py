@@ -26,13 +26,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import typer
 from ctd_cli import assert_one_line_error, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer
 from monitor_run import conversations_of
 
 from harness import InputError
+
+# Private: the command line's error handling, around a job whose cleaning up fails.
+from harness.cli._common import clean_errors
 from harness.data import folder_writer, read_scores
-from harness.monitor import Monitor, read_bundle
+from harness.monitor import Monitor, ProbeScorer, read_bundle
 from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score, score_local
 
 # Private: the row reader a shard uses, compared here with a full read of each format.
@@ -176,15 +180,19 @@ def test_a_smaller_limit_after_the_full_job_keeps_every_shard(made: dict, one_go
     assert_same_rows(rows_of(out), one_go[1])
 
 
-def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(made: dict, one_go: tuple) -> None:
+def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(
+    made: dict, one_go: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every answer of a broken expert lacks the label tokens: the delegated rows are written
     with their reason, the job exits 1 (more than --max-failed of them failed), and the same
-    command against a working expert asks exactly those rows again and rewrites only their
-    shards; the shards with nothing delegated stay as they are."""
+    job against a working expert asks exactly those rows again and rewrites only their shards,
+    their probe side read back from the files (the rerun, in this process, cannot load the
+    model); the shards with nothing delegated stay as they are."""
     tmp = made["tmp"]
     out, cache = tmp / "score-expert-failed", tmp / "score-expert-failed.sqlite"
+    data = tmp / "data" / "test.jsonl"
     delegated = [row for row in one_go[1].values() if row["delegated"]]
-    args = ("score", "--bundle", str(made["bundle"]), "--data", str(tmp / "data" / "test.jsonl"),
+    args = ("score", "--bundle", str(made["bundle"]), "--data", str(data),
             "--out", str(out), "--shard-rows", "12", "--expert", "--expert-cache", str(cache))  # fmt: skip
     with RunningServer(FaultPlan(broken=frozenset(range(-1, 10_000)))) as broken:
         failed = run_ctd(*args, "--expert-url", broken.url, cwd=tmp, env=made["env"], timeout=600)
@@ -194,21 +202,29 @@ def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(made: dict, one_go
     written = rows_of(out)
     assert all(row["expert"] is None and row["reason"].startswith("expert-failed") for row in written.values()
                if row["delegated"])  # fmt: skip
+
+    def no_model(*_: object, **__: object) -> None:
+        raise AssertionError("the rerun loaded the model")
+
+    monkeypatch.setattr(ProbeScorer, "load", no_model)
     before = stamps(out)
     with RunningServer(port=broken.port) as working:  # the same URL: the same job
-        rerun = score(made, out, "--shard-rows", "12", "--expert", "--expert-cache", str(cache),
-                      "--expert-url", working.url)  # fmt: skip
+        options = ScoreOptions(
+            bundle=made["bundle"], out=out, expert=True, expert_url=working.url, expert_cache=cache
+        )
+        rerun = score_local(plan_score(options, data, shard_rows=12, limit=None), options).to_dict()
         asked = sum(working.server.counts.requests.values())
     assert asked == len(delegated) == rerun["delegated"] and rerun["expert_failed"] == 0
     redone = {f"shard-{i // 12:05d}.parquet" for i, row in enumerate(one_go[1].values()) if row["delegated"]}
     after = stamps(out)
     assert rerun["written"] == len(redone) and all(after[name] != before[name] for name in redone)
-    # Their probe side is the first job's (the rerun loaded no model): only the expert was asked.
+    # Their probe side is the first job's: only the expert was asked, and no row met the model.
     assert rerun["reused"] == sum(pq.read_metadata(out / name).num_rows for name in redone) > 0
+    assert rerun["rows_scored"] == 0
     again = rows_of(out)
     assert all((again[k]["probe"], again[k]["dv"]) == (row["probe"], row["dv"]) for k, row in written.items())
     assert all(after[name] == before[name] for name in set(before) - redone)
-    assert all(row["expert"] is not None for row in rows_of(out).values() if row["delegated"])
+    assert all(row["expert"] is not None for row in again.values() if row["delegated"])
 
 
 def test_a_smaller_limit_keeps_every_row_of_a_shard_scored_again_for_its_failures(
@@ -299,11 +315,12 @@ def test_a_damaged_parquet_input_is_one_line_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_failed_job_raises_its_own_error_when_closing_fails_too(
-    tmp_path: Path, made: dict, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, made: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The input shrinks after the plan (the job's error: one line naming the file), and closing
     the scorer then fails as well (injected: committing to a failing disk is what it stands for):
-    the job's error is the one raised, the closing's a note on it."""
+    the job's error is the one raised, and the command line prints the closing's failure on a
+    line before it."""
     data = tmp_path / "rows.jsonl"
     data.write_text("".join((made["tmp"] / "data" / "test.jsonl").read_text().splitlines(True)[:10]))
     options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
@@ -314,11 +331,24 @@ def test_a_failed_job_raises_its_own_error_when_closing_fails_too(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ShardScorer, "close", failing_close)
-    with pytest.raises(InputError, match="fewer rows than when the job was planned") as raised:
+
+    @clean_errors
+    def job() -> None:
         score_local(plan, options)
-    assert raised.value.__notes__ == [
-        "closing the shard scorer failed too: OSError: [Errno 28] No space left on device"
-    ]
+
+    with pytest.raises(typer.Exit) as exited:
+        job()
+    assert exited.value.exit_code == 2  # the job's bad input, not the closing's full disk
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        "error, too: closing the shard scorer (committing the expert's answers) failed: "
+        "[Errno 28] No space left on device"
+    )
+    assert (
+        len(lines) == 2
+        and lines[1].startswith("error: ")
+        and "fewer rows than when the job was planned" in lines[1]
+    )
 
 
 def test_a_killed_job_resumes_without_writing_a_shard_twice(made: dict, one_go: tuple) -> None:
@@ -421,7 +451,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
 
 def test_a_conversation_the_chat_template_refuses_is_a_row_that_says_so(tmp_path: Path, made: dict) -> None:
     """One odd conversation among millions does not stop the job (the monitor answers it with a
-    4xx): its row has no scores and its reason names the template's refusal; the others score."""
+    4xx): its row has no scores and its reason names the template's refusal; the others score. A
+    job that goes on past a shard scored with --limit keeps the refusal as it was written."""
     records = [
         json.loads(line) for line in (made["tmp"] / "data" / "test.jsonl").read_text().splitlines()[:5]
     ]
@@ -429,7 +460,6 @@ def test_a_conversation_the_chat_template_refuses_is_a_row_that_says_so(tmp_path
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out", batch_tokens=3000)
-    plan = plan_score(options, data, shard_rows=10, limit=None)
     scorer = ShardScorer(options)
     assert scorer.scorer.batch_tokens == 3000  # `ctd score --batch-tokens` reaches the passes
     # A template that refuses one conversation, as a model's own template refuses e.g. a system
@@ -438,12 +468,18 @@ def test_a_conversation_the_chat_template_refuses_is_a_row_that_says_so(tmp_path
         "{% for m in messages %}{% if 'REFUSE-ME' in m['content'] %}"
         "{{ raise_exception('no refusals here') }}{% endif %}{{ m['content'] }}\n{% endfor %}"
     )
+    shard = tmp_path / "out" / "shard-00000.parquet"
     try:
-        done = scorer(plan.shards[0])
+        # First the first 4 rows (--limit 4), then all 5: the refused row's reason is kept as is.
+        tried = scorer(plan_score(options, data, shard_rows=10, limit=4).shards[0])
+        first_four = pq.read_table(shard).to_pylist()
+        done = scorer(plan_score(options, data, shard_rows=10, limit=None).shards[0])
     finally:
         scorer.close()
-    assert (done.rows, done.refused) == (5, 1)
-    rows = pq.read_table(tmp_path / "out" / "shard-00000.parquet").to_pylist()
+    assert (tried.rows, tried.refused, tried.reused) == (4, 1, 0)
+    assert (done.rows, done.refused, done.reused) == (5, 1, 4)
+    rows = pq.read_table(shard).to_pylist()
+    assert rows[:4] == first_four
     refused = rows[2]
     assert refused["reason"].startswith("refused: ") and "no refusals here" in refused["reason"]
     assert (refused["probe"], refused["dv"], refused["score"], refused["label"], refused["delegated"]) == (
