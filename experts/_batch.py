@@ -70,25 +70,37 @@ class BatchRequests:
     item (written once), `to_recover` left out because their request was answered before without
     label tokens (a recorded `experts._recovery.RECOVERABLE` failure: the same deterministic
     request in a batch would get the same answer, paid again; a live `ctd query` runs the
-    recovery ladder for them), their keys in `left_out`, and `written` items written, as `lines`
-    lines, about `tokens` tokens (the client's estimate, `Request.tokens`)."""
+    recovery ladder for them), `pending` left out because an earlier batch file holds their
+    request and no `--batch-in` has read its result back (how many in each file in
+    `pending_files`), the keys of both in `left_out`, and `written` items written, as `lines`
+    lines, about `tokens` tokens (the client's estimate, `Request.tokens`), their (key, item id)
+    in `written_keys`."""
 
     items: int = 0
     cached: int = 0
     duplicates: int = 0
     to_recover: int = 0
+    pending: int = 0
     written: int = 0
     lines: int = 0
     tokens: int = 0
     left_out: set[str] = field(default_factory=set)
+    pending_files: Counter[str] = field(default_factory=Counter)
+    written_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
 def batch_request_lines(
-    spec: ExpertSpec, items: Sequence[Item], cache: ScoreCache | None, counts: BatchRequests
+    spec: ExpertSpec,
+    items: Sequence[Item],
+    cache: ScoreCache | None,
+    counts: BatchRequests,
+    *,
+    resend: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The batch lines (`custom_id`, `method`, `url`, `body`) of the items of `items` that have no
-    answer in `cache`, one key once, counted into `counts` as they go. Nothing is sent, and no
-    credential is in them: a key travels in a header, never in a body."""
+    answer in `cache` and are out in no earlier batch file (`resend`: written again even so), one
+    key once, counted into `counts` as they go. Nothing is sent, and no credential is in them: a
+    key travels in a header, never in a body."""
     client = ExpertClient(spec, cache=None)
     seen: set[str] = set()
     for start in range(0, len(items), _LOOKUP_CHUNK):
@@ -102,7 +114,8 @@ def batch_request_lines(
             if cache is not None and spec.method == "next-token"
             else set()
         )
-        for _, request, key in chunk:
+        out_in = cache.batch_files(unanswered) if cache is not None and not resend else {}
+        for item, request, key in chunk:
             counts.items += 1
             if key in cached:
                 counts.cached += 1
@@ -115,7 +128,13 @@ def batch_request_lines(
                 counts.to_recover += 1
                 counts.left_out.add(key)
                 continue
+            if key in out_in:
+                counts.pending += 1
+                counts.pending_files[out_in[key]] += 1
+                counts.left_out.add(key)
+                continue
             counts.written += 1
+            counts.written_keys.append((key, item.id))
             counts.tokens += request.tokens
             for custom_id, body in zip(batch_custom_ids(key, request), request.bodies, strict=True):
                 counts.lines += 1
@@ -277,6 +296,7 @@ def commit_batch_results(
     for start in range(0, max(len(scores), len(failures)), _COMMIT_CHUNK):
         end = start + _COMMIT_CHUNK
         cache.put_many(scores[start:end], failures[start:end])
+    cache.clear_batch_out(sorted(answered))  # read back: a later batch file may ask them again
     report.committed, report.failed = len(scores), len(failures)
     final = cache.get_many([key for *_, key in keyed])
     results = []

@@ -2,7 +2,8 @@
 
 `scores` holds one row per successful answer, keyed by a hash of everything that can change
 the answer; `failures` records items that failed after their retries, with the reason. A
-failure is never a cache hit: resuming retries it. `claims` holds the items some run is asking
+failure is never a cache hit: resuming retries it. `batch_out` holds the requests written to a
+batch file whose results have not been read back. `claims` holds the items some run is asking
 about right now (the protocol is in `experts._claims`): committing an item's score or failure
 deletes its claim in the same transaction. A client's writes go through one
 `experts._cache_writer.CacheWriter` task that commits in short batches, so a crash loses at most
@@ -34,6 +35,7 @@ from ._storage import CHECK_SECONDS, check_pages, check_place, probe_write, stor
 __all__ = [
     "HOW_OF_OLD_ROWS",
     "SCHEMA_VERSION",
+    "BatchOutRow",
     "CacheKey",
     "ClaimRow",
     "FailureRow",
@@ -95,6 +97,19 @@ class ClaimRow(SQLModel, table=True):
     host: str
     pid: int
     expires: float  # unix seconds: the lease, renewed while the holder runs
+
+
+class BatchOutRow(SQLModel, table=True):
+    """A request written to a batch file (`ctd query --batch-out`) whose result no `--batch-in`
+    has read back yet: a second batch file leaves it out, so the same request is not paid twice."""
+
+    __tablename__ = "batch_out"
+
+    key: str = Field(primary_key=True)
+    expert: str
+    item_id: str
+    file: str  # the batch file's absolute path when it was written
+    created: datetime
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,15 +266,21 @@ class ScoreCache:
         """Create the missing tables (an older cache gains the new ones) under the write lock:
         two runs started together on a new file would otherwise race between "is it there?"
         and "create it", and the loser would fail with "table already exists". A cache that
-        has them all is only read (it may be read-only)."""
+        has them all is only read, and one this process may not write (a read-only file) is
+        read as it is: what writes to it fails there, with the file system's reason."""
         with self.engine.connect() as connection:
             names = connection.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table'")
             if set(SQLModel.metadata.tables) <= {name for (name,) in names}:
                 return
             connection.rollback()
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-            SQLModel.metadata.create_all(connection)
-            connection.commit()
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+                SQLModel.metadata.create_all(connection)
+                connection.commit()
+            except DBAPIError as exc:
+                if "readonly" not in str(exc.orig).replace(" ", "").lower():
+                    raise
+                connection.rollback()
 
     def _add_how(self) -> str:
         """Migrate a cache written before the `how` column, in place: add it and fill it for the
@@ -342,16 +363,46 @@ class ScoreCache:
                     )
             session.commit()
 
+    def batch_files(self, keys: Sequence[str]) -> dict[str, str]:
+        """The keys among `keys` out in a batch file no `--batch-in` has read back: key -> file."""
+        return dict(self._rows("file", keys, table="batch_out"))
+
+    def mark_batch_out(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Record `BatchOutRow`s (dicts of column values) in one transaction; a key already out
+        in another file now names this one."""
+        with storage_errors(self.path), self.write_lock, Session(self.engine) as session:
+            if rows:
+                session.execute(insert(BatchOutRow).prefix_with("OR REPLACE"), list(rows))
+            session.commit()
+
+    def clear_batch_out(self, keys: Sequence[str]) -> None:
+        """Forget that `keys` are out in a batch file (their results were read back), 500 keys a
+        transaction (another run on the cache waits on each briefly)."""
+        for start in range(0, len(keys), 500):
+            chunk = tuple(keys[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            with storage_errors(self.path), self.write_lock, Session(self.engine) as session:
+                session.connection().exec_driver_sql(f"DELETE FROM batch_out WHERE key IN ({marks})", chunk)
+                session.commit()
+
     def counts(self) -> dict[str, dict[str, int]]:
-        """{expert: {"scores": n, "failures": m}}."""
+        """{expert: {"scores": n, "failures": m, "batch_out": k}} (k: requests out in batch files;
+        0 in a cache older than that table, which this process could not add)."""
         out: dict[str, dict[str, int]] = {}
+        tables: list[Any] = [ScoreRow, FailureRow]
         with storage_errors(self.path), Session(self.engine) as session:
-            for expert, n in session.exec(select(ScoreRow.expert, func.count()).group_by(ScoreRow.expert)):
-                out.setdefault(expert, {"scores": 0, "failures": 0})["scores"] = n
-            for expert, n in session.exec(
-                select(FailureRow.expert, func.count()).group_by(FailureRow.expert)
-            ):
-                out.setdefault(expert, {"scores": 0, "failures": 0})["failures"] = n
+            present = {
+                name
+                for (name,) in session.connection().exec_driver_sql(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'"
+                )
+            }
+            tables += [BatchOutRow] if BatchOutRow.__tablename__ in present else []
+            for table in tables:
+                for expert, n in session.exec(select(table.expert, func.count()).group_by(table.expert)):
+                    out.setdefault(expert, dict.fromkeys(("scores", "failures", "batch_out"), 0))[
+                        table.__tablename__
+                    ] = n
         return out
 
     def _select_scores(self) -> Any:

@@ -56,15 +56,17 @@ def _open_cache(path: Path | None) -> ScoreCache:
 @cache_app.command("stats")
 @clean_errors
 def cache_stats(cache: CacheOption = None, json_output: JsonOption = False) -> None:
-    """Scores and recorded failures per expert, and the items runs are asking about right now
-    (claims; a stale claim is one whose run is gone: the next run takes it over)."""
+    """Scores and recorded failures per expert, the requests out in batch files whose results no
+    `ctd query --batch-in` has read back, and the items runs are asking about right now (claims; a
+    stale claim is one whose run is gone: the next run takes it over)."""
     store = _open_cache(cache)
     counts = store.counts()
     holders = experts.list_claims(store)
     for c in counts.values():
         c.update(claims=0, stale_claims=0)
     for holder in holders:
-        c = counts.setdefault(holder.expert, {"scores": 0, "failures": 0, "claims": 0, "stale_claims": 0})
+        c = counts.setdefault(holder.expert, dict.fromkeys(("scores", "failures", "batch_out", "claims"), 0))
+        c.setdefault("stale_claims", 0)
         c["claims"] += holder.live
         c["stale_claims"] += holder.stale
     now = time.time()
@@ -83,10 +85,11 @@ def cache_stats(cache: CacheOption = None, json_output: JsonOption = False) -> N
         print_json({"cache": str(store.path), "experts": counts, "holders": claimed})
         return
     table = Table(title=str(store.path))
-    for column in ("expert", "scores", "failures", "claimed now", "stale claims"):
+    for column in ("expert", "scores", "failures", "out in batches", "claimed now", "stale claims"):
         table.add_column(column)
     for name, c in sorted(counts.items()):
-        table.add_row(name, str(c["scores"]), str(c["failures"]), str(c["claims"]), str(c["stale_claims"]))
+        shown = (c[key] for key in ("scores", "failures", "batch_out", "claims", "stale_claims"))
+        table.add_row(name, *map(str, shown))
     stdout.print(table)
     for h in holders:
         state = f"lease {max(0.0, h.expires - now):.0f} s left" if h.live else "stale: its run is gone"

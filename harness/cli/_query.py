@@ -66,6 +66,17 @@ def query_command(
             help="Send nothing: commit a batch's results (.jsonl, repeatable) and write --out.",
         ),
     ] = None,
+    resend: Annotated[
+        bool,
+        typer.Option(
+            "--resend",
+            help=(
+                "With --batch-out: also write the requests an earlier batch file holds whose results "
+                "no --batch-in has read back (by default they are left out: sent twice, they are paid "
+                "twice)."
+            ),
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Score every example of a dataset with an expert LLM (async, rate-limited, cached).
@@ -86,8 +97,10 @@ def query_command(
     spec = resolve_expert(expert, expert_url, expert_model, method).spec
     if (batch_out is not None or batch_in) and cost_limit is not None:
         raise InputError("--cost-limit with --batch-out or --batch-in: a batch sends nothing from here")
+    if resend and batch_out is None:
+        raise InputError("--resend: only with --batch-out (it writes requests out in an earlier batch again)")
     if batch_out is not None or batch_in:
-        _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output)
+        _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output, resend=resend)
         return
     if out is None:
         raise InputError("--out is required: the table to write (.parquet or .csv)")
@@ -129,6 +142,8 @@ def _batch(
     batch_in: list[Path],
     max_failed: float,
     json_output: bool,
+    *,
+    resend: bool,
 ) -> None:
     """`--batch-out` (the requests, written) or `--batch-in` (the results, committed)."""
     from ..stages import batch_in as commit_batch
@@ -139,7 +154,7 @@ def _batch(
     if batch_out is not None:
         if out is not None:
             raise InputError("--out with --batch-out: the batch holds requests, not a table; leave out --out")
-        written = write_batch(data, spec, batch_out, cache_path=cache)
+        written = write_batch(data, spec, batch_out, cache_path=cache, resend=resend)
         if json_output:
             print_json(written.to_dict())
             return
@@ -154,6 +169,14 @@ def _batch(
                 f"left out {written.to_recover} requests answered before without label tokens: the same "
                 "request in a batch gets the same answer; `ctd query` (live) tries the recovery ladder "
                 "for them"
+            )
+        if written.pending:
+            files = ", ".join(f"{file} ({n})" for file, n in sorted(written.pending_files.items()))
+            stdout.print(
+                f"left out {written.pending} requests out in earlier batch files whose results no "
+                f"--batch-in has read back: {files}; --resend writes them again (a batch that was "
+                "never submitted, or failed)",
+                markup=False,
             )
         stdout.print(f"cost: {written.estimate}")
         return

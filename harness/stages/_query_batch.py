@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import experts
@@ -40,6 +41,8 @@ class BatchOutSummary:
     dropped: int
     usd: float = 0.0  # what the batch may cost at the expert's prices, with its batch discount
     estimate: str = ""  # the same as one line: "about N batch lines, about $X ..."
+    pending: int = 0  # left out: out in an earlier batch file whose results were not read back
+    pending_files: dict[str, int] = field(default_factory=dict)  # that file -> its requests left out
 
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -79,20 +82,26 @@ class BatchInSummary:
         )
 
 
-def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | None = None) -> BatchOutSummary:
-    """Write the requests `ctd query` would send for `data` (its cache misses, each key once) as
-    an OpenAI batch file at `path`, atomically; nothing is sent and no key is written."""
+def batch_out(
+    data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | None = None, resend: bool = False
+) -> BatchOutSummary:
+    """Write the requests `ctd query` would send for `data` (its cache misses, each key once,
+    none out in an earlier batch file whose results were not read back unless `resend`) as an
+    OpenAI batch file at `path`, atomically, and record in the cache that they are out; nothing
+    is sent and no answer is written. The file and its record come together: a record that
+    cannot be written takes the file back."""
     check_writable(path, "--batch-out", BATCH_SUFFIXES)
     if path.exists():  # the data, a batch's requests or its paid results: never replaced
         raise InputError(f"--batch-out {path}: already exists; the requests go to a new file")
     dataset = read_dataset(data)
     cache_path = cache_path or Roots.resolve().cache
     counts = experts.BatchRequests()
-    cache = ScoreCache(cache_path)  # read only: which items are answered already
+    cache = ScoreCache.for_run(cache_path)  # which items are answered or out, and the new record
     try:
         with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-            for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
+            for line in experts.batch_request_lines(spec, dataset.items, cache, counts, resend=resend):
                 handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+        _record_out(cache, spec, path, counts.written_keys)
         estimate = estimate_queries(dataset.items, spec, cache, batch=True, leave_out=counts.left_out)
     finally:
         cache.close()
@@ -110,7 +119,25 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
         dropped=dataset.dropped,
         usd=estimate.usd,
         estimate=estimate.line(),
+        pending=counts.pending,
+        pending_files=dict(counts.pending_files),
     )
+
+
+def _record_out(cache: ScoreCache, spec: ExpertSpec, path: Path, keys: Sequence[tuple[str, str]]) -> None:
+    """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `path`,
+    just written; when that fails, the file goes (nobody has it yet): no batch file without its
+    record, or a second --batch-out would write its requests again."""
+    now = datetime.now(UTC)
+    file = str(path.resolve())
+    rows = [
+        {"key": key, "expert": spec.name, "item_id": item, "file": file, "created": now} for key, item in keys
+    ]
+    try:
+        cache.mark_batch_out(rows)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def batch_in(

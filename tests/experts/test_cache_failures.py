@@ -6,10 +6,12 @@ time; salvage copies what is readable and says which rowids it could not read.""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,13 +44,17 @@ def _row(i: int) -> dict[str, object]:
 
 
 def _damage_middle_leaf(path: Path) -> None:
-    """Overwrite the header of the table leaf page in the middle of the file (not page 1)."""
-    raw = path.read_bytes()
-    size = int.from_bytes(raw[16:18], "big")
-    leaves = [page for page in range(2, len(raw) // size + 1) if raw[(page - 1) * size] == 0x0D]
+    """Overwrite the headers of the two middle leaf pages of the `scores` table, which hold the
+    middle rows (ex59 among them: rows are stored in the order written). SQLite's dbstat names
+    each page's table: the file's other tables, empty or not, move the pages around."""
+    with closing(sqlite3.connect(path)) as db:
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        query = "SELECT pageno FROM dbstat WHERE name = 'scores' AND pagetype = 'leaf' ORDER BY pageno"
+        leaves = [page for (page,) in db.execute(query)]
     with path.open("r+b") as handle:
-        handle.seek((leaves[len(leaves) // 2] - 1) * size)
-        handle.write(b"\xff" * 64)
+        for page in leaves[len(leaves) // 2 - 1 : len(leaves) // 2 + 1]:
+            handle.seek((page - 1) * size)
+            handle.write(b"\xff" * 64)
 
 
 @pytest.fixture()

@@ -215,6 +215,28 @@ def immutable(workdir: Path) -> Iterator[Path]:
         subprocess.run(["chattr", "-i", str(cache)], check=False)
 
 
+def test_a_cache_older_than_a_table_reads_where_it_cannot_be_written(workdir: Path) -> None:
+    """A cache written before the `batch_out` table, in a file this process may not write (its
+    folder writable, as for a file shared read-only): it cannot gain the table and is read as it
+    is; what would write to it fails there."""
+    cache = workdir / "old.sqlite"
+    build_cache(cache, 20, response_chars=10)
+    with closing(sqlite3.connect(cache)) as db:
+        db.execute("DROP TABLE batch_out")
+        db.commit()
+    done = subprocess.run(["chattr", "+i", str(cache)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i does not work here: {done.stderr.decode().strip()}")
+    try:
+        opened = ScoreCache(cache)
+        try:
+            assert len(opened.get_many([f"{i:064x}" for i in range(20)])) == 20
+        finally:
+            opened.close()
+    finally:
+        subprocess.run(["chattr", "-i", str(cache)], check=False)
+
+
 def test_a_cache_file_that_cannot_be_written_is_one_line_before_anything_is_paid(
     workdir: Path, immutable: Path
 ) -> None:

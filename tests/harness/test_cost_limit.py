@@ -127,7 +127,8 @@ def test_batch_out_prices_the_batch_with_its_discount(tmp_path: Path) -> None:
     full = json.loads(run_ctd(*args, "full.jsonl", cwd=tmp_path, env=env).stdout)
     registry = Path(env["CTD_EXPERTS_FILE"])
     registry.write_text(registry.read_text() + "batch_discount = 0.5\n")
-    half = json.loads(run_ctd(*args, "half.jsonl", cwd=tmp_path, env=env).stdout)  # a new file each
+    # A new file each; --resend: the first file's requests were never read back.
+    half = json.loads(run_ctd(*args, "half.jsonl", "--resend", cwd=tmp_path, env=env).stdout)
     assert full["usd"] > 0 and abs(half["usd"] - full["usd"] / 2) < 1e-12
     assert (
         half["estimate"].startswith("about 10 batch lines, about $") and "batch discount" in half["estimate"]

@@ -146,7 +146,7 @@ def test_query_runs_resumes_and_reports(workdir: Path) -> None:
             assert float(row[2]) == pytest.approx(item_score(i), abs=1e-12) and row[4:6] == ["cache", "top-k"]
     stats = run_ctd("cache", "stats", "--json", cwd=workdir, env=env_for(workdir))
     assert json.loads(stats.stdout)["experts"] == {
-        "url:fault-model": {"scores": 29, "failures": 2, "claims": 0, "stale_claims": 0}
+        "url:fault-model": {"scores": 29, "failures": 2, "batch_out": 0, "claims": 0, "stale_claims": 0}
     }
     exported = run_ctd("cache", "export", "--out", "scores.jsonl", cwd=workdir, env=env_for(workdir))
     assert exported.returncode == 0

@@ -135,6 +135,8 @@ def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
             "estimate": (
                 f"about {ITEMS * bodies} batch lines, $0: fault costs nothing (priced at 0: a local model)"
             ),
+            "pending": 0,
+            "pending_files": {},
         }
         assert json.loads(made.stdout)["tokens"] > ITEMS  # the client's estimate, summed
         assert item_requests(running) == 0  # nothing was sent
@@ -158,6 +160,8 @@ def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
         assert (report["committed"], report["already"], report["failed"]) == (ITEMS, 0, 0)
         assert (report["unmatched"], report["missing"], report["lines"]) == (0, 0, ITEMS * bodies)
         assert stored(tmp_path / "cache.sqlite") == (ITEMS, 0)
+        with sqlite3.connect(tmp_path / "cache.sqlite") as db:  # every request read back: none out
+            assert db.execute("SELECT COUNT(*) FROM batch_out").fetchone() == (0,)
         # What `ctd eval`'s query stage asks the cache before it starts (or checks) an expert.
         monkeypatch.setenv("CTD_EXPERTS_FILE", str(expert.registry))
         spec = resolve_expert("fault").spec
@@ -198,6 +202,55 @@ def test_a_second_batch_out_writes_only_what_is_still_missing(tmp_path: Path) ->
     assert "wrote 20 request lines for 20 examples" in made.stdout
     assert "nothing was sent" in made.stdout
     assert len((tmp_path / "rest.jsonl").read_text().splitlines()) == 20
+
+
+def test_requests_out_in_a_batch_not_read_back_are_not_written_twice(tmp_path: Path) -> None:
+    """A second --batch-out before the first batch's results are read back leaves its requests
+    out (both submitted, they would be paid twice) and names the file; --batch-in of results that
+    lack some items releases the rest; --resend writes the ones still out again."""
+    data = write_data(tmp_path, 30)
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "next-token")
+
+        def batch_out(name: str, *extra: str) -> dict[str, Any]:
+            made = expert.ctd("query", "--data", str(data), "--batch-out", name, "--json", *extra)
+            assert made.returncode == 0, made.stderr
+            return json.loads(made.stdout)
+
+        first = batch_out("first.jsonl")
+        assert (first["written"], first["pending"]) == (30, 0)
+        env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
+        stats = run_ctd("cache", "stats", "--json", cwd=tmp_path, env=env)
+        assert json.loads(stats.stdout)["experts"]["fault"]["batch_out"] == 30, stats.stderr
+        again = expert.ctd("query", "--data", str(data), "--batch-out", "again.jsonl")
+        assert again.returncode == 0, again.stderr
+        assert "wrote 0 request lines for 0 examples" in again.stdout
+        said = " ".join(again.stdout.split())  # the terminal wraps the line
+        assert "left out 30 requests out in earlier batch files" in said
+        assert f"{tmp_path / 'first.jsonl'} (30)" in said and "--resend writes them again" in said
+        assert (tmp_path / "again.jsonl").read_text() == ""
+
+        def drop_five(line: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+            item = int(line["body"]["messages"][-1]["content"].split("item-")[1].split(":")[0])
+            return None if item < 5 else result
+
+        answer_batch(
+            tmp_path / "first.jsonl", running.url.removesuffix("/v1"), tmp_path / "r.jsonl", edit=drop_five
+        )
+        committed = expert.ctd(
+            "query", "--data", str(data), "--batch-in", "r.jsonl", "--out", "t.csv", "--max-failed", "0.5"
+        )
+        assert committed.returncode == 0, committed.stderr
+        third = batch_out("third.jsonl")  # 25 answered; items 0-4 are still out in first.jsonl
+        assert (third["cached"], third["duplicates"], third["written"], third["pending"]) == (25, 1, 0, 5)
+        assert third["pending_files"] == {str(tmp_path / "first.jsonl"): 5} and third["usd"] == 0
+        resent = batch_out("resent.jsonl", "--resend")
+        assert (resent["written"], resent["pending"]) == (5, 0)
+        assert len((tmp_path / "resent.jsonl").read_text().splitlines()) == 5
+        fourth = batch_out("fourth.jsonl")  # now out in resent.jsonl
+        assert fourth["pending_files"] == {str(tmp_path / "resent.jsonl"): 5}
+    refused = expert.ctd("query", "--data", str(data), "--resend", "--out", "x.csv")
+    assert_one_line_error(refused, "--resend: only with --batch-out")
 
 
 # --------------------------------------------------------------------------- failures, counted
