@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "add_expert": "._registry",
     "batch_custom_ids": "._batch",
     "batch_request_lines": "._batch",
+    "pending_line": "._batch",
     "build_request": "._scoring",
     "check_cache": "._repair",
     "check_base_url": "._config",

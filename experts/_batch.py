@@ -89,18 +89,23 @@ class BatchRequests:
     written_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
+def pending_line(files: Mapping[str, int]) -> str:
+    """The batch files that hold requests whose results no `--batch-in` has read back, with how
+    many each, and how to let those requests be asked again."""
+    named = ", ".join(f"{file} ({n})" for file, n in sorted(files.items()))
+    return (
+        f"{named}; for a batch that was never submitted, failed or expired, `ctd cache release-batch "
+        "FILE` lets its requests be asked again"
+    )
+
+
 def batch_request_lines(
-    spec: ExpertSpec,
-    items: Sequence[Item],
-    cache: ScoreCache | None,
-    counts: BatchRequests,
-    *,
-    resend: bool = False,
+    spec: ExpertSpec, items: Sequence[Item], cache: ScoreCache | None, counts: BatchRequests
 ) -> Iterator[dict[str, Any]]:
     """The batch lines (`custom_id`, `method`, `url`, `body`) of the items of `items` that have no
-    answer in `cache` and are out in no earlier batch file (`resend`: written again even so), one
-    key once, counted into `counts` as they go. Nothing is sent, and no credential is in them: a
-    key travels in a header, never in a body."""
+    answer in `cache` and are out in no earlier batch file, one key once, counted into `counts`
+    as they go. Nothing is sent, and no credential is in them: a key travels in a header, never
+    in a body."""
     client = ExpertClient(spec, cache=None)
     seen: set[str] = set()
     for start in range(0, len(items), _LOOKUP_CHUNK):
@@ -114,7 +119,7 @@ def batch_request_lines(
             if cache is not None and spec.method == "next-token"
             else set()
         )
-        out_in = cache.batch_files(unanswered) if cache is not None and not resend else {}
+        out_in = cache.batch_files(unanswered) if cache is not None else {}
         for item, request, key in chunk:
             counts.items += 1
             if key in cached:
@@ -237,7 +242,9 @@ class BatchCommit:
     as failures (`failure_reasons`), `unmatched` result lines whose custom_id is no item's (a
     different data file, expert, method or template), `missing` items still without an answer,
     and `usd` what the batch's answers cost at the expert's prices with the batch discount, from
-    the usage they report (every line: an answer is paid whether or not it scores)."""
+    the usage they report (every line: an answer is paid whether or not it scores). Of the
+    missing items, those whose request is still out in a batch file (its results not read back
+    yet, perhaps in another results file) are counted in `still_out`, file -> how many."""
 
     usd: float = 0.0
     lines: int = 0
@@ -247,6 +254,7 @@ class BatchCommit:
     unmatched: int = 0
     missing: int = 0
     failure_reasons: Counter[str] = field(default_factory=Counter)
+    still_out: dict[str, int] = field(default_factory=dict)
 
 
 def commit_batch_results(
@@ -300,6 +308,7 @@ def commit_batch_results(
     report.committed, report.failed = len(scores), len(failures)
     final = cache.get_many([key for *_, key in keyed])
     results = []
+    unanswered: list[str] = []  # not in the batch
     for item, _, key in keyed:
         hit = final.get(key)
         if hit is not None:
@@ -307,7 +316,9 @@ def commit_batch_results(
             continue
         if key not in failed:
             report.missing += 1
+            unanswered.append(key)
         results.append(ItemResult(item.id, None, None, "failed", reason=failed.get(key, _NO_ANSWER)))
+    report.still_out = cache.pending_files(unanswered)
     return results, report
 
 

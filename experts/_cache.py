@@ -17,6 +17,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -345,12 +346,15 @@ class ScoreCache:
         release_owner: str | None = None,
     ) -> None:
         """Insert rows (dicts of column values) in one transaction; a key already stored keeps
-        its first answer. With `release_owner`, that run's claims on the rows' keys are deleted
-        in the same transaction, so no other run ever sees an item neither claimed nor stored."""
+        its first answer, and an answered key is no longer out in a batch file. With
+        `release_owner`, that run's claims on the rows' keys are deleted in the same transaction,
+        so no other run ever sees an item neither claimed nor stored."""
         scores, failures = list(scores), list(failures)
         with storage_errors(self.path), self.write_lock, Session(self.engine) as session:
             if scores:
                 session.execute(insert(ScoreRow).prefix_with("OR IGNORE"), scores)
+                answered = [(row["key"],) for row in scores]
+                session.connection().exec_driver_sql("DELETE FROM batch_out WHERE key = ?", answered)
             if failures:
                 session.execute(insert(FailureRow), failures)
             if release_owner is not None:
@@ -367,13 +371,48 @@ class ScoreCache:
         """The keys among `keys` out in a batch file no `--batch-in` has read back: key -> file."""
         return dict(self._rows("file", keys, table="batch_out"))
 
-    def mark_batch_out(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Record `BatchOutRow`s (dicts of column values) in one transaction; a key already out
-        in another file now names this one."""
+    def mark_batch_out(self, rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+        """Record `BatchOutRow`s (dicts of column values) in one transaction that holds the write
+        lock from its first read: when another process recorded some of the keys as out since this
+        one looked (two `--batch-out` at once), nothing is recorded and the files that hold them
+        are returned (file -> how many); else {}."""
+        columns = list(BatchOutRow.model_fields)
+        values = [tuple(row[column] for column in columns) for row in rows]
+        taken: Counter[str] = Counter()
+        with storage_errors(self.path), self.write_lock:
+            connection = self.engine.raw_connection()
+            try:
+                cursor = connection.cursor()
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    for start in range(0, len(values), 500):
+                        chunk = [value[0] for value in values[start : start + 500]]
+                        marks = ",".join("?" * len(chunk))
+                        cursor.execute(f"SELECT file FROM batch_out WHERE key IN ({marks})", chunk)
+                        taken.update(file for (file,) in cursor.fetchall())
+                    if not taken:
+                        names, marks = ", ".join(columns), ", ".join("?" * len(columns))
+                        cursor.executemany(f"INSERT INTO batch_out ({names}) VALUES ({marks})", values)
+                except BaseException:
+                    connection.rollback()
+                    raise
+                connection.rollback() if taken else connection.commit()
+            finally:
+                connection.close()
+        return dict(taken)
+
+    def release_batch(self, file: str) -> int:
+        """Forget that the requests of the batch file `file` (its absolute path) are out: a batch
+        never submitted, failed or expired. Returns how many were."""
         with storage_errors(self.path), self.write_lock, Session(self.engine) as session:
-            if rows:
-                session.execute(insert(BatchOutRow).prefix_with("OR REPLACE"), list(rows))
+            released = session.connection().exec_driver_sql("DELETE FROM batch_out WHERE file = ?", (file,))
             session.commit()
+            return int(released.rowcount)
+
+    def pending_files(self, keys: Sequence[str]) -> dict[str, int]:
+        """The batch files holding requests of `keys` that are out: file -> how many."""
+        files = Counter(self.batch_files(keys).values())
+        return dict(files)
 
     def clear_batch_out(self, keys: Sequence[str]) -> None:
         """Forget that `keys` are out in a batch file (their results were read back), 500 keys a

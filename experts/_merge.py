@@ -226,6 +226,8 @@ def _merge_batch(writer: sqlite3.Cursor, batch: list[tuple[Any, ...]], report: M
         marks = ", ".join("?" * len(ANSWER_COLUMNS))
         columns = ", ".join(f'"{c}"' for c in ANSWER_COLUMNS)
         writer.executemany(f"INSERT INTO scores ({columns}) VALUES ({marks})", new)
+        # An answered key is out in no batch file any longer (as `ScoreCache.put_many` does).
+        writer.executemany("DELETE FROM batch_out WHERE key = ?", [(row[_KEY],) for row in new])
         report.added += len(new)
         report.claimed += _live_claims(writer, [row[_KEY] for row in new])
 

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from ._cache import FailureRow, ScoreCache, ScoreRow, score_columns_sql
+from ._cache import BatchOutRow, FailureRow, ScoreCache, ScoreRow, score_columns_sql
 from ._errors import ConfigError, StorageError
 from ._storage import as_storage_error
 
 __all__ = ["CacheCheck", "SalvageResult", "check_cache", "salvage_cache"]
 
-_SALVAGED = (ScoreRow, FailureRow)  # the tables worth keeping; claims are runs in flight
+# The tables worth keeping (batch_out: requests out in batch files, or they would be written and
+# paid again); claims are runs in flight.
+_SALVAGED = (ScoreRow, FailureRow, BatchOutRow)
 _RANGE = 512  # rowids per read: a damaged page costs a bisection within its range only
 
 
@@ -120,10 +122,11 @@ def _unreadable_rows(connection: sqlite3.Connection) -> list[str]:
 
 
 def salvage_cache(source: Path, out: Path) -> SalvageResult:
-    """Copy every readable row of the answers (`scores`) and the failure ledger (`failures`) of
-    the cache at `source` into a new cache at `out`, table by table, `_RANGE` rowids at a
-    time; a range that fails to read is halved until the unreadable rowids are isolated and
-    skipped. `out` is written next to itself and renamed into place when complete."""
+    """Copy every readable row of the answers (`scores`), the failure ledger (`failures`) and the
+    requests out in batch files (`batch_out`) of the cache at `source` into a new cache at `out`,
+    table by table, `_RANGE` rowids at a time; a range that fails to read is halved until the
+    unreadable rowids are isolated and skipped. `out` is written next to itself and renamed into
+    place when complete."""
     source, out = Path(source), Path(out)
     if out.exists():
         raise ConfigError(f"{out}: already exists; salvage writes a new cache")

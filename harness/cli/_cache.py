@@ -35,7 +35,10 @@ __all__ = ["register"]
 
 
 cache_app = typer.Typer(
-    help="The SQLite cache of expert answers: stats, explain, export, import, merge, forget, check, salvage.",
+    help=(
+        "The SQLite cache of expert answers: stats, explain, export, import, merge, forget, "
+        "release-batch, check, salvage."
+    ),
     no_args_is_help=True,
 )
 
@@ -46,7 +49,7 @@ CONFLICTS_SHOWN = 10
 """Conflicts `ctd cache merge` names one per line on the terminal (--json lists them all)."""
 
 
-def _open_cache(path: Path | None) -> ScoreCache:
+def open_cache(path: Path | None) -> ScoreCache:
     path = path or Roots.resolve().cache
     if not path.exists():
         raise InputError(f"--cache {path}: no cache there yet (it is created by `ctd query`)")
@@ -59,7 +62,7 @@ def cache_stats(cache: CacheOption = None, json_output: JsonOption = False) -> N
     """Scores and recorded failures per expert, the requests out in batch files whose results no
     `ctd query --batch-in` has read back, and the items runs are asking about right now (claims; a
     stale claim is one whose run is gone: the next run takes it over)."""
-    store = _open_cache(cache)
+    store = open_cache(cache)
     counts = store.counts()
     holders = experts.list_claims(store)
     for c in counts.values():
@@ -109,7 +112,7 @@ def cache_explain(
 ) -> None:
     """Why an example is (not) served from the cache: its stored answers and failures, and with
     --data and an expert, which part of the cache key differs from what is stored."""
-    store = _open_cache(cache)
+    store = open_cache(cache)
     scores, failures = store.lookup_item(item_id)
     stdout.print(f"{item_id}: {len(scores)} stored answer(s), {len(failures)} recorded failure(s)")
     for row in scores:
@@ -173,7 +176,7 @@ def cache_export(
             f"--format {export_format}: --out {out} is {chosen} by its suffix; "
             f"name the file .{export_format} (the suffix chooses the format)"
         )
-    store = _open_cache(cache)
+    store = open_cache(cache)
     if chosen == "jsonl":
         with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
             written = experts.write_answers(store, handle, expert=expert)
@@ -418,8 +421,9 @@ def cache_salvage(
     lost = {t: sum(b - a + 1 for a, b in ranges) for t, ranges in result.unreadable.items()}
     skipped = ", ".join(f"{n} rowid(s) of {t}" for t, n in lost.items() if n)
     stdout.print(
-        f"recovered {result.recovered['scores']} answers and {result.recovered['failures']} recorded "
-        f"failures from {path} into {out}" + (f"; unreadable, so lost: {skipped}" if skipped else ""),
+        f"recovered {result.recovered['scores']} answers, {result.recovered['failures']} recorded "
+        f"failures and {result.recovered['batch_out']} requests out in batch files from {path} into {out}"
+        + (f"; unreadable, so lost: {skipped}" if skipped else ""),
         highlight=False,
     )
 
@@ -444,6 +448,8 @@ def _existing(path: Path | None) -> Path:
 
 
 def register(app: typer.Typer) -> None:
+    from . import _cache_batches  # noqa: F401  (its command joins cache_app)
+
     app.add_typer(cache_app, name="cache")
 
 

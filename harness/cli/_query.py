@@ -66,17 +66,6 @@ def query_command(
             help="Send nothing: commit a batch's results (.jsonl, repeatable) and write --out.",
         ),
     ] = None,
-    resend: Annotated[
-        bool,
-        typer.Option(
-            "--resend",
-            help=(
-                "With --batch-out: also write the requests an earlier batch file holds whose results "
-                "no --batch-in has read back (by default they are left out: sent twice, they are paid "
-                "twice)."
-            ),
-        ),
-    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Score every example of a dataset with an expert LLM (async, rate-limited, cached).
@@ -97,10 +86,8 @@ def query_command(
     spec = resolve_expert(expert, expert_url, expert_model, method).spec
     if (batch_out is not None or batch_in) and cost_limit is not None:
         raise InputError("--cost-limit with --batch-out or --batch-in: a batch sends nothing from here")
-    if resend and batch_out is None:
-        raise InputError("--resend: only with --batch-out (it writes requests out in an earlier batch again)")
     if batch_out is not None or batch_in:
-        _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output, resend=resend)
+        _batch(data, spec, out, cache, batch_out, batch_in or [], max_failed, json_output)
         return
     if out is None:
         raise InputError("--out is required: the table to write (.parquet or .csv)")
@@ -142,10 +129,10 @@ def _batch(
     batch_in: list[Path],
     max_failed: float,
     json_output: bool,
-    *,
-    resend: bool,
 ) -> None:
     """`--batch-out` (the requests, written) or `--batch-in` (the results, committed)."""
+    from experts import pending_line
+
     from ..stages import batch_in as commit_batch
     from ..stages import batch_out as write_batch
 
@@ -154,7 +141,7 @@ def _batch(
     if batch_out is not None:
         if out is not None:
             raise InputError("--out with --batch-out: the batch holds requests, not a table; leave out --out")
-        written = write_batch(data, spec, batch_out, cache_path=cache, resend=resend)
+        written = write_batch(data, spec, batch_out, cache_path=cache)
         if json_output:
             print_json(written.to_dict())
             return
@@ -171,11 +158,9 @@ def _batch(
                 "for them"
             )
         if written.pending:
-            files = ", ".join(f"{file} ({n})" for file, n in sorted(written.pending_files.items()))
             stdout.print(
                 f"left out {written.pending} requests out in earlier batch files whose results no "
-                f"--batch-in has read back: {files}; --resend writes them again (a batch that was "
-                "never submitted, or failed)",
+                f"--batch-in has read back: {pending_line(written.pending_files)}",
                 markup=False,
             )
         stdout.print(f"cost: {written.estimate}")
@@ -194,6 +179,8 @@ def _batch(
         )
         for reason, count in sorted(summary.failure_reasons.items()):
             stdout.print(f"  failed: {count} x {reason} (a later run asks them again)")
+        if summary.still_out:
+            stdout.print(summary.still_out_line(), markup=False)
         if not spec.price.free:
             stdout.print(
                 f"cost: about ${summary.usd:.4f} for the batch's answers at {spec.name}'s prices with the "

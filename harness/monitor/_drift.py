@@ -119,7 +119,7 @@ class AlarmLines:
         unsaid = alarm.alarms - 1 - (last[1] if last is not None else 0)
         more = (
             f"; {unsaid} more {alarm.risk} alarm{'s' if unsaid > 1 else ''} since the last line "
-            f"({alarm.alarms} in all; each in the decision log, lines at most every {self.every:g} s)"
+            f"({alarm.alarms} in all; a line at most every {self.every:g} s)"
             if unsaid
             else ""
         )

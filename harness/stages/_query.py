@@ -74,6 +74,21 @@ def uncached_count(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -
     return sum(key not in stored for key in keys)
 
 
+def refuse_pending(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> None:
+    """An InputError, before anything is sent, when some of `items` are unanswered and out in a
+    batch file whose results no `--batch-in` has read back: asked live, they would be paid
+    twice."""
+    keys = _cache_keys(items, spec)
+    stored = cache.get_many(keys)
+    files = cache.pending_files([key for key in keys if key not in stored])
+    if files:
+        raise InputError(
+            f"{sum(files.values())} of the requests to {spec.name} are out in batch files whose results "
+            "no --batch-in has read back (asked live, they would be paid twice; `ctd query --batch-in` "
+            f"reads the results back): {experts.pending_line(files)}"
+        )
+
+
 def _cache_keys(items: Sequence[Item], spec: ExpertSpec) -> list[str]:
     """Each item's cache key, computed as the client computes it."""
     keys_of = experts.ExpertClient(spec, cache=None)
@@ -226,6 +241,7 @@ def query_items(
     cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
     try:
+        refuse_pending(items, spec, cache)
         if check:
             report = check_expert(spec)
             if not report.ok:

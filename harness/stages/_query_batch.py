@@ -4,6 +4,7 @@ Nothing is sent to the expert by either: `vllm run-batch` or a provider's Batch 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,30 +67,45 @@ class BatchInSummary:
     dropped: int
     seconds: float
     usd: float  # what the batch's answers cost (their reported usage, with the batch discount)
+    still_out: dict[str, int] = field(default_factory=dict)  # not in it, and still out: file -> how many
 
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
+    def still_out_line(self) -> str:
+        """What is left of the batch files whose results these were not ("" when nothing)."""
+        if not self.still_out:
+            return ""
+        return (
+            f"{sum(self.still_out.values())} examples not in these results are still out, waiting for "
+            f"their results (another results file?): {experts.pending_line(self.still_out)}"
+        )
+
     def check_failures(self, max_failed: float) -> None:
         """RunFailed (exit code 1) when more than `max_failed` of the examples have no score:
         failed in the batch, or not in it."""
+        remedy = (
+            f"their rows in {self.out} say why; `ctd query` (or another --batch-out) asks failed ones again"
+        )
+        if self.still_out:
+            remedy += f"; {self.still_out_line()}"
         check_failed_fraction(
             self.failed + self.missing,
             self.total,
             max_failed,
             what=f"examples without an answer ({self.failed} failed in the batch, {self.missing} not in it)",
-            remedy=f"their rows in {self.out} say why; `ctd query` (or another --batch-out) asks them again",
+            remedy=remedy,
         )
 
 
-def batch_out(
-    data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | None = None, resend: bool = False
-) -> BatchOutSummary:
+def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | None = None) -> BatchOutSummary:
     """Write the requests `ctd query` would send for `data` (its cache misses, each key once,
-    none out in an earlier batch file whose results were not read back unless `resend`) as an
-    OpenAI batch file at `path`, atomically, and record in the cache that they are out; nothing
-    is sent and no answer is written. The file and its record come together: a record that
-    cannot be written takes the file back."""
+    none out in an earlier batch file whose results were not read back) as an OpenAI batch file
+    at `path`, atomically, and record in the cache that they are out; nothing is sent and no
+    answer is written. The record is committed before the file takes its name, and released
+    when it cannot take it: a batch file never exists without its record (a process killed in
+    between leaves a record of a file that is not there, which `ctd cache release-batch`
+    releases; never a file whose requests a second --batch-out would write again)."""
     check_writable(path, "--batch-out", BATCH_SUFFIXES)
     if path.exists():  # the data, a batch's requests or its paid results: never replaced
         raise InputError(f"--batch-out {path}: already exists; the requests go to a new file")
@@ -97,12 +113,21 @@ def batch_out(
     cache_path = cache_path or Roots.resolve().cache
     counts = experts.BatchRequests()
     cache = ScoreCache.for_run(cache_path)  # which items are answered or out, and the new record
+    file = str(path.resolve())
+    recorded = False
     try:
-        with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-            for line in experts.batch_request_lines(spec, dataset.items, cache, counts, resend=resend):
-                handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-        _record_out(cache, spec, path, counts.written_keys)
-        estimate = estimate_queries(dataset.items, spec, cache, batch=True, leave_out=counts.left_out)
+        with atomic_path(path) as tmp:
+            with tmp.open("w", encoding="utf-8") as handle:
+                for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
+                    handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+            estimate = estimate_queries(dataset.items, spec, cache, batch=True, leave_out=counts.left_out)
+            _record_out(cache, spec, file, counts.written_keys)
+            recorded = True
+    except BaseException:
+        if recorded and not path.exists():  # the file could not take its name: nothing of it is out
+            with contextlib.suppress(Exception):  # else its record stays: the safe side, released by hand
+                cache.release_batch(file)
+        raise
     finally:
         cache.close()
     return BatchOutSummary(
@@ -124,20 +149,21 @@ def batch_out(
     )
 
 
-def _record_out(cache: ScoreCache, spec: ExpertSpec, path: Path, keys: Sequence[tuple[str, str]]) -> None:
-    """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `path`,
-    just written; when that fails, the file goes (nobody has it yet): no batch file without its
-    record, or a second --batch-out would write its requests again."""
-    now = datetime.now(UTC)
-    file = str(path.resolve())
+def _record_out(cache: ScoreCache, spec: ExpertSpec, file: str, keys: Sequence[tuple[str, str]]) -> None:
+    """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `file`;
+    an InputError, with nothing recorded, when another `--batch-out` recorded some of them since
+    this one looked (two at once on one cache)."""
+    now = datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")  # as the cache stores a time
     rows = [
         {"key": key, "expert": spec.name, "item_id": item, "file": file, "created": now} for key, item in keys
     ]
-    try:
-        cache.mark_batch_out(rows)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    taken = cache.mark_batch_out(rows)
+    if taken:
+        raise InputError(
+            f"--batch-out {file}: another --batch-out wrote {sum(taken.values())} of these requests "
+            f"meanwhile ({experts.pending_line(taken)}); nothing was written: run it again to write "
+            "the others"
+        )
 
 
 def batch_in(
@@ -177,4 +203,5 @@ def batch_in(
         dropped=dataset.dropped,
         seconds=round(time.monotonic() - started, 3),
         usd=report.usd,
+        still_out=dict(report.still_out),
     )

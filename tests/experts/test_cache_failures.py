@@ -50,7 +50,10 @@ def _damage_middle_leaf(path: Path) -> None:
     with closing(sqlite3.connect(path)) as db:
         size = db.execute("PRAGMA page_size").fetchone()[0]
         query = "SELECT pageno FROM dbstat WHERE name = 'scores' AND pagetype = 'leaf' ORDER BY pageno"
-        leaves = [page for (page,) in db.execute(query)]
+        try:
+            leaves = [page for (page,) in db.execute(query)]
+        except sqlite3.OperationalError as error:  # a SQLite built without the dbstat table
+            pytest.skip(f"SQLite's dbstat is not available here: {error}")
     with path.open("r+b") as handle:
         for page in leaves[len(leaves) // 2 - 1 : len(leaves) // 2 + 1]:
             handle.seek((page - 1) * size)
@@ -99,7 +102,7 @@ def test_salvage_names_the_rowids_it_could_not_read(damaged: ScoreCache, tmp_pat
     assert not check_cache(damaged.path).ok
     result = salvage_cache(damaged.path, tmp_path / "new.sqlite")
     lost = sum(b - a + 1 for a, b in result.unreadable["scores"])
-    assert 0 < lost < N and result.recovered == {"scores": N - lost, "failures": 0}
+    assert 0 < lost < N and result.recovered == {"scores": N - lost, "failures": 0, "batch_out": 0}
     assert check_cache(tmp_path / "new.sqlite").ok
     salvaged = ScoreCache(tmp_path / "new.sqlite")
     assert len(salvaged.get_many(KEYS)) == N - lost
@@ -183,6 +186,6 @@ def test_salvage_of_a_cache_without_a_failures_table_is_quick(tmp_path: Path) ->
     connection.close()
     started = time.monotonic()
     result = salvage_cache(source, tmp_path / "new.sqlite")
-    assert result.recovered == {"scores": 1, "failures": 0}
-    assert result.unreadable == {"scores": [], "failures": []}
+    assert result.recovered == {"scores": 1, "failures": 0, "batch_out": 0}
+    assert result.unreadable == {"scores": [], "failures": [], "batch_out": []}
     assert time.monotonic() - started < 10

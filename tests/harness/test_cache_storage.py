@@ -150,7 +150,7 @@ def test_a_corrupt_page_is_one_line_before_anything_is_paid_and_salvage_recovers
     report = json.loads(salvage.stdout)
     expected = readable_rowids(cache, "scores", n)
     assert 0 < expected < n  # the damaged page held some of the rows, not all
-    assert report["recovered"] == {"scores": expected, "failures": 0}
+    assert report["recovered"] == {"scores": expected, "failures": 0, "batch_out": 0}
     with closing(sqlite3.connect(new)) as db:
         assert db.execute("SELECT COUNT(*) FROM scores").fetchone() == (expected,)
     assert run_ctd("cache", "check", "--cache", str(new), cwd=workdir).returncode == 0

@@ -127,8 +127,9 @@ def test_batch_out_prices_the_batch_with_its_discount(tmp_path: Path) -> None:
     full = json.loads(run_ctd(*args, "full.jsonl", cwd=tmp_path, env=env).stdout)
     registry = Path(env["CTD_EXPERTS_FILE"])
     registry.write_text(registry.read_text() + "batch_discount = 0.5\n")
-    # A new file each; --resend: the first file's requests were never read back.
-    half = json.loads(run_ctd(*args, "half.jsonl", "--resend", cwd=tmp_path, env=env).stdout)
+    # A new file each; the first file's requests were never read back: released to be written again.
+    assert run_ctd("cache", "release-batch", "full.jsonl", cwd=tmp_path, env=env).returncode == 0
+    half = json.loads(run_ctd(*args, "half.jsonl", cwd=tmp_path, env=env).stdout)
     assert full["usd"] > 0 and abs(half["usd"] - full["usd"] / 2) < 1e-12
     assert (
         half["estimate"].startswith("about 10 batch lines, about $") and "batch discount" in half["estimate"]

@@ -97,7 +97,7 @@ def test_a_lasting_drift_gets_a_log_line_a_minute_counting_the_alarms_between() 
         assert when[at] - when[before] >= 60.0 > when[at - 1] - when[before]
         assert line == alarms[at].describe() + (
             f"; {at - before - 1} more delegation alarms since the last line ({at + 1} in all; "
-            "each in the decision log, lines at most every 60 s)"
+            "a line at most every 60 s)"
         )
     # Another risk's first alarm has its own line at once.
     first_error = RateWatch("error", 0.1).extend(np.ones(100, dtype=bool))[0]

@@ -18,10 +18,12 @@ import pytest
 from ctd_cli import assert_one_line_error, run_ctd
 from fault_server import RunningServer
 
+import experts
 from experts import BatchAnswer, read_batch_results
+from harness import InputError
 from harness.data import read_dataset, read_table
 from harness.expert import resolve_expert
-from harness.stages import preflight_cache
+from harness.stages import batch_out, preflight_cache
 
 ITEMS = 1000
 SECRET = "sk-batch-secret-0123456789"  # the expert's API key: it must reach no batch file
@@ -204,22 +206,30 @@ def test_a_second_batch_out_writes_only_what_is_still_missing(tmp_path: Path) ->
     assert len((tmp_path / "rest.jsonl").read_text().splitlines()) == 20
 
 
-def test_requests_out_in_a_batch_not_read_back_are_not_written_twice(tmp_path: Path) -> None:
+def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(tmp_path: Path) -> None:
     """A second --batch-out before the first batch's results are read back leaves its requests
-    out (both submitted, they would be paid twice) and names the file; --batch-in of results that
-    lack some items releases the rest; --resend writes the ones still out again."""
+    out (both submitted, they would be paid twice) and names the file, and a live `ctd query`
+    of them is refused before anything is sent; --batch-in of results that lack some items
+    releases the rest; `ctd cache release-batch` releases those (a batch never submitted)."""
     data = write_data(tmp_path, 30)
+    env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
     with RunningServer() as running:
         expert = Expert(tmp_path, running.url, "next-token")
 
-        def batch_out(name: str, *extra: str) -> dict[str, Any]:
-            made = expert.ctd("query", "--data", str(data), "--batch-out", name, "--json", *extra)
+        def batch_out(name: str) -> dict[str, Any]:
+            made = expert.ctd("query", "--data", str(data), "--batch-out", name, "--json")
             assert made.returncode == 0, made.stderr
             return json.loads(made.stdout)
 
+        def live_refused(n: int) -> None:
+            refused = expert.ctd("query", "--data", str(data), "--out", "live.csv")
+            assert_one_line_error(
+                refused, f"{n} of the requests to fault are out in batch files", "paid twice"
+            )
+            assert "ctd cache release-batch FILE" in refused.stderr and item_requests(running) == 0
+
         first = batch_out("first.jsonl")
         assert (first["written"], first["pending"]) == (30, 0)
-        env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
         stats = run_ctd("cache", "stats", "--json", cwd=tmp_path, env=env)
         assert json.loads(stats.stdout)["experts"]["fault"]["batch_out"] == 30, stats.stderr
         again = expert.ctd("query", "--data", str(data), "--batch-out", "again.jsonl")
@@ -227,16 +237,16 @@ def test_requests_out_in_a_batch_not_read_back_are_not_written_twice(tmp_path: P
         assert "wrote 0 request lines for 0 examples" in again.stdout
         said = " ".join(again.stdout.split())  # the terminal wraps the line
         assert "left out 30 requests out in earlier batch files" in said
-        assert f"{tmp_path / 'first.jsonl'} (30)" in said and "--resend writes them again" in said
+        assert f"{tmp_path / 'first.jsonl'} (30)" in said and "ctd cache release-batch FILE" in said
         assert (tmp_path / "again.jsonl").read_text() == ""
+        live_refused(30)
 
         def drop_five(line: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
             item = int(line["body"]["messages"][-1]["content"].split("item-")[1].split(":")[0])
             return None if item < 5 else result
 
-        answer_batch(
-            tmp_path / "first.jsonl", running.url.removesuffix("/v1"), tmp_path / "r.jsonl", edit=drop_five
-        )
+        root = running.url.removesuffix("/v1")
+        answer_batch(tmp_path / "first.jsonl", root, tmp_path / "r.jsonl", edit=drop_five)
         committed = expert.ctd(
             "query", "--data", str(data), "--batch-in", "r.jsonl", "--out", "t.csv", "--max-failed", "0.5"
         )
@@ -244,13 +254,49 @@ def test_requests_out_in_a_batch_not_read_back_are_not_written_twice(tmp_path: P
         third = batch_out("third.jsonl")  # 25 answered; items 0-4 are still out in first.jsonl
         assert (third["cached"], third["duplicates"], third["written"], third["pending"]) == (25, 1, 0, 5)
         assert third["pending_files"] == {str(tmp_path / "first.jsonl"): 5} and third["usd"] == 0
-        resent = batch_out("resent.jsonl", "--resend")
-        assert (resent["written"], resent["pending"]) == (5, 0)
-        assert len((tmp_path / "resent.jsonl").read_text().splitlines()) == 5
-        fourth = batch_out("fourth.jsonl")  # now out in resent.jsonl
-        assert fourth["pending_files"] == {str(tmp_path / "resent.jsonl"): 5}
-    refused = expert.ctd("query", "--data", str(data), "--resend", "--out", "x.csv")
-    assert_one_line_error(refused, "--resend: only with --batch-out")
+        running.server.counts.requests.clear()
+        live_refused(5)
+
+        released = run_ctd("cache", "release-batch", "first.jsonl", "--json", cwd=tmp_path, env=env)
+        assert json.loads(released.stdout)["released"] == 5, released.stderr
+        fourth = batch_out("fourth.jsonl")
+        assert (fourth["written"], fourth["pending"]) == (5, 0)
+        assert len((tmp_path / "fourth.jsonl").read_text().splitlines()) == 5
+        assert item_requests(running) == 0  # nothing was sent since the batch was answered
+    unknown = run_ctd("cache", "release-batch", "first.jsonl", cwd=tmp_path, env=env)
+    assert_one_line_error(unknown, "first.jsonl: no requests of this batch file are out in the cache")
+
+
+def test_two_batch_outs_at_once_never_both_write_a_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second --batch-out records its requests while the first is writing the same ones (the
+    first has looked, and found none out): the first then records nothing, removes its file and
+    says so in one line; the second's file and record stand."""
+    data = write_data(tmp_path, 30)
+    expert = Expert(tmp_path, "http://127.0.0.1:9/v1", "next-token")  # never asked: nothing is sent
+    monkeypatch.setenv("CTD_EXPERTS_FILE", str(expert.registry))
+    monkeypatch.setenv("FAULT_KEY", SECRET)
+    spec = resolve_expert("fault").spec
+    cache = tmp_path / "cache.sqlite"
+    lines_of = experts.batch_request_lines
+    others: list[Any] = []  # the other run: started, then its summary
+
+    def another_run_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        yield from lines_of(*args, **kwargs)  # this run has looked: nothing out
+        if not others:  # the other run, once, between this one's look and its record
+            others.append("started")
+            others.append(batch_out(data, spec, tmp_path / "other.jsonl", cache_path=cache))
+
+    monkeypatch.setattr(experts, "batch_request_lines", another_run_meanwhile)
+    with pytest.raises(InputError, match="another --batch-out wrote 30 of these requests") as refused:
+        batch_out(data, spec, tmp_path / "first.jsonl", cache_path=cache)
+    other = tmp_path / "other.jsonl"
+    assert str(other) in str(refused.value) and "nothing was written" in str(refused.value)
+    assert not (tmp_path / "first.jsonl").exists() and list(tmp_path.glob(".first.jsonl*")) == []
+    assert others[1].written == 30 and len(other.read_text().splitlines()) == 30
+    with sqlite3.connect(cache) as db:
+        assert db.execute("SELECT DISTINCT file FROM batch_out").fetchall() == [(str(other),)]
 
 
 # --------------------------------------------------------------------------- failures, counted
@@ -266,6 +312,9 @@ def test_failed_lines_are_recorded_and_asked_again_and_stored_scores_are_kept(tm
         root = running.url.removesuffix("/v1")
         assert expert.ctd("query", "--data", str(data), "--batch-out", "requests.jsonl").returncode == 0
         before = write_data(tmp_path, 3, name="before.jsonl")  # ex0..ex2 answered by a run meanwhile
+        # (asked live while out in the batch, they are refused: the batch is released first)
+        env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
+        assert run_ctd("cache", "release-batch", "requests.jsonl", cwd=tmp_path, env=env).returncode == 0
         assert expert.ctd("query", "--data", str(before), "--out", "before.parquet").returncode == 0
         kept = read_table(tmp_path / "before.parquet").columns["expert"].astype(float)
 
@@ -535,6 +584,9 @@ def test_secrets_in_results_stay_out_of_the_cache_and_unlabelled_answers_are_lef
         shown = expert.ctd("query", "--data", str(data), "--batch-out", "third.jsonl")
         assert "left out 1 requests answered before without label tokens" in shown.stdout
 
+        # again.jsonl was never submitted: its request (item 3) is released to be asked live.
+        env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
+        assert run_ctd("cache", "release-batch", "again.jsonl", cwd=tmp_path, env=env).returncode == 0
         paid = item_requests(running)
         live = expert.ctd("query", "--data", str(data), "--out", "live.csv")
         assert live.returncode == 0, live.stderr

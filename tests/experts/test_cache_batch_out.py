@@ -1,0 +1,78 @@
+"""The cache's record of requests out in batch files (`batch_out`, written by `ctd query
+--batch-out`): an answer however it comes releases its key, a salvage keeps the record, a release
+forgets one file, and a record that meets another process's for the same keys records nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from experts import ScoreCache, salvage_cache
+
+
+def answer(i: int) -> dict[str, object]:
+    return {
+        "key": f"{i:064x}", "expert": "e", "item_id": f"ex{i}", "endpoint": "http://127.0.0.1/v1",
+        "model": "m", "method": "next-token", "template_sha256": "0" * 64, "schema_version": 1,
+        "score": 0.5, "label_mass": 0.9, "response": json.dumps({"i": i}), "latency_ms": 1.0,
+        "created": datetime.now(UTC),
+    }  # fmt: skip
+
+
+def out(i: int, file: str) -> dict[str, object]:
+    return {
+        "key": f"{i:064x}",
+        "expert": "e",
+        "item_id": f"ex{i}",
+        "file": file,
+        "created": "2026-11-28 12:00:00",
+    }
+
+
+KEYS = [f"{i:064x}" for i in range(10)]
+
+
+def test_an_answer_releases_its_key_and_a_release_forgets_one_file(tmp_path: Path) -> None:
+    cache = ScoreCache(tmp_path / "cache.sqlite")
+    try:
+        assert cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(6)]) == {}
+        assert cache.mark_batch_out([out(i, "/b/second.jsonl") for i in range(6, 10)]) == {}
+        assert cache.pending_files(KEYS) == {"/b/first.jsonl": 6, "/b/second.jsonl": 4}
+        cache.put_many([answer(0), answer(7)])  # answered (a live run, a merge): out no longer
+        assert cache.pending_files(KEYS) == {"/b/first.jsonl": 5, "/b/second.jsonl": 3}
+        assert cache.counts()["e"] == {"scores": 2, "failures": 0, "batch_out": 8}
+        assert cache.release_batch("/b/second.jsonl") == 3
+        assert cache.pending_files(KEYS) == {"/b/first.jsonl": 5}
+        cache.clear_batch_out(KEYS[:3])
+        assert set(cache.batch_files(KEYS)) == set(KEYS[3:6])
+    finally:
+        cache.close()
+
+
+def test_a_record_meeting_another_for_the_same_keys_records_nothing(tmp_path: Path) -> None:
+    """Two `--batch-out` at once: the second to record finds the first's keys and records none
+    of its own (it then removes its file), so no key names a file it was not written to alone."""
+    cache = ScoreCache(tmp_path / "cache.sqlite")
+    try:
+        assert cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(4, 8)]) == {}
+        taken = cache.mark_batch_out([out(i, "/b/b.jsonl") for i in range(10)])
+        assert taken == {"/b/a.jsonl": 4}
+        assert cache.pending_files(KEYS) == {"/b/a.jsonl": 4}  # nothing of b's was recorded
+    finally:
+        cache.close()
+
+
+def test_a_salvage_keeps_the_requests_out(tmp_path: Path) -> None:
+    """Without them, the salvaged cache's next --batch-out would write them again, to be paid twice."""
+    cache = ScoreCache(tmp_path / "cache.sqlite")
+    cache.put_many([answer(i) for i in range(3)])
+    cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(3, 10)])
+    cache.close()
+    result = salvage_cache(tmp_path / "cache.sqlite", tmp_path / "new.sqlite")
+    assert result.recovered == {"scores": 3, "failures": 0, "batch_out": 7}
+    salvaged = ScoreCache(tmp_path / "new.sqlite")
+    try:
+        assert salvaged.pending_files(KEYS) == {"/b/first.jsonl": 7}
+    finally:
+        salvaged.close()
