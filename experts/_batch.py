@@ -89,13 +89,13 @@ class BatchRequests:
     written_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
-def pending_line(files: Mapping[str, int]) -> str:
+def pending_line(files: Mapping[str, int], cache: Path) -> str:
     """The batch files that hold requests whose results no `--batch-in` has read back, with how
-    many each, and how to let those requests be asked again."""
+    many each, and how to let those requests be asked again (`cache`: the cache that says so)."""
     named = ", ".join(f"{file} ({n})" for file, n in sorted(files.items()))
     return (
         f"{named}; for a batch that was never submitted, failed or expired, `ctd cache release-batch "
-        "FILE` lets its requests be asked again"
+        f"FILE --cache {cache}` lets its requests be asked again"
     )
 
 

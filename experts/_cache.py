@@ -162,6 +162,34 @@ def score_columns_sql(present: Iterable[str]) -> str:
     )
 
 
+def _recording_problem(cursor: Any, keys: Sequence[str], file: str) -> str | None:
+    """Why the keys of batch file `file` cannot be recorded as out now (see `mark_batch_out`)."""
+    held = cursor.execute("SELECT COUNT(*) FROM batch_out WHERE file = ?", (file,)).fetchone()[0]
+    if held:
+        return f"{file} names {held} requests of another batch still out: give this batch another name"
+    others: Counter[str] = Counter()
+    answered = claimed = 0
+    now = time.time()
+    for start in range(0, len(keys), 500):
+        chunk = list(keys[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        others.update(
+            f for (f,) in cursor.execute(f"SELECT file FROM batch_out WHERE key IN ({marks})", chunk)
+        )
+        answered += cursor.execute(f"SELECT COUNT(*) FROM scores WHERE key IN ({marks})", chunk).fetchone()[0]
+        claimed += cursor.execute(
+            f"SELECT COUNT(*) FROM claims WHERE key IN ({marks}) AND expires > ?", [*chunk, now]
+        ).fetchone()[0]
+    if others:
+        named = ", ".join(f"{f} ({n})" for f, n in sorted(others.items()))
+        return f"another --batch-out wrote {sum(others.values())} of these requests meanwhile, to {named}"
+    if answered:
+        return f"{answered} of these requests were answered meanwhile"
+    if claimed:
+        return f"a live run is asking {claimed} of these requests now"
+    return None
+
+
 def _sqlite_pragmas(busy_timeout: float) -> Callable[[Any, Any], None]:
     """The settings of every connection to the cache, for the engine's "connect" event."""
 
@@ -371,35 +399,32 @@ class ScoreCache:
         """The keys among `keys` out in a batch file no `--batch-in` has read back: key -> file."""
         return dict(self._rows("file", keys, table="batch_out"))
 
-    def mark_batch_out(self, rows: Sequence[dict[str, Any]]) -> dict[str, int]:
-        """Record `BatchOutRow`s (dicts of column values) in one transaction that holds the write
-        lock from its first read: when another process recorded some of the keys as out since this
-        one looked (two `--batch-out` at once), nothing is recorded and the files that hold them
-        are returned (file -> how many); else {}."""
+    def mark_batch_out(self, rows: Sequence[dict[str, Any]], file: str) -> str | None:
+        """Record `BatchOutRow`s (dicts of column values, all of batch file `file`) in one
+        transaction that holds the write lock from its first read, so that what this process saw
+        when it wrote the file still holds: None once recorded; else nothing is recorded and the
+        reason is returned: `file` names requests of another batch still out (the name is reused
+        before that batch was read back), some keys were recorded out in another file meanwhile
+        (two `--batch-out` at once), answered meanwhile, or are being asked by a live run now."""
         columns = list(BatchOutRow.model_fields)
         values = [tuple(row[column] for column in columns) for row in rows]
-        taken: Counter[str] = Counter()
         with storage_errors(self.path), self.write_lock:
             connection = self.engine.raw_connection()
             try:
                 cursor = connection.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    for start in range(0, len(values), 500):
-                        chunk = [value[0] for value in values[start : start + 500]]
-                        marks = ",".join("?" * len(chunk))
-                        cursor.execute(f"SELECT file FROM batch_out WHERE key IN ({marks})", chunk)
-                        taken.update(file for (file,) in cursor.fetchall())
-                    if not taken:
+                    problem = _recording_problem(cursor, [value[0] for value in values], file)
+                    if problem is None:
                         names, marks = ", ".join(columns), ", ".join("?" * len(columns))
                         cursor.executemany(f"INSERT INTO batch_out ({names}) VALUES ({marks})", values)
                 except BaseException:
                     connection.rollback()
                     raise
-                connection.rollback() if taken else connection.commit()
+                connection.rollback() if problem else connection.commit()
             finally:
                 connection.close()
-        return dict(taken)
+        return problem
 
     def release_batch(self, file: str) -> int:
         """Forget that the requests of the batch file `file` (its absolute path) are out: a batch
@@ -408,6 +433,12 @@ class ScoreCache:
             released = session.connection().exec_driver_sql("DELETE FROM batch_out WHERE file = ?", (file,))
             session.commit()
             return int(released.rowcount)
+
+    def batch_files_out(self) -> dict[str, int]:
+        """Every batch file with requests out: file -> how many."""
+        with storage_errors(self.path), Session(self.engine) as session:
+            found = session.connection().exec_driver_sql("SELECT file, COUNT(*) FROM batch_out GROUP BY file")
+            return {file: int(n) for file, n in found}
 
     def pending_files(self, keys: Sequence[str]) -> dict[str, int]:
         """The batch files holding requests of `keys` that are out: file -> how many."""

@@ -36,10 +36,15 @@ def cache_release_batch(
     store = open_cache(cache)
     try:
         released = store.release_batch(str(batch.resolve()))
+        out = store.batch_files_out() if not released else {}
     finally:
         store.close()
     if not released:
-        raise InputError(f"{batch}: no requests of this batch file are out in the cache {store.path}")
+        listed = ", ".join(f"{file} ({n})" for file, n in sorted(out.items())) or "none"
+        raise InputError(
+            f"{batch}: no requests of this batch file ({batch.resolve()}) are out in the cache "
+            f"{store.path}; the batch files with requests out there: {listed}"
+        )
     if json_output:
         print_json({"cache": str(store.path), "batch": str(batch.resolve()), "released": released})
         return

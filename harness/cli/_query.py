@@ -160,7 +160,7 @@ def _batch(
         if written.pending:
             stdout.print(
                 f"left out {written.pending} requests out in earlier batch files whose results no "
-                f"--batch-in has read back: {pending_line(written.pending_files)}",
+                f"--batch-in has read back: {pending_line(written.pending_files, written.cache)}",
                 markup=False,
             )
         stdout.print(f"cost: {written.estimate}")

@@ -57,11 +57,16 @@ def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
 def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
     """A run's cache, checked before its endpoint check: writable, room on its device, its pages
     sound, no other process holding its lock (`ScoreCache.for_run`); a problem is one
-    StorageError naming the file, and nothing has been paid. Returns how many of `items` have no
-    answer in it: with none, the query stage needs no expert (nor its server)."""
+    StorageError naming the file, and nothing has been paid; some of `items` out in a batch file
+    whose results were not read back are an InputError (`refuse_pending`). Returns how many of
+    `items` have no answer in it: with none, the query stage needs no expert (nor its server)."""
     cache = ScoreCache.for_run(path)
     try:
-        return uncached_count(items, spec, cache)
+        keys = _cache_keys(items, spec)
+        stored = cache.get_many(keys)
+        unanswered = [key for key in keys if key not in stored]
+        _refuse_out(spec, cache, unanswered)
+        return len(unanswered)
     finally:
         cache.close()
 
@@ -80,12 +85,17 @@ def refuse_pending(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -
     twice."""
     keys = _cache_keys(items, spec)
     stored = cache.get_many(keys)
-    files = cache.pending_files([key for key in keys if key not in stored])
+    _refuse_out(spec, cache, [key for key in keys if key not in stored])
+
+
+def _refuse_out(spec: ExpertSpec, cache: ScoreCache, unanswered: Sequence[str]) -> None:
+    """`refuse_pending` for the unanswered keys, known already."""
+    files = cache.pending_files(unanswered)
     if files:
         raise InputError(
             f"{sum(files.values())} of the requests to {spec.name} are out in batch files whose results "
             "no --batch-in has read back (asked live, they would be paid twice; `ctd query --batch-in` "
-            f"reads the results back): {experts.pending_line(files)}"
+            f"reads the results back): {experts.pending_line(files, cache.path)}"
         )
 
 

@@ -77,8 +77,8 @@ class BatchInSummary:
         if not self.still_out:
             return ""
         return (
-            f"{sum(self.still_out.values())} examples not in these results are still out, waiting for "
-            f"their results (another results file?): {experts.pending_line(self.still_out)}"
+            f"{sum(self.still_out.values())} requests not in these results are still out, waiting for "
+            f"their results (another results file?): {experts.pending_line(self.still_out, self.cache)}"
         )
 
     def check_failures(self, max_failed: float) -> None:
@@ -126,7 +126,7 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
     except BaseException:
         if recorded and not path.exists():  # the file could not take its name: nothing of it is out
             with contextlib.suppress(Exception):  # else its record stays: the safe side, released by hand
-                cache.release_batch(file)
+                cache.clear_batch_out([key for key, _ in counts.written_keys])
         raise
     finally:
         cache.close()
@@ -151,19 +151,15 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
 
 def _record_out(cache: ScoreCache, spec: ExpertSpec, file: str, keys: Sequence[tuple[str, str]]) -> None:
     """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `file`;
-    an InputError, with nothing recorded, when another `--batch-out` recorded some of them since
-    this one looked (two at once on one cache)."""
+    an InputError, with nothing recorded, when what this run saw as it wrote them changed since
+    (see `ScoreCache.mark_batch_out`)."""
     now = datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")  # as the cache stores a time
     rows = [
         {"key": key, "expert": spec.name, "item_id": item, "file": file, "created": now} for key, item in keys
     ]
-    taken = cache.mark_batch_out(rows)
-    if taken:
-        raise InputError(
-            f"--batch-out {file}: another --batch-out wrote {sum(taken.values())} of these requests "
-            f"meanwhile ({experts.pending_line(taken)}); nothing was written: run it again to write "
-            "the others"
-        )
+    problem = cache.mark_batch_out(rows, file)
+    if problem is not None:
+        raise InputError(f"--batch-out {file}: {problem}; nothing was written: run it again")
 
 
 def batch_in(

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from experts import ScoreCache, salvage_cache
 
+# Private: a live run's claims, as the cache holds them while it asks.
+from experts._claims import ClaimLedger, Lease
+
 
 def answer(i: int) -> dict[str, object]:
     return {
@@ -36,8 +39,10 @@ KEYS = [f"{i:064x}" for i in range(10)]
 def test_an_answer_releases_its_key_and_a_release_forgets_one_file(tmp_path: Path) -> None:
     cache = ScoreCache(tmp_path / "cache.sqlite")
     try:
-        assert cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(6)]) == {}
-        assert cache.mark_batch_out([out(i, "/b/second.jsonl") for i in range(6, 10)]) == {}
+        assert cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(6)], "/b/first.jsonl") is None
+        assert (
+            cache.mark_batch_out([out(i, "/b/second.jsonl") for i in range(6, 10)], "/b/second.jsonl") is None
+        )
         assert cache.pending_files(KEYS) == {"/b/first.jsonl": 6, "/b/second.jsonl": 4}
         cache.put_many([answer(0), answer(7)])  # answered (a live run, a merge): out no longer
         assert cache.pending_files(KEYS) == {"/b/first.jsonl": 5, "/b/second.jsonl": 3}
@@ -50,15 +55,29 @@ def test_an_answer_releases_its_key_and_a_release_forgets_one_file(tmp_path: Pat
         cache.close()
 
 
-def test_a_record_meeting_another_for_the_same_keys_records_nothing(tmp_path: Path) -> None:
-    """Two `--batch-out` at once: the second to record finds the first's keys and records none
-    of its own (it then removes its file), so no key names a file it was not written to alone."""
+def test_a_record_that_no_longer_holds_records_nothing(tmp_path: Path) -> None:
+    """What a `--batch-out` saw as it wrote its file must still hold when it records it: else
+    nothing is recorded (it then removes its file) and the reason is returned. Another batch out
+    under the same name; the same keys recorded out in another file meanwhile (two `--batch-out`
+    at once); keys answered meanwhile; keys a live run is asking now."""
     cache = ScoreCache(tmp_path / "cache.sqlite")
     try:
-        assert cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(4, 8)]) == {}
-        taken = cache.mark_batch_out([out(i, "/b/b.jsonl") for i in range(10)])
-        assert taken == {"/b/a.jsonl": 4}
-        assert cache.pending_files(KEYS) == {"/b/a.jsonl": 4}  # nothing of b's was recorded
+        assert cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(4, 8)], "/b/a.jsonl") is None
+        reused = cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(8, 10)], "/b/a.jsonl")
+        assert (
+            reused == "/b/a.jsonl names 4 requests of another batch still out: give this batch another name"
+        )
+        taken = cache.mark_batch_out([out(i, "/b/b.jsonl") for i in range(10)], "/b/b.jsonl")
+        assert taken == "another --batch-out wrote 4 of these requests meanwhile, to /b/a.jsonl (4)"
+        cache.put_many([answer(0)])
+        answered = cache.mark_batch_out([out(i, "/b/c.jsonl") for i in range(4)], "/b/c.jsonl")
+        assert answered == "1 of these requests were answered meanwhile"
+        asking = ClaimLedger(cache, lease=Lease(seconds=60, renew_every=20))
+        assert asking.claim("e", {KEYS[1]: "ex1"}).mine == {KEYS[1]}
+        claimed = cache.mark_batch_out([out(i, "/b/c.jsonl") for i in range(1, 4)], "/b/c.jsonl")
+        assert claimed == "a live run is asking 1 of these requests now"
+        assert cache.pending_files(KEYS) == {"/b/a.jsonl": 4}  # none of the refused was recorded
+        assert cache.mark_batch_out([out(i, "/b/c.jsonl") for i in range(2, 4)], "/b/c.jsonl") is None
     finally:
         cache.close()
 
@@ -67,7 +86,7 @@ def test_a_salvage_keeps_the_requests_out(tmp_path: Path) -> None:
     """Without them, the salvaged cache's next --batch-out would write them again, to be paid twice."""
     cache = ScoreCache(tmp_path / "cache.sqlite")
     cache.put_many([answer(i) for i in range(3)])
-    cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(3, 10)])
+    assert cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(3, 10)], "/b/first.jsonl") is None
     cache.close()
     result = salvage_cache(tmp_path / "cache.sqlite", tmp_path / "new.sqlite")
     assert result.recovered == {"scores": 3, "failures": 0, "batch_out": 7}

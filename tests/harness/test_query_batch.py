@@ -206,7 +206,9 @@ def test_a_second_batch_out_writes_only_what_is_still_missing(tmp_path: Path) ->
     assert len((tmp_path / "rest.jsonl").read_text().splitlines()) == 20
 
 
-def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(tmp_path: Path) -> None:
+def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second --batch-out before the first batch's results are read back leaves its requests
     out (both submitted, they would be paid twice) and names the file, and a live `ctd query`
     of them is refused before anything is sent; --batch-in of results that lack some items
@@ -240,6 +242,10 @@ def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(tmp_path: Pat
         assert f"{tmp_path / 'first.jsonl'} (30)" in said and "ctd cache release-batch FILE" in said
         assert (tmp_path / "again.jsonl").read_text() == ""
         live_refused(30)
+        # `ctd eval` asks the cache this before it checks or starts an expert: refused there too.
+        monkeypatch.setenv("CTD_EXPERTS_FILE", str(expert.registry))
+        with pytest.raises(InputError, match="30 of the requests to fault are out in batch files"):
+            preflight_cache(tmp_path / "cache.sqlite", resolve_expert("fault").spec, read_dataset(data).items)
 
         def drop_five(line: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
             item = int(line["body"]["messages"][-1]["content"].split("item-")[1].split(":")[0])
@@ -264,7 +270,8 @@ def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(tmp_path: Pat
         assert len((tmp_path / "fourth.jsonl").read_text().splitlines()) == 5
         assert item_requests(running) == 0  # nothing was sent since the batch was answered
     unknown = run_ctd("cache", "release-batch", "first.jsonl", cwd=tmp_path, env=env)
-    assert_one_line_error(unknown, "first.jsonl: no requests of this batch file are out in the cache")
+    listed = f"the batch files with requests out there: {tmp_path / 'fourth.jsonl'} (5)"
+    assert_one_line_error(unknown, "first.jsonl: no requests of this batch file", listed)
 
 
 def test_two_batch_outs_at_once_never_both_write_a_request(
