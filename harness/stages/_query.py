@@ -62,9 +62,7 @@ def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
     `items` have no answer in it: with none, the query stage needs no expert (nor its server)."""
     cache = ScoreCache.for_run(path)
     try:
-        keys = _cache_keys(items, spec)
-        stored = cache.get_many(keys)
-        unanswered = [key for key in keys if key not in stored]
+        unanswered = _unanswered_keys(items, spec, cache)
         _refuse_out(spec, cache, unanswered)
         return len(unanswered)
     finally:
@@ -74,18 +72,14 @@ def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
 def uncached_count(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> int:
     """How many of `items` have no answer in `cache`, by the keys the client computes (a failure
     is never an answer: those items are asked again)."""
-    keys = _cache_keys(items, spec)
-    stored = cache.get_many(keys)
-    return sum(key not in stored for key in keys)
+    return len(_unanswered_keys(items, spec, cache))
 
 
 def refuse_pending(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> None:
     """An InputError, before anything is sent, when some of `items` are unanswered and out in a
     batch file whose results no `--batch-in` has read back: asked live, they would be paid
     twice."""
-    keys = _cache_keys(items, spec)
-    stored = cache.get_many(keys)
-    _refuse_out(spec, cache, [key for key in keys if key not in stored])
+    _refuse_out(spec, cache, _unanswered_keys(items, spec, cache))
 
 
 def _refuse_out(spec: ExpertSpec, cache: ScoreCache, unanswered: Sequence[str]) -> None:
@@ -97,6 +91,14 @@ def _refuse_out(spec: ExpertSpec, cache: ScoreCache, unanswered: Sequence[str]) 
             "no --batch-in has read back (asked live, they would be paid twice; `ctd query --batch-in` "
             f"reads the results back): {experts.pending_line(files, cache.path)}"
         )
+
+
+def _unanswered_keys(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> list[str]:
+    """The cache keys of `items` that `cache` holds no answer for, in order (a failure is never an
+    answer)."""
+    keys = _cache_keys(items, spec)
+    stored = cache.get_many(keys)
+    return [key for key in keys if key not in stored]
 
 
 def _cache_keys(items: Sequence[Item], spec: ExpertSpec) -> list[str]:
