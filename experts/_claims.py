@@ -4,7 +4,9 @@ A run (one open `ExpertClient`: one `score` call, or all calls of an `async with
 owner: a uuid, with its host and pid. Before it queries a batch of items it claims their keys in
 one transaction: keys nobody holds (or whose claim is stale) become its own, keys already scored
 are cache hits, and keys a live run holds are left to that run; the client waits for their
-scores, or for the claim to go stale and then takes the item over. A claim is released in the
+scores, or for the claim to go stale and then takes the item over. Keys out in a batch file
+(`ctd query --batch-out`, the `batch_out` table) are nobody's to claim: their answers come
+with `--batch-in`, and asking them live would pay twice. A claim is released in the
 transaction that commits its item's score or failure (`ScoreCache.put_many`), so another run
 always sees an item as claimed or as stored.
 
@@ -55,6 +57,7 @@ class Claimed:
     mine: set[str] = field(default_factory=set)  # this run holds them now: query them
     scored: dict[str, CachedScore] = field(default_factory=dict)  # another run answered meanwhile
     held: set[str] = field(default_factory=set)  # a live run is asking about them: wait
+    out: set[str] = field(default_factory=set)  # out in a batch file: not to be asked live
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,9 @@ class ClaimLedger:
         self.pid = os.getpid()
 
     def claim(self, expert: str, wanted: Mapping[str, str]) -> Claimed:
-        """Claim the keys of `wanted` ({key: item id}) that no live run holds and nobody has
-        answered, in one transaction. A key this run already holds (the same input twice) is
-        claimed again."""
+        """Claim the keys of `wanted` ({key: item id}) that no live run holds, nobody has
+        answered and no batch file holds, in one transaction. A key this run already holds (the
+        same input twice) is claimed again."""
         claimed = Claimed()
         keys = list(wanted)
         if not keys:
@@ -132,14 +135,17 @@ class ClaimLedger:
                 columns = f"key, score, label_mass, {self.cache.how_column}"
                 cursor.execute(f"SELECT {columns} FROM scores WHERE key IN ({marks})", chunk)
                 claimed.scored.update((key, CachedScore(s, m, h)) for key, s, m, h in cursor.fetchall())
+                cursor.execute(f"SELECT key FROM batch_out WHERE key IN ({marks})", chunk)
+                claimed.out.update(key for (key,) in cursor.fetchall())
                 cursor.execute(
                     f"SELECT key, owner, host, pid, expires FROM claims WHERE key IN ({marks})", chunk
                 )
                 for key, owner, host, pid, expires in cursor.fetchall():
                     if owner != self.owner and not is_stale(host, pid, expires, now=now, gone=gone):
                         claimed.held.add(key)
-            claimed.held -= claimed.scored.keys()
-            claimed.mine = set(keys) - claimed.scored.keys() - claimed.held
+            claimed.out -= claimed.scored.keys()  # answered meanwhile (by a live run, or merged)
+            claimed.held -= claimed.scored.keys() | claimed.out
+            claimed.mine = set(keys) - claimed.scored.keys() - claimed.out - claimed.held
             until = now + self.lease.seconds
             cursor.executemany(
                 "INSERT OR REPLACE INTO claims (key, expert, item_id, owner, host, pid, expires) "

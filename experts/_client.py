@@ -16,6 +16,7 @@ from ._breaker import BreakerState
 from ._cache import CacheKey, ScoreCache
 from ._claims import Lease
 from ._drain import DRAIN_GRACE, Drain, Stopped
+from ._failure import FailureKind
 from ._flights import Flights
 from ._items import Item, ItemResult, ProgressSink, RunStats
 from ._prompts import PromptTemplate, load_template
@@ -168,8 +169,10 @@ class ExpertClient:
         the others are queried; failures after the retry cap are recorded, never raised, unless
         so many come in a row that the endpoint is down (EndpointDown; answers so far are kept;
         with `retry.cooldown` set the breaker opens instead and items fail as endpoint-down).
-        Items another run on the same cache is asking about are waited for, not paid twice, and
-        items of this call with the same input share one request (see `experts._flights`)."""
+        Items another run on the same cache is asking about are waited for, not paid twice;
+        items out in a batch file fail as "in-batch" without a request (their answers come with
+        `--batch-in`); items of this call with the same input share one request (see
+        `experts._flights`)."""
         if self._held is not None:
             return await self._score(items, self._held)
         held = await self._open()
@@ -295,12 +298,26 @@ class ExpertClient:
                 call.results[pending.index] = result
                 call.stats.cached += 1
                 call.flights.land(pending.key, result)
+            elif pending.key in claimed.out:
+                self._out_in_batch(call, pending)
             elif pending.key in claimed.held:
                 others.append(pending)
             else:
                 mine.append(pending)
         call.unanswered.update(p.key for p in mine)
         return mine, others
+
+    @staticmethod
+    def _out_in_batch(call: _Call, pending: Pending) -> None:
+        """A request out in a batch file fails here without being sent, and without a failure
+        row (the expert did not fail it): its answer comes with `--batch-in`, and a rerun after
+        that finds it in the cache."""
+        kind = FailureKind.IN_BATCH
+        result = ItemResult(pending.item.id, None, None, "failed", reason=kind.value, failure=kind)
+        call.results[pending.index] = result
+        call.stats.failed += 1
+        call.stats.failure_reasons[kind.value] += 1
+        call.flights.land(pending.key, result)
 
     async def _worker(self, call: _Call) -> None:
         while True:

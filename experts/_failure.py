@@ -31,6 +31,7 @@ class FailureKind(enum.Enum):
     ENDPOINT_DOWN = "endpoint-down"  # the breaker is open: nothing was sent
     STORAGE = "storage"  # the cache could not store the answer
     CONFIG = "config"  # a setting that cannot work (a request over the TPM budget, say)
+    IN_BATCH = "in-batch"  # out in a batch file (`ctd query --batch-out`): nothing was sent
     OTHER = "other"  # an ExpertError outside the kinds above
 
     @property

@@ -168,12 +168,14 @@ def score_command(
     else:
         stdout.print(summary.line(), markup=False, highlight=False)
     if expert:
+        after_batch = " (those out in a batch file after its ctd query --batch-in)"
         check_failed_fraction(
             summary.expert_failed,
             summary.delegated,
             failed_limit,
             what="delegated rows without an expert score",
-            remedy="their rows say why (reason); rerun the same command to ask them again",
+            remedy="their rows say why (reason); rerun the same command to ask them again"
+            + (after_batch if summary.expert_in_batch else ""),
         )
 
 

@@ -38,6 +38,7 @@ class ScoreSummary:
     seconds: float  # this run's wall time
     rows_scored: int  # rows this run put through the model (what rows/s counts)
     reused: int = 0  # rows of the shards it wrote whose probe side came from their earlier file
+    expert_in_batch: int = 0  # of expert_failed: requests out in a batch file (nothing sent)
 
     @property
     def rows_per_second(self) -> float:
@@ -48,6 +49,11 @@ class ScoreSummary:
 
     def line(self) -> str:
         failed = f" ({self.expert_failed:,} rows failed: rerun to ask again)" if self.expert_failed else ""
+        if self.expert_in_batch:
+            failed = (
+                f" ({self.expert_failed:,} rows failed, {self.expert_in_batch:,} of them out in a batch file:"
+                " rerun after its ctd query --batch-in)"
+            )
         refused = f"; {self.refused:,} rows refused by the chat template (see reason)" if self.refused else ""
         reused = f" ({self.reused:,} rows' probe scores kept from their shard files)" if self.reused else ""
         return (
@@ -85,6 +91,7 @@ def summarize(plan: ScorePlan, done: Iterable[ShardDone], seconds: float) -> Sco
         seconds=seconds,
         rows_scored=sum(d.model_rows for d in written),
         reused=sum(d.reused for d in written),
+        expert_in_batch=sum(d.expert_in_batch for d in every),
     )
 
 

@@ -85,6 +85,7 @@ class ShardDone:
     expert_failed: int = 0  # delegated rows left without an expert score (asked again on rerun)
     refused: int = 0  # rows the chat template refused: no scores, the reason says why
     reused: int = 0  # rows whose probe side came from the shard's earlier file (not the model)
+    expert_in_batch: int = 0  # of expert_failed: requests out in a batch file (nothing sent)
 
     @property
     def model_rows(self) -> int:
@@ -104,6 +105,7 @@ class ShardDone:
             expert_failed=int(record.get("expert_failed", 0)),
             refused=int(record.get("refused", 0)),
             reused=int(record.get("reused", 0)),
+            expert_in_batch=int(record.get("expert_in_batch", 0)),
         )
 
 
@@ -194,7 +196,7 @@ class ShardScorer:
             for (i, _), pair in zip(group, self.scorer.score([t for _, t in group]), strict=True):
                 scores[i] = pair
         delegated = [i for i, pair in enumerate(scores) if pair and self.bundle.delegates(pair[1])]
-        answers, calls = self._ask(task, rows, delegated)
+        answers, calls, in_batch = self._ask(task, rows, delegated)
         table = self._table(rows, sides, scores, answers)
         record = {
             "version": SHARD_RECORD_VERSION,
@@ -206,6 +208,7 @@ class ShardScorer:
             "delegated": len(delegated),
             "expert_calls": calls,
             "expert_failed": sum(answers[i][0] is None for i in delegated) if self.spec is not None else 0,
+            "expert_in_batch": in_batch,
             "seconds": time.perf_counter() - started - (self.loading_seconds - loaded_before),
             "reused": reused,
         }
@@ -214,12 +217,13 @@ class ShardScorer:
 
     def _ask(
         self, task: ShardTask, rows: list[InputRow], delegated: list[int]
-    ) -> tuple[dict[int, tuple[float | None, str | None]], int]:
-        """{row index: (expert score, reason)} for the delegated rows, and how many were sent to
-        the expert (the rest came from the cache). Without the expert: no score, "expert-disabled"."""
+    ) -> tuple[dict[int, tuple[float | None, str | None]], int, int]:
+        """{row index: (expert score, reason)} for the delegated rows, how many were sent to the
+        expert (the rest came from the cache or are out in a batch file) and how many are out in
+        a batch file. Without the expert: no score, "expert-disabled"."""
         if self.spec is None or not delegated:
-            return {i: (None, "expert-disabled") for i in delegated}, 0
-        from experts import Item, Stopped
+            return {i: (None, "expert-disabled") for i in delegated}, 0, 0
+        from experts import FailureKind, Item, Stopped
 
         from ..stages import score_stoppable
 
@@ -233,7 +237,8 @@ class ShardScorer:
             self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
-        return answers, stats.scored + stats.failed
+        in_batch = stats.failure_reasons[FailureKind.IN_BATCH.value]  # failed without being sent
+        return answers, stats.scored + stats.failed - in_batch, in_batch
 
     def _expert_loop(self) -> asyncio.Runner:
         if self._loop is None:

@@ -24,7 +24,7 @@ from ctd_cli import CTD, run_ctd
 from fault_server import FaultPlan, RunningServer, item_score, server_process
 from test_experts_engine import db_rows, make_spec, predict, server_stats
 
-from experts import ExpertClient, Item, RateLimit, ScoreCache, list_claims
+from experts import ExpertClient, FailureKind, Item, RateLimit, ScoreCache, list_claims
 
 # Private: claims under a lease, unit-tested.
 from experts._claims import ClaimLedger, Lease, process_gone, this_host
@@ -375,4 +375,35 @@ def test_own_claims_are_not_waited_for(tmp_path: Path) -> None:
     assert other.held == {"k1"} and other.mine == {"k3"}
     ledger.release_all()
     assert [(h.owner, h.live) for h in list_claims(cache)] == [(other_ledger.owner, 1)]
+    cache.close()
+
+
+def test_items_out_in_a_batch_file_are_not_sent(tmp_path: Path) -> None:
+    """A request out in a batch file (`ctd query --batch-out` recorded it) is nobody's to claim: a
+    live run fails its items as "in-batch" without sending them or recording a failure (the item
+    with the same input follows it), and a request answered since (`--batch-in`) is a cache hit."""
+    cache = ScoreCache(tmp_path / "cache.db")
+    items = [Item(f"row-{i}", f"A request about item-{i}.") for i in range(12)]
+    items.append(Item("row-0-again", items[0].conversation))
+    with RunningServer() as server:
+        spec = make_spec(server.url, rate=RateLimit(concurrency=4))
+        out = [
+            {"key": key_of(spec, item), "expert": spec.name, "item_id": item.id, "file": "/b/batch.jsonl",
+             "created": "2026-11-28 12:00:00"}
+            for item in items[:4]
+        ]  # fmt: skip
+        assert cache.mark_batch_out(out, "/b/batch.jsonl") is None
+        cache.put_many([score_row(spec, items[3], 0.25)])  # its answer came back: out no longer
+        results, stats = asyncio.run(ExpertClient(spec, cache=cache, lease=Lease(poll=0.05)).score(items))
+        requests = server.server.counts.requests
+    assert [r.source for r in results] == ["failed"] * 3 + ["cache"] + ["expert"] * 8 + ["failed"]
+    assert {(r.reason, r.failure, r.attempts) for r in results if r.source == "failed"} == {
+        ("in-batch", FailureKind.IN_BATCH, 0)
+    }
+    assert results[3].score == 0.25 and results[-1].id == "row-0-again"
+    assert all(requests[i] == 0 for i in range(4)) and all(requests[i] == 1 for i in range(4, 12))
+    assert (stats.failed, stats.cached, stats.scored, stats.failure_reasons) == (4, 1, 8, {"in-batch": 4})
+    assert db_rows(tmp_path / "cache.db", "SELECT count(*) FROM failures") == [(0,)]
+    assert db_rows(tmp_path / "cache.db", "SELECT count(*) FROM claims") == [(0,)]
+    assert cache.pending_files([key_of(spec, item) for item in items]) == {"/b/batch.jsonl": 3}
     cache.close()

@@ -21,6 +21,7 @@ import random
 import signal
 import sqlite3
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ from ctd_cli import assert_one_line_error, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer
 from monitor_run import conversations_of
 
+from experts import ExpertClient, Item, ScoreCache
 from harness import InputError
 
 # Private: the command line's error handling, around a job whose cleaning up fails.
@@ -225,6 +227,54 @@ def test_rows_the_expert_failed_on_are_asked_again_by_a_rerun(
     assert all((again[k]["probe"], again[k]["dv"]) == (row["probe"], row["dv"]) for k, row in written.items())
     assert all(after[name] == before[name] for name in set(before) - redone)
     assert all(row["expert"] is not None for row in again.values() if row["delegated"])
+
+
+def test_rows_out_in_a_batch_file_are_not_asked_live(made: dict, one_go: tuple, tmp_path: Path) -> None:
+    """Delegated rows whose requests are out in a batch file (`ctd query --batch-out` recorded them
+    in the cache) are not sent: the job writes them as "in-batch" failures and says to rerun after
+    the batch's --batch-in. The rerun, once two answers came back and the batch was released,
+    takes those two from the cache and asks the third alone."""
+    tmp = made["tmp"]
+    data = tmp / "data" / "test.jsonl"
+    delegated = [key for key, row in one_go[1].items() if row["delegated"]]
+    conversation = {row.item.id: row.item.conversation for row in walk_rows(data)}
+    cache_path = tmp_path / "cache.sqlite"
+    job = ("--shard-rows", "12", "--expert", "--expert-cache", str(cache_path), "--max-failed", "0.9")
+    with RunningServer() as expert:
+        spec = read_bundle(made["bundle"]).expert_spec(expert.url)
+        keys = {
+            ExpertClient(spec, cache=None).request_for(Item(i, conversation[i]))[1]: i for i in delegated[:3]
+        }
+        cache = ScoreCache(cache_path)
+        when = datetime.now(UTC)
+        record = [
+            {"key": key, "expert": spec.name, "item_id": i, "file": "/b/batch.jsonl", "created": when}
+            for key, i in keys.items()
+        ]
+        assert cache.mark_batch_out(record, "/b/batch.jsonl") is None
+        first = score(made, tmp_path / "out", *job, "--expert-url", expert.url)
+        sent = sum(expert.server.counts.requests.values())
+        rows = rows_of(tmp_path / "out")
+        assert (first["expert_failed"], first["expert_in_batch"]) == (3, 3)
+        assert sent == first["expert_calls"] == len(delegated) - 3
+        in_batch = {i for i, row in rows.items() if row["reason"] == "expert-failed: in-batch"}
+        assert in_batch == set(keys.values())
+        answers = [
+            {"key": key, "expert": spec.name, "item_id": i, "endpoint": "x", "model": "x",
+             "method": spec.method, "template_sha256": "x", "schema_version": 1, "score": 0.375,
+             "label_mass": 0.9, "response": "{}", "latency_ms": 1.0, "created": datetime.now(UTC)}
+            for key, i in list(keys.items())[:2]
+        ]  # fmt: skip
+        cache.put_many(answers)  # what --batch-in does with the two answers it read back
+        assert cache.release_batch("/b/batch.jsonl") == 1  # the batch expired with the third
+        cache.close()
+        again = score(made, tmp_path / "out", *job, "--expert-url", expert.url)
+        assert sum(expert.server.counts.requests.values()) == sent + 1
+    assert (again["expert_failed"], again["expert_in_batch"]) == (0, 0)
+    rows = rows_of(tmp_path / "out")
+    came_back = {rows[i]["expert"] for i in list(keys.values())[:2]}  # 0.375, as the bundle calibrates it
+    assert len(came_back) == 1 and None not in came_back
+    assert all(row["expert"] is not None for row in rows.values() if row["delegated"])
 
 
 def test_a_smaller_limit_keeps_every_row_of_a_shard_scored_again_for_its_failures(
