@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import InputError, RunFailed
@@ -30,6 +32,7 @@ from ._defaults import DEFAULT_ACTOR_THREADS, DEFAULT_RAY_RETRIES
 from ._local import PROGRESS_WHAT, Progress, ScoreSummary, summarize
 from ._plan import ScorePlan, ShardTask
 from ._shard import ScoreOptions, ShardDone, ShardScorer
+from ._stop import RayStop
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,6 +50,7 @@ __all__ = [
 
 LOCAL_RAY = "local"  # --ray local: start Ray on this machine
 RAY_EXTRA = "pip install 'ctd-harness[ray]'"
+STOP_MARGIN = 5.0  # seconds past the drain's grace: the actors' look for the flag, their commits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,17 +104,18 @@ class ShardActor:
     made per job (`_actor_class`)."""
 
     options: ClassVar[ScoreOptions]
+    stop: ClassVar[RayStop]
 
     def __init__(self) -> None:
-        self._scorer = ShardScorer(self.options)
+        self._scorer = ShardScorer(self.options, stop=self.stop)
 
     def __call__(self, batch: pa.Table) -> dict[str, list[Any]]:
         done = [self._scorer(ShardTask.from_row(row)) for row in batch.to_pylist()]
         return {f.name: [getattr(d, f.name) for d in done] for f in fields(ShardDone)}
 
 
-def _actor_class(options: ScoreOptions) -> type[ShardActor]:
-    return type("ShardActor", (ShardActor,), {"options": options})
+def _actor_class(options: ScoreOptions, stop: RayStop) -> type[ShardActor]:
+    return type("ShardActor", (ShardActor,), {"options": options, "stop": stop})
 
 
 def score_ray(
@@ -158,6 +163,7 @@ def run_shards_on_ray(
         return
     ray, data = _import_ray()
     _connect(ray, ray_options.address)
+    stop = RayStop(Path(options.out))
     try:
         resources = ray.cluster_resources()
         shape = actor_shape(
@@ -167,7 +173,7 @@ def run_shards_on_ray(
             threads=options.threads,
         )
         on_start(_describe(shape, ray_options.address, _logs_dir(ray)))
-        actor = _actor_class(replace(options, threads=shape.threads))
+        actor = _actor_class(replace(options, threads=shape.threads), stop)
         rows = [task.to_row() for task in pending]
         # One block per shard: a task per shard, spread over the actors and retried on its own.
         tasks = data.from_items(rows, override_num_blocks=len(rows))
@@ -185,8 +191,10 @@ def run_shards_on_ray(
                 max_restarts=ray_options.retries,
                 max_task_retries=ray_options.retries,
             )
+        # Held until the actors were told to stop: closing Ray Data's iterator ends its actors.
+        shards = iter(scored.iter_rows())
         try:
-            for row in scored.iter_rows():
+            for row in shards:
                 yield ShardDone(**{f.name: row[f.name] for f in fields(ShardDone)})
         except Exception as error:  # Ray's, wrapping the actor's (its traceback is in Ray's logs)
             what = _actor_error(error)
@@ -196,7 +204,30 @@ def run_shards_on_ray(
                 raise InputError(message) from None
             raise RunFailed(f"the Ray job failed: {what}; Ray's logs: {_logs_dir(ray)}") from None
     finally:
-        ray.shutdown()
+        try:
+            _let_actors_commit(stop)  # a stop, a failure, or the end: then none is asking
+        finally:
+            ray.shutdown()
+
+
+def _let_actors_commit(stop: RayStop) -> None:
+    """Tell the actors to stop asking the expert, and give the answers they have in flight the
+    time a local job's drain gives them (and the actors the time to see the flag) before Ray is
+    shut down, which kills them. A second Ctrl-C cuts the wait short."""
+    from experts import DRAIN_GRACE
+
+    try:
+        stop.ask()
+        if not stop.actors_asking():
+            return
+        print(
+            f"stopping: waiting up to {DRAIN_GRACE + STOP_MARGIN:g} s for the actors' answers in flight",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.wait_for_actors(DRAIN_GRACE + STOP_MARGIN)
+    except OSError:  # --out unreachable: the actors cannot be told; Ray is shut down all the same
+        return
 
 
 def _import_ray() -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import time
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,12 @@ from ._defaults import DEFAULT_MICRO_BATCH
 from ._inputs import InputRow, read_rows
 from ._layout import ScoreLayout
 from ._plan import ShardTask, shard_record
+from ._stop import RayStop
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from experts import ExpertClient, ExpertSpec, ScoreCache
+    from experts import ExpertClient, ExpertSpec, Item, ItemResult, RunStats, ScoreCache
 
     from ..monitor import ProbeScorer
 
@@ -113,7 +115,8 @@ class ShardScorer:
     """`ShardScorer(options)(task)` -> ShardDone. Idempotent: a shard file already there (with the
     task's rows) is not rewritten."""
 
-    def __init__(self, options: ScoreOptions) -> None:
+    def __init__(self, options: ScoreOptions, *, stop: RayStop | None = None) -> None:
+        """`stop`: a Ray job's (see `harness.score._stop`); its actors' expert calls watch it."""
         options.check()
         if options.threads is not None:
             import torch
@@ -132,6 +135,7 @@ class ShardScorer:
         self._cache: ScoreCache | None = None
         self._scorer: ProbeScorer | None = None
         self.loading_seconds = 0.0  # spent loading the model (not a shard's scoring time)
+        self._stop = stop
 
     @property
     def scorer(self) -> ProbeScorer:
@@ -225,20 +229,33 @@ class ShardScorer:
             return {i: (None, "expert-disabled") for i in delegated}, 0, 0
         from experts import FailureKind, Item, Stopped
 
-        from ..stages import score_stoppable
-
         # Ids unique within the call (an input's id may repeat); the cache is keyed by content.
         items = [Item(f"{task.index}-{i}", rows[i].item.conversation) for i in delegated]
         client = self._expert_client()
         try:
             # A stop signal drains the client: the answers in flight are committed, not paid twice.
-            results, stats = self._expert_loop().run(score_stoppable(client, items, opened=True))
+            with self._stop.asking() if self._stop is not None else nullcontext():
+                results, stats = self._expert_loop().run(self._score(client, items))
         except Stopped:
             self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
         in_batch = stats.failure_reasons[FailureKind.IN_BATCH.value]  # failed without being sent
         return answers, stats.scored + stats.failed - in_batch, in_batch
+
+    async def _score(self, client: ExpertClient, items: list[Item]) -> tuple[list[ItemResult], RunStats]:
+        """One `score` call that a stop signal drains, as does a Ray job's stop (`RayStop`)."""
+        from ..stages import score_stoppable
+
+        if self._stop is None:
+            return await score_stoppable(client, items, opened=True)
+        watcher = asyncio.create_task(self._stop.watch(client))
+        try:
+            return await score_stoppable(client, items, opened=True)
+        finally:
+            watcher.cancel()
+            with suppress(asyncio.CancelledError):
+                await watcher
 
     def _expert_loop(self) -> asyncio.Runner:
         if self._loop is None:

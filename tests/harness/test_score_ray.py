@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from ctd_cli import CTD, assert_one_line_error, run_ctd, start_ctd
+from fault_server import FaultPlan, RunningServer
 from monitor_bundle import write_untrained_bundle
 
 from harness import InputError, read_scores
@@ -173,6 +175,44 @@ def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(untrained: dict,
     )
     assert done.returncode == 0, done.stderr
     _assert_same_scores(_rows(out), _rows(here))
+
+
+def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(tmp_path: Path) -> None:
+    """SIGINT while two actors ask a slow expert (2 s an answer) for every row: the driver tells
+    them to stop through --out and waits while they ask, so every answer the expert gave is in
+    the cache before Ray is shut down; the rerun asks for the rest and nothing twice."""
+    _needs_ray()
+    bundle = write_untrained_bundle(tmp_path / "bundle", threshold=-1e9, expert=True)  # delegate all
+    data = tmp_path / "rows.jsonl"
+    lines = (REPO / "harness" / "data" / "builtin" / "test.jsonl").read_text().splitlines()
+    data.write_text("\n".join(lines[:24]) + "\n")
+    env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "HF_HUB_OFFLINE": "1"}
+    out, cache = tmp_path / "out", tmp_path / "cache.sqlite"
+    job = ["--shard-rows", "8", "--ray", "local", "--actors", "2", "--expert", "--expert-cache", str(cache)]
+    with RunningServer(FaultPlan(delay=2.0)) as slow:
+        process = start_ctd(
+            "score", "--bundle", str(bundle), "--data", str(data), "--out", str(out), *job,
+            "--expert-url", slow.url, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + RAY_TIMEOUT
+        while sum(slow.server.counts.requests.values()) < 4:  # both actors asking
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        answered = sum(slow.server.counts.successes.values())
+        asked = sum(slow.server.counts.requests.values())
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    with sqlite3.connect(cache) as db:
+        stored = db.execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert stored == answered == asked > 0  # every answer paid for is kept, and nothing else sent
+    assert "stopping: waiting up to" in stderr, stderr
+    with RunningServer(port=slow.port) as working:  # the same URL: the same job
+        done = _score(bundle, data, out, *job, "--expert-url", working.url, env=env)
+        assert done.returncode == 0, done.stderr
+        again = sum(working.server.counts.requests.values())
+    assert again == 24 - stored and json.loads(done.stdout)["expert_failed"] == 0
+    assert not list(out.glob(".stop-*")) and not list(out.glob(".asking-*"))
 
 
 def _descendants(root: int) -> set[int]:
