@@ -262,6 +262,13 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
             highlight=False,
             markup=False,  # a path may hold [brackets]
         )
+        if report.out_in_batches:
+            stdout.print(
+                f"  {report.out_in_batches} requests out in its batch files are recorded out here too, so "
+                "that no run here pays for them again; their answers come with a merge after that batch's "
+                "--batch-in (ctd cache release-batch FILE here if they never will)",
+                highlight=False,
+            )
         if report.claimed:
             stdout.print(
                 f"  {report.claimed} of the new answers are for items a running query is asking about "
