@@ -1,7 +1,7 @@
 """The monitor server's Python work per check (run by hand, not in CI; 127.0.0.1 only):
 
     python tests/bench/bench_monitor_cpu.py [--baseline SRC] [--clients 32] [--seconds 8] [--repeats 3]
-        [--scorers threads,process]
+        [--scorers threads,process] [--model embedded|tiny]
 
 On an H200 the monitor answered about 390 checks/s at 128 clients with its GPU 30% busy: every
 thread of the server was waiting most of the time, and the Python work under its one GIL (the
@@ -19,6 +19,10 @@ closed-loop httpx clients in this process send short checks for `--seconds`. Wit
 SRC` (a source tree such as `git archive main | tar -x -C SRC`) the same runs against that code
 too; this code runs with each placement in `--scorers`; all alternate `--repeats` times, so that
 they see the same machine.
+
+`--model tiny` serves random weights of a 2-layer Llama shape of width 64 (`bench_gpu.py --tiny`'s,
+with the embedded tokenizer) in place of the embedded model: a forward pass then costs next to
+nothing, as a GPU's nearly does, and checks/s shows how far the server's own work goes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # first: tests/experts/ must not shadow experts
-from bench_monitor import children_cpu_seconds, serve, stat_cpu_seconds, stop
+from bench_monitor import CheckStream, children_cpu_seconds, serve, stat_cpu_seconds, stop
 from ctd_cli import free_port
 from monitor_bundle import write_untrained_bundle
 
@@ -79,18 +83,49 @@ async def closed_loop(url: str, clients: int, seconds: float) -> tuple[int, floa
         return answered, time.monotonic() - started
 
 
+async def raw_closed_loop(url: str, clients: int, seconds: float) -> tuple[int, float]:
+    """`closed_loop` over `bench_monitor.CheckStream`s: bare asyncio streams, whose CPU per check
+    is a small fraction of httpx's, so that the server is what bounds checks/s."""
+    port = int(url.rsplit(":", 1)[1])
+    answered = 0
+    deadline = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        nonlocal answered
+        stream = await CheckStream.open(port)
+        try:
+            k = 0
+            while time.monotonic() < deadline:
+                k += 1
+                await stream.check({"input": f"is message {i}.{k} fine?"})
+                answered += 1
+        finally:
+            await stream.aclose()
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    return answered, time.monotonic() - started
+
+
 def measure(
-    source: Path, bundle: Path, clients: int, seconds: float, scratch: Path, extra: list[str]
+    source: Path,
+    bundle: Path,
+    clients: int,
+    seconds: float,
+    scratch: Path,
+    extra: list[str],
+    client: str = "httpx",
 ) -> dict[str, float]:
     port = free_port()
     options = ["--no-expert", "--max-batch", "128", "--max-queue-ms", "600000", "--max-pending", "100000"]
     server = serve(bundle, port, [*options, *extra], scratch, source=source, env={"OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(closed_loop(url, 8, 1.0))  # warm-up, not counted
+        loop = raw_closed_loop if client == "raw" else closed_loop
+        asyncio.run(loop(url, 8, 1.0))  # warm-up, not counted
         main, other = thread_cpu_seconds(server.pid)
         children = children_cpu_seconds(server.pid)
-        answered, elapsed = asyncio.run(closed_loop(url, clients, seconds))
+        answered, elapsed = asyncio.run(loop(url, clients, seconds))
         main_after, other_after = thread_cpu_seconds(server.pid)
         return {
             "checks/s": answered / elapsed,
@@ -111,6 +146,8 @@ def main() -> None:
     parser.add_argument(
         "--scorers", default="threads,process", help="this code's scorer placements (--scorer-PLACE)"
     )
+    parser.add_argument("--model", choices=("embedded", "tiny"), default="embedded")
+    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="raw: raw_closed_loop")
     args = parser.parse_args()
     runs = [
         (f"this code, --scorer-{scorer}", REPOSITORY, [f"--scorer-{scorer}"])
@@ -121,10 +158,16 @@ def main() -> None:
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
-        bundle = write_untrained_bundle(scratch / "bundle")
+        if args.model == "tiny":
+            from bench_gpu import build_model
+
+            build_model(scratch / "tiny-model", None, True, "cpu")
+            bundle = write_untrained_bundle(scratch / "bundle", model=str(scratch / "tiny-model"))
+        else:
+            bundle = write_untrained_bundle(scratch / "bundle")
         for repeat in range(args.repeats):
             for name, source, extra in runs:
-                row = measure(source, bundle, args.clients, args.seconds, scratch, extra)
+                row = measure(source, bundle, args.clients, args.seconds, scratch, extra, args.client)
                 rows[name].append(row)
                 shown = ", ".join(f"{key} {value:.2f}" for key, value in row.items())
                 print(f"{repeat + 1}/{args.repeats} {name}: {shown}", flush=True)
