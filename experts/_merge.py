@@ -6,9 +6,10 @@ machine: a key absent here is inserted with every column as stored there (same k
 row); a key present with the same score is a duplicate; a key present with another score is a
 conflict, and this cache's answer is kept (a run that read it has already used it). Failures
 are never answers: they are counted, not merged. Claims are runs in flight on the other
-machine: not merged either. Requests out in a batch file there (`batch_out`, unanswered) are
-recorded here too, unless answered here: their answers come with that batch's `--batch-in`
-there and the next merge, and a live run here must not pay for them meanwhile.
+machine: not merged either, nor are the records of requests out in a batch file there
+(`batch_out`): a batch there may be read back as failures, or released, which no later merge
+could tell this cache; they are counted by file, so that the report can say a run here would
+ask them again before that batch's answers are merged.
 
 A run on this cache may be asking about a key the merge brings (it holds a claim on it): the
 score is inserted and the claim left alone. When the holder commits, its insert finds the key
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._cache import SCHEMA_VERSION, BatchOutRow, ScoreCache, ScoreRow, score_columns_sql
+from ._cache import SCHEMA_VERSION, ScoreCache, ScoreRow, score_columns_sql
 from ._claims import _chunks, _immediate, is_stale
 from ._errors import ConfigError, StorageError
 from ._repair import _read_only, check_cache
@@ -113,7 +114,7 @@ class MergeReport:
     conflicts: int = 0
     claimed: int = 0
     failures: int = 0
-    out_in_batches: int = 0  # requests out in a batch file there, now recorded out here too
+    out_there: dict[str, int] = field(default_factory=dict)  # its batch files with requests out: how many
     listed: list[Conflict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,7 +126,7 @@ class MergeReport:
             "conflicts": self.conflicts,
             "added_while_claimed": self.claimed,
             "failures_not_merged": self.failures,
-            "out_in_batches": self.out_in_batches,
+            "out_in_batches_there": self.out_there,
             "conflicts_listed": [conflict.to_dict() for conflict in self.listed],
         }
 
@@ -210,30 +211,9 @@ def merge_one(cache: ScoreCache, source: Path, label: str) -> MergeReport:
                 _merge_batch(writer, batch, report)
         tables = {name for (name,) in reader.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "batch_out" in tables:  # a cache older than the table has no batch out
-            columns = ", ".join(BatchOutRow.model_fields)
-            cursor = reader.execute(f"SELECT {columns} FROM batch_out ORDER BY rowid")
-            while batch := cursor.fetchmany(ROWS_PER_TRANSACTION):
-                with _immediate(cache) as writer:
-                    report.out_in_batches += _record_out(writer, batch)
+            found = reader.execute("SELECT file, COUNT(*) FROM batch_out GROUP BY file ORDER BY file")
+            report.out_there = {file: int(n) for file, n in found}
     return report
-
-
-def _record_out(writer: sqlite3.Cursor, batch: list[tuple[Any, ...]]) -> int:
-    """Record the source's `batch_out` rows of `batch` here, but for keys answered here or
-    already out here (in a batch file of this machine's: that record stays); how many were."""
-    skip: set[str] = set()
-    for chunk in _chunks([row[0] for row in batch]):
-        marks = ",".join("?" * len(chunk))
-        for table in ("scores", "batch_out"):
-            found = writer.execute(f"SELECT key FROM {table} WHERE key IN ({marks})", chunk)
-            skip.update(key for (key,) in found)
-    new = [row for row in batch if row[0] not in skip]
-    if new:
-        columns = list(BatchOutRow.model_fields)
-        writer.executemany(
-            f"INSERT INTO batch_out ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", new
-        )
-    return len(new)
 
 
 def _merge_batch(writer: sqlite3.Cursor, batch: list[tuple[Any, ...]], report: MergeReport) -> None:

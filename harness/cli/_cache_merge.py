@@ -36,7 +36,8 @@ def cache_merge(
     """Bring the scored answers of other caches into this one (created if missing). A key new
     here is copied as stored there; a key stored here with the same score is a duplicate; with
     another score it is a conflict, and this cache's answer is kept (the report says by how much
-    and why). Recorded failures are not answers: counted, not merged. Every source is checked
+    and why). Recorded failures are not answers: counted, not merged; requests out in a batch
+    file there are named, not recorded here. Every source is checked
     first (exists, not this cache, a sound ctd cache of this version); rerunning finishes an
     interrupted merge."""
     path = cache or Roots.resolve().cache
@@ -77,12 +78,14 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
             highlight=False,
             markup=False,  # a path may hold [brackets]
         )
-        if report.out_in_batches:
+        if report.out_there:
+            files = ", ".join(f"{file} ({n})" for file, n in report.out_there.items())
             stdout.print(
-                f"  {report.out_in_batches} requests out in its batch files are recorded out here too, so "
-                "that no run here pays for them again; their answers come with a merge after that batch's "
-                "--batch-in (ctd cache release-batch FILE here if they never will)",
+                f"  {sum(report.out_there.values())} requests are out in batch files there, not read back "
+                f"yet: {files}; a run here would ask them again (and pay for them): merge again after "
+                "their --batch-in there",
                 highlight=False,
+                markup=False,
             )
         if report.claimed:
             stdout.print(
