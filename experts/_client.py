@@ -286,9 +286,7 @@ class ExpertClient:
             claimed = await asyncio.shield(work)
         except asyncio.CancelledError:
             claimed = await work
-            call.unanswered.update(
-                p.key for p in batch if p.key not in claimed.scored and p.key not in claimed.held
-            )
+            call.unanswered.update(p.key for p in batch if p.key in claimed.mine)
             raise
         mine, others = [], []
         for pending in batch:

@@ -27,12 +27,9 @@ class ScoreLayout:
         return self.root / f".shard-{index:05d}.parquet.{_pid()}.tmp"
 
     def temps(self) -> Iterator[Path]:
-        """Temporary files left by a killed job: its shards', its manifest's (`write_json`), and
-        a Ray job's stop flag and its actors' marks (`harness.score._stop`)."""
+        """Temporary files left by a killed job: its shards', and its manifest's (`write_json`)."""
         yield from self.root.glob(".shard-*.parquet.*.tmp")
         yield from self.root.glob(f".{self.manifest.name}.*.tmp")
-        yield from self.root.glob(".stop-*")
-        yield from self.root.glob(".asking-*")
 
     def shards(self) -> Iterator[Path]:
         return self.root.glob("shard-*.parquet")

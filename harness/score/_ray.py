@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import InputError, RunFailed
@@ -50,7 +48,7 @@ __all__ = [
 
 LOCAL_RAY = "local"  # --ray local: start Ray on this machine
 RAY_EXTRA = "pip install 'ctd-harness[ray]'"
-STOP_MARGIN = 5.0  # seconds past the drain's grace: the actors' look for the flag, their commits
+STOP_MARGIN = 5.0  # seconds past the drain's grace: the actors' look at the board, their commits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +161,9 @@ def run_shards_on_ray(
         return
     ray, data = _import_ray()
     _connect(ray, ray_options.address)
-    stop = RayStop(Path(options.out))
+    stop, finished, board = RayStop(), False, None
     try:
+        board = stop.open()  # held until Ray is shut down: the board lives as long as a handle
         resources = ray.cluster_resources()
         shape = actor_shape(
             cpus=float(resources.get("CPU", 0)),
@@ -196,6 +195,7 @@ def run_shards_on_ray(
         try:
             for row in shards:
                 yield ShardDone(**{f.name: row[f.name] for f in fields(ShardDone)})
+            finished = True
         except Exception as error:  # Ray's, wrapping the actor's (its traceback is in Ray's logs)
             what = _actor_error(error)
             name, _, message = what.partition(": ")
@@ -205,28 +205,21 @@ def run_shards_on_ray(
             raise RunFailed(f"the Ray job failed: {what}; Ray's logs: {_logs_dir(ray)}") from None
     finally:
         try:
-            _let_actors_commit(stop)  # a stop, a failure, or the end: then none is asking
+            if not finished and board is not None:  # a stop or a failure: actors may be asking
+                _let_actors_commit(ray, board)
         finally:
             ray.shutdown()
 
 
-def _let_actors_commit(stop: RayStop) -> None:
+def _let_actors_commit(ray: Any, board: Any) -> None:
     """Tell the actors to stop asking the expert, and give the answers they have in flight the
-    time a local job's drain gives them (and the actors the time to see the flag) before Ray is
-    shut down, which kills them. A second Ctrl-C cuts the wait short."""
+    time a local job's drain gives them (and the actors the time to look at the board) before Ray
+    is shut down, which kills them. A second Ctrl-C cuts the wait short."""
     from experts import DRAIN_GRACE
 
     try:
-        stop.ask()
-        if not stop.actors_asking():
-            return
-        print(
-            f"stopping: waiting up to {DRAIN_GRACE + STOP_MARGIN:g} s for the actors' answers in flight",
-            file=sys.stderr,
-            flush=True,
-        )
-        stop.wait_for_actors(DRAIN_GRACE + STOP_MARGIN)
-    except OSError:  # --out unreachable: the actors cannot be told; Ray is shut down all the same
+        RayStop.stop_and_wait(board, DRAIN_GRACE + STOP_MARGIN)
+    except ray.exceptions.RayError:  # the board is gone with Ray: nothing to tell
         return
 
 

@@ -116,7 +116,7 @@ class ShardScorer:
     task's rows) is not rewritten."""
 
     def __init__(self, options: ScoreOptions, *, stop: RayStop | None = None) -> None:
-        """`stop`: a Ray job's (see `harness.score._stop`); its actors' expert calls watch it."""
+        """`stop`: a Ray job's stop board (`harness.score._stop`), which the expert calls watch."""
         options.check()
         if options.threads is not None:
             import torch
@@ -232,13 +232,14 @@ class ShardScorer:
         # Ids unique within the call (an input's id may repeat); the cache is keyed by content.
         items = [Item(f"{task.index}-{i}", rows[i].item.conversation) for i in delegated]
         client = self._expert_client()
-        try:
-            # A stop signal drains the client: the answers in flight are committed, not paid twice.
-            with self._stop.asking() if self._stop is not None else nullcontext():
+        # A Ray job's actor is registered on its stop board until the answers are committed.
+        with self._stop.asking() if self._stop is not None else nullcontext():
+            try:
+                # A stop drains the client: the answers in flight are committed, not paid twice.
                 results, stats = self._expert_loop().run(self._score(client, items))
-        except Stopped:
-            self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
-            raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
+            except Stopped:
+                self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
+                raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
         answers = {i: expert_answer(result) for i, result in zip(delegated, results, strict=True)}
         in_batch = stats.failure_reasons[FailureKind.IN_BATCH.value]  # failed without being sent
         return answers, stats.scored + stats.failed - in_batch, in_batch
@@ -254,7 +255,7 @@ class ShardScorer:
             return await score_stoppable(client, items, opened=True)
         finally:
             watcher.cancel()
-            with suppress(asyncio.CancelledError):
+            with suppress(Exception, asyncio.CancelledError):  # a failed look must not cost the answers
                 await watcher
 
     def _expert_loop(self) -> asyncio.Runner:

@@ -1,85 +1,125 @@
-"""A Ray job's stop, told to its actors through the job's --out folder, which every actor sees.
+"""A Ray job's stop, told to its actors through a stop board: a small Ray actor of the job's own.
 
 Without Ray a stop signal drains the job's expert client: nothing more is sent, and the answers
 in flight are committed to the cache before the process ends (`harness.stages.score_stoppable`).
 A Ray job's actors are other processes, often on other machines, and shutting Ray down kills
-them with their answers in flight: paid for and lost. So the driver, stopped, puts a flag file
-in --out (`RayStop.ask`) and waits (`RayStop.wait_for_actors`) while any actor is asking the
-expert; each actor marks the folder while it asks (`RayStop.asking`), watches for the flag
-(`RayStop.watch`) and drains its client when it appears. Then Ray is shut down.
+them with their answers in flight: paid for and lost. So each actor registers on the board
+while it asks the expert (`RayStop.asking`) and watches it during the call (`RayStop.watch`),
+draining its client once the board says stop; the driver, stopped or failed, says stop on the
+board and waits while actors are still asking (`RayStop.stop_and_wait`), then shuts Ray down.
 
-The names carry the driver's token: a flag or mark left by a killed job never touches another,
-and the next job on the folder removes them (`ScoreLayout.temps`)."""
+The word travels through Ray, not through --out: a shared file system's caches (an NFS client
+keeps a file's absence for up to a minute) would hold it back. Ray is imported only where a
+method runs, which is only in a Ray job."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from experts import ExpertClient
 
-__all__ = ["RayStop"]
+__all__ = ["RayStop", "StopBoard"]
 
-WATCH_EVERY = 0.2  # seconds between an asking actor's looks for the flag
+WATCH_EVERY = 0.2  # seconds between an asking actor's looks at the board
 WAIT_EVERY = 0.1  # seconds between the driver's looks for actors still asking
+BOARD_PREFIX = "ctd-score-stop-"
+
+
+class StopBoard:
+    """The board (run as a Ray actor): whether the job is stopping, and the calls asking now."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.asking: set[str] = set()
+
+    def begin(self, call: str) -> bool:
+        """Register `call`, unless the job is stopping (then the call must send nothing)."""
+        if self.stopping:
+            return False
+        self.asking.add(call)
+        return True
+
+    def end(self, call: str) -> None:
+        self.asking.discard(call)
+
+    def is_stopping(self) -> bool:
+        return self.stopping
+
+    def stop(self) -> int:
+        """Say stop; how many calls are asking now."""
+        self.stopping = True
+        return len(self.asking)
+
+    def still_asking(self) -> int:
+        return len(self.asking)
 
 
 @dataclass(frozen=True)
 class RayStop:
-    """The stop of one Ray job on the folder `root` (picklable: it travels with the actors)."""
+    """One job's stop board, by its name (picklable: it travels with the actors)."""
 
-    root: Path
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    name: str = field(default_factory=lambda: BOARD_PREFIX + uuid.uuid4().hex)
 
-    @property
-    def flag(self) -> Path:
-        return self.root / f".stop-{self.token}"
+    def open(self) -> Any:
+        """The driver's: start the board; keep the handle for the job's length (the board ends
+        with the last). It takes no CPU, so a pool that holds every CPU still leaves it room."""
+        import ray
 
-    @property
-    def asked(self) -> bool:
-        return self.flag.exists()
+        return ray.remote(StopBoard).options(name=self.name, num_cpus=0).remote()
 
-    def ask(self) -> None:
-        """The driver's: tell every actor to stop asking the expert."""
-        self.flag.touch()
+    @staticmethod
+    def stop_and_wait(board: Any, seconds: float) -> int:
+        """The driver's, with the handle `open` gave: say stop, and wait up to `seconds` while
+        actors are still asking (their answers in flight being committed); how many still were
+        at the end. A line on stderr says so when there is anything to wait for."""
+        import sys
 
-    def actors_asking(self) -> list[Path]:
-        return list(self.root.glob(f".asking-{self.token}-*"))
+        import ray
 
-    def wait_for_actors(self, seconds: float) -> int:
-        """The driver's, after `ask`: wait up to `seconds` while an actor is still asking (its
-        answers in flight being committed). Returns how many still were at the end."""
+        left = ray.get(board.stop.remote(), timeout=seconds)
+        if not left:
+            return 0
+        waiting = f"waiting up to {seconds:g} s for the actors' answers in flight"
+        print(f"stopping: {waiting}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + seconds
-        while (left := len(self.actors_asking())) and time.monotonic() < deadline:
+        while left and time.monotonic() < deadline:
             time.sleep(WAIT_EVERY)
+            left = ray.get(board.still_asking.remote(), timeout=seconds)
         return left
 
     @contextmanager
     def asking(self) -> Iterator[None]:
-        """An actor's: the folder marked for the block, in which it asks the expert. A stop asked
-        before the mark is there raises KeyboardInterrupt at once: nothing is sent. One asked
-        after it finds the mark, and the driver waits for the block to end."""
-        mark = self.root / f".asking-{self.token}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        mark.touch()
+        """An actor's: registered on the board for the block, in which it asks the expert. A job
+        stopping already raises KeyboardInterrupt at once: nothing is sent. A stop said after the
+        registration finds it, and the driver waits for the block to end."""
+        import ray
+
+        board = ray.get_actor(self.name)
+        call = uuid.uuid4().hex
+        if not ray.get(board.begin.remote(call)):
+            raise KeyboardInterrupt
         try:
-            if self.asked:
-                raise KeyboardInterrupt
             yield
         finally:
-            mark.unlink(missing_ok=True)
+            board.end.remote(call)  # not waited for: the board learns it in order
 
     async def watch(self, client: ExpertClient) -> None:
-        """An actor's, beside its `score` call: drain the client once the flag appears (the
-        answers in flight are committed, then the call raises `experts.Stopped`)."""
-        while not await asyncio.to_thread(self.flag.exists):
-            await asyncio.sleep(WATCH_EVERY)
+        """An actor's, beside its `score` call: drain the client once the board says stop (the
+        answers in flight are committed, then the call raises `experts.Stopped`). A board that
+        no longer answers (the driver is gone, and Ray with it) ends the watch."""
+        import ray
+
+        board = ray.get_actor(self.name)
+        try:
+            while not await board.is_stopping.remote():
+                await asyncio.sleep(WATCH_EVERY)
+        except ray.exceptions.RayError:
+            return
         client.drain()

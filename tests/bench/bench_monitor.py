@@ -128,10 +128,10 @@ def load_spread(
     """`load` with the clients spread over `processes` processes of `pool`, started together.
 
     A client process spends CPU too (little over `CheckStream`, but a fast server's many clients
-    add up), so one client process can be what bounds a fast server's number; `client_cpu`, the busiest client process's CPU share
-    (its set-up and teardown included), says whether it was. `elapsed` is the longest process's
-    time from the common start to its last answer; `started` the start on this process's
-    `time.monotonic()` clock.
+    add up), so one client process can be what bounds a fast server's number; `client_cpu`, the
+    busiest client process's CPU share (its set-up and teardown included), says whether it was.
+    `elapsed` is the longest process's time from the common start to its last answer; `started`
+    the start on this process's `time.monotonic()` clock.
     """
     processes = max(1, min(processes, clients))
     # A second for the pool to hand every process its part (the pool's processes are up once the

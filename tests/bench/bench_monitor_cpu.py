@@ -15,7 +15,9 @@ takes the tokenisation and the forward pass out of the server's process and its 
 The server runs `ctd monitor serve` on a bundle of untrained probes over the embedded model
 (tests/monitor_bundle.py) with its decision log, the expert disabled and OMP_NUM_THREADS=1 (so
 that its forward passes leave the cores to the event loop and the clients); `--clients`
-closed-loop httpx clients in this process send short checks for `--seconds`. With `--baseline
+closed-loop clients in this process send short checks for `--seconds`: httpx clients by default (as
+earlier rounds measured), or with `--client raw` `bench_monitor.CheckStream`s, whose CPU per check
+is a small fraction of httpx's (on two cores httpx was what bounded 128 clients). With `--baseline
 SRC` (a source tree such as `git archive main | tar -x -C SRC`) the same runs against that code
 too; this code runs with each placement in `--scorers`; all alternate `--repeats` times, so that
 they see the same machine.
