@@ -37,9 +37,8 @@ def cache_merge(
     here is copied as stored there; a key stored here with the same score is a duplicate; with
     another score it is a conflict, and this cache's answer is kept (the report says by how much
     and why). Recorded failures are not answers: counted, not merged; requests out in a batch
-    file there are named, not recorded here. Every source is checked
-    first (exists, not this cache, a sound ctd cache of this version); rerunning finishes an
-    interrupted merge."""
+    file there are named, not recorded here. Every source is checked first (exists, not this
+    cache, a sound ctd cache of this version); rerunning finishes an interrupted merge."""
     path = cache or Roots.resolve().cache
     experts.check_merge_sources(path, others)  # before the target is created or written
     store = experts.ScoreCache.for_run(path)
