@@ -81,8 +81,8 @@ def _print_merge(path: Path, reports: list[MergeReport], json_output: bool) -> N
             files = ", ".join(f"{file} ({n})" for file, n in report.out_there.items())
             stdout.print(
                 f"  {sum(report.out_there.values())} requests are out in batch files there, not read back "
-                f"yet: {files}; a run here would ask them again (and pay for them): merge again after "
-                "their --batch-in there",
+                f"yet: {files}; a run here would ask again (and pay for) those it has no answer for: "
+                "merge again after their --batch-in there",
                 highlight=False,
                 markup=False,
             )

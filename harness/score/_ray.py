@@ -22,6 +22,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -140,8 +141,10 @@ def score_ray(
 
     done: list[ShardDone] = []
     rows = 0
-    with plan.held():
-        for result in run_shards_on_ray(plan, options, ray_options, on_start=ready):
+    # Closed here, not when the generator is collected: a second Ctrl-C during its wait for the
+    # actors would otherwise be an "Exception ignored" traceback.
+    with plan.held(), closing(run_shards_on_ray(plan, options, ray_options, on_start=ready)) as results:
+        for result in results:
             done.append(result)
             rows += result.model_rows if result.written else 0
             finished += 1

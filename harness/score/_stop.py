@@ -18,7 +18,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,18 +108,25 @@ class RayStop:
         try:
             yield
         finally:
-            board.end.remote(call)  # not waited for: the board learns it in order
+            with suppress(Exception):  # a board gone with Ray must not replace the call's outcome
+                board.end.options(enable_task_events=False).remote(call)  # not waited for
 
     async def watch(self, client: ExpertClient) -> None:
         """An actor's, beside its `score` call: drain the client once the board says stop (the
-        answers in flight are committed, then the call raises `experts.Stopped`). A board that
-        no longer answers (the driver is gone, and Ray with it) ends the watch."""
+        answers in flight are committed, then the call raises `experts.Stopped`). A look that
+        fails (Ray cancelling the task's children, say) is tried again; a board that died (the
+        driver is gone, and Ray with it) ends the watch."""
         import ray
 
         board = ray.get_actor(self.name)
-        try:
-            while not await board.is_stopping.remote():
-                await asyncio.sleep(WATCH_EVERY)
-        except ray.exceptions.RayError:
-            return
+        look = board.is_stopping.options(enable_task_events=False)  # five a second: kept off Ray's events
+        while True:
+            try:
+                if await look.remote():
+                    break
+            except ray.exceptions.ActorDiedError:
+                return
+            except ray.exceptions.RayError:
+                pass
+            await asyncio.sleep(WATCH_EVERY)
         client.drain()

@@ -140,7 +140,7 @@ def test_requests_out_in_a_batch_file_there_are_named_not_recorded(tmp_path: Pat
     assert merged.returncode == 0, merged.stderr
     said = " ".join(merged.stdout.split())  # the terminal wraps the line
     assert "5 requests are out in batch files there, not read back yet: /there/b.jsonl (5)" in said
-    assert "a run here would ask them again" in said
+    assert "a run here would ask again (and pay for) those it has no answer for" in said
     here = ScoreCache(tmp_path / "here.sqlite")
     try:
         assert here.pending_files([f"{i:064x}" for i in range(20)]) == {}
