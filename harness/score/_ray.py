@@ -18,7 +18,9 @@ Ray is optional and imported only here, inside `score_ray`: `ctd score` without 
 from __future__ import annotations
 
 import logging
+import queue
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ __all__ = [
 LOCAL_RAY = "local"  # --ray local: start Ray on this machine
 RAY_EXTRA = "pip install 'ctd-harness[ray]'"
 STOP_MARGIN = 5.0  # seconds past the drain's grace: the actors' look at the board, their commits
+HANDOVER_WAIT = 0.5  # seconds per wait for the next row (a stop signal is seen within it at most)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,10 +196,8 @@ def run_shards_on_ray(
                 max_restarts=ray_options.retries,
                 max_task_retries=ray_options.retries,
             )
-        # Held until the actors were told to stop: closing Ray Data's iterator ends its actors.
-        shards = iter(scored.iter_rows())
         try:
-            for row in shards:
+            for row in _rows_beside(scored):
                 yield ShardDone(**{f.name: row[f.name] for f in fields(ShardDone)})
             finished = True
         except Exception as error:  # Ray's, wrapping the actor's (its traceback is in Ray's logs)
@@ -212,6 +213,36 @@ def run_shards_on_ray(
                 _let_actors_commit(ray, board)
         finally:
             ray.shutdown()
+
+
+def _rows_beside(scored: Any) -> Iterator[dict[str, Any]]:
+    """The rows of the Ray dataset `scored`, read by a thread of their own and handed over here.
+    A stop signal lands in the main thread: here, in this wait, and never inside Ray Data's
+    iterator, whose clean-up on an interruption `ray.kill`s the actors at once with their
+    answers in flight (and restarts none), before the stop board could tell them to commit.
+    What the iteration raises is raised here."""
+    handed: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for row in scored.iter_rows():
+                handed.put(("row", row))
+        except BaseException as error:  # Ray's, or the end of Ray under it once stopped
+            handed.put(("error", error))
+        else:
+            handed.put(("end", None))
+
+    threading.Thread(target=read, name="ctd-ray-rows", daemon=True).start()
+    while True:
+        try:
+            kind, value = handed.get(timeout=HANDOVER_WAIT)
+        except queue.Empty:
+            continue
+        if kind == "end":
+            return
+        if kind == "error":
+            raise value
+        yield value
 
 
 def _let_actors_commit(ray: Any, board: Any) -> None:

@@ -177,15 +177,21 @@ def test_a_killed_ray_job_resumes_without_writing_a_shard_twice(untrained: dict,
     _assert_same_scores(_rows(out), _rows(here))
 
 
-def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(tmp_path: Path) -> None:
-    """SIGINT while two actors ask a slow expert (2 s an answer) for every row: the driver says
-    stop on the job's stop board and waits while they ask, so every answer the expert gave is in
-    the cache before Ray is shut down; the rerun asks for the rest and nothing twice."""
+@pytest.mark.parametrize("after_a_shard", [False, True], ids=["before-any-shard", "after-a-shard"])
+def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(
+    tmp_path: Path, after_a_shard: bool
+) -> None:
+    """SIGINT while two actors ask a slow expert (2 s an answer) for every row, before any shard
+    came back or after one did (a stop inside Ray Data's iterator would kill the actors at once):
+    the driver says stop on the job's stop board and waits while they ask, so every answer the
+    expert gave is in the cache before Ray is shut down; the rerun asks for the rest and nothing
+    twice."""
     _needs_ray()
     bundle = write_untrained_bundle(tmp_path / "bundle", threshold=-1e9, expert=True)  # delegate all
     data = tmp_path / "rows.jsonl"
     lines = (REPO / "harness" / "data" / "builtin" / "test.jsonl").read_text().splitlines()
-    data.write_text("\n".join(lines[:24]) + "\n")
+    rows = 40
+    data.write_text("\n".join(lines[:rows]) + "\n")
     env = {"CTD_RUNS_DIR": str(tmp_path / "runs"), "HF_HUB_OFFLINE": "1"}
     out, cache = tmp_path / "out", tmp_path / "cache.sqlite"
     job = ["--shard-rows", "8", "--ray", "local", "--actors", "2", "--expert", "--expert-cache", str(cache)]
@@ -195,7 +201,11 @@ def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(tmp_path:
             "--expert-url", slow.url, cwd=tmp_path, env=env,
         )  # fmt: skip
         deadline = time.monotonic() + RAY_TIMEOUT
-        while sum(slow.server.counts.requests.values()) < 4:  # both actors asking
+
+        def asking() -> int:  # requests in flight now
+            return sum(slow.server.counts.requests.values()) - sum(slow.server.counts.successes.values())
+
+        while asking() < 4 or (after_a_shard and not list(out.glob("shard-*.parquet"))):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
@@ -211,7 +221,7 @@ def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(tmp_path:
         done = _score(bundle, data, out, *job, "--expert-url", working.url, env=env)
         assert done.returncode == 0, done.stderr
         again = sum(working.server.counts.requests.values())
-    assert again == 24 - stored and json.loads(done.stdout)["expert_failed"] == 0
+    assert again == rows - stored and json.loads(done.stdout)["expert_failed"] == 0
 
 
 def _descendants(root: int) -> set[int]:
