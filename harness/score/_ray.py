@@ -219,8 +219,8 @@ def _rows_beside(scored: Any) -> Iterator[dict[str, Any]]:
     """The rows of the Ray dataset `scored`, read by a thread of their own and handed over here.
     A stop signal lands in the main thread: here, in this wait, and never inside Ray Data's
     iterator, whose clean-up on an interruption `ray.kill`s the actors at once with their
-    answers in flight (and restarts none), before the stop board could tell them to commit.
-    What the iteration raises is raised here."""
+    answers in flight, before the stop board could tell them to commit. What the iteration
+    raises is raised here."""
     handed: queue.Queue[tuple[str, Any]] = queue.Queue()
 
     def read() -> None:
