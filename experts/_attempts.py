@@ -203,8 +203,7 @@ class Attempts:
     async def _failed(
         self, pending: Pending, exc: ExpertError, attempts: int, writer: CacheWriter | None, stats: RunStats
     ) -> ItemResult:
-        stats.failed += 1
-        stats.failure_reasons[exc.reason] += 1
+        stats.count_failure(exc.reason)
         if writer is not None:
             await writer.put_failure(self.rows.failure(pending.key, pending.item.id, exc, attempts=attempts))
         return ItemResult(

@@ -313,8 +313,7 @@ class ExpertClient:
         kind = FailureKind.IN_BATCH
         result = ItemResult(pending.item.id, None, None, "failed", reason=kind.value, failure=kind)
         call.results[pending.index] = result
-        call.stats.failed += 1
-        call.stats.failure_reasons[kind.value] += 1
+        call.stats.count_failure(kind.value)
         call.flights.land(pending.key, result)
 
     async def _worker(self, call: _Call) -> None:

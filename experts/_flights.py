@@ -51,5 +51,4 @@ class Flights:
             elif result.source == "cache":
                 stats.cached += 1
             else:
-                stats.failed += 1
-                stats.failure_reasons[result.reason or "error"] += 1
+                stats.count_failure(result.reason or "error")

@@ -67,6 +67,11 @@ class RunStats:
     def done(self) -> int:
         return self.cached + self.scored + self.shared + self.failed
 
+    def count_failure(self, reason: str) -> None:
+        """One more item ended failed, for `reason` (its tag)."""
+        self.failed += 1
+        self.failure_reasons[reason] += 1
+
 
 class ProgressSink(Protocol):
     def update(self, stats: RunStats) -> None: ...
