@@ -233,10 +233,10 @@ class ShardScorer:
         items = [Item(f"{task.index}-{i}", rows[i].item.conversation) for i in delegated]
         client = self._expert_client()
         # A Ray job's actor is registered on its stop board until the answers are committed.
-        with self._stop.asking() if self._stop is not None else nullcontext():
+        with self._stop.asking() if self._stop is not None else nullcontext() as board:
             try:
                 # A stop drains the client: the answers in flight are committed, not paid twice.
-                results, stats = self._expert_loop().run(self._score(client, items))
+                results, stats = self._expert_loop().run(self._score(client, items, board))
             except Stopped:
                 self._close_client()  # drained: it sends nothing more (an actor that lives on opens another)
                 raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a job
@@ -244,13 +244,16 @@ class ShardScorer:
         in_batch = stats.failure_reasons[FailureKind.IN_BATCH.value]  # failed without being sent
         return answers, stats.scored + stats.failed - in_batch, in_batch
 
-    async def _score(self, client: ExpertClient, items: list[Item]) -> tuple[list[ItemResult], RunStats]:
-        """One `score` call that a stop signal drains, as does a Ray job's stop (`RayStop`)."""
+    async def _score(
+        self, client: ExpertClient, items: list[Item], board: Any
+    ) -> tuple[list[ItemResult], RunStats]:
+        """One `score` call that a stop signal drains, as does a Ray job's stop board (`board`,
+        None outside Ray: `RayStop.watch`)."""
         from ..stages import score_stoppable
 
-        if self._stop is None:
+        if board is None:
             return await score_stoppable(client, items, opened=True)
-        watcher = asyncio.create_task(self._stop.watch(client))
+        watcher = asyncio.create_task(RayStop.watch(board, client))
         try:
             return await score_stoppable(client, items, opened=True)
         finally:

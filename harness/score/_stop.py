@@ -95,10 +95,11 @@ class RayStop:
         return left
 
     @contextmanager
-    def asking(self) -> Iterator[None]:
-        """An actor's: registered on the board for the block, in which it asks the expert. A job
-        stopping already raises KeyboardInterrupt at once: nothing is sent. A stop said after the
-        registration finds it, and the driver waits for the block to end."""
+    def asking(self) -> Iterator[Any]:
+        """An actor's: registered on the board for the block, in which it asks the expert; the
+        block gets the board (for `watch`). A job stopping already raises KeyboardInterrupt at
+        once: nothing is sent. A stop said after the registration finds it, and the driver waits
+        for the block to end."""
         import ray
 
         board = ray.get_actor(self.name)
@@ -106,19 +107,19 @@ class RayStop:
         if not ray.get(board.begin.remote(call)):
             raise KeyboardInterrupt
         try:
-            yield
+            yield board
         finally:
             with suppress(Exception):  # a board gone with Ray must not replace the call's outcome
                 board.end.options(enable_task_events=False).remote(call)  # not waited for
 
-    async def watch(self, client: ExpertClient) -> None:
-        """An actor's, beside its `score` call: drain the client once the board says stop (the
-        answers in flight are committed, then the call raises `experts.Stopped`). A look that
-        fails (Ray cancelling the task's children, say) is tried again; a board that died (the
-        driver is gone, and Ray with it) ends the watch."""
+    @staticmethod
+    async def watch(board: Any, client: ExpertClient) -> None:
+        """An actor's, beside its `score` call, with the board `asking` gave: drain the client once
+        the board says stop (the answers in flight are committed, then the call raises
+        `experts.Stopped`). A look that fails (Ray cancelling the task's children, say) is tried
+        again; a board that died (the driver is gone, and Ray with it) ends the watch."""
         import ray
 
-        board = ray.get_actor(self.name)
         look = board.is_stopping.options(enable_task_events=False)  # five a second: kept off Ray's events
         while True:
             try:
