@@ -30,6 +30,7 @@ import math
 import os
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,8 @@ class MergeReport:
     conflicts: int = 0
     claimed: int = 0
     failures: int = 0
-    out_there: dict[str, int] = field(default_factory=dict)  # its batch files with requests out: how many
+    # Its batch files with requests out that this cache has no answer for: how many each.
+    out_there: dict[str, int] = field(default_factory=dict)
     listed: list[Conflict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,9 +213,19 @@ def merge_one(cache: ScoreCache, source: Path, label: str) -> MergeReport:
                 _merge_batch(writer, batch, report)
         tables = {name for (name,) in reader.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "batch_out" in tables:  # a cache older than the table has no batch out
-            found = reader.execute("SELECT file, COUNT(*) FROM batch_out GROUP BY file ORDER BY file")
-            report.out_there = {file: int(n) for file, n in found}
+            report.out_there = _out_unanswered(reader, cache)
     return report
+
+
+def _out_unanswered(reader: sqlite3.Connection, cache: ScoreCache) -> dict[str, int]:
+    """The source's batch files with requests out that `cache` has no answer for (those a run
+    here would ask again), and how many each."""
+    out: Counter[str] = Counter()
+    rows = reader.execute("SELECT key, file FROM batch_out")
+    while chunk := rows.fetchmany(ROWS_PER_TRANSACTION):
+        answered = cache.get_many([key for key, _ in chunk])
+        out.update(file for key, file in chunk if key not in answered)
+    return dict(sorted(out.items()))
 
 
 def _merge_batch(writer: sqlite3.Cursor, batch: list[tuple[Any, ...]], report: MergeReport) -> None:

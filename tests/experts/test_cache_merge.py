@@ -129,7 +129,8 @@ def test_a_conflict_keeps_this_caches_answer_and_says_why(tmp_path: Path) -> Non
 def test_requests_out_in_a_batch_file_there_are_named_not_recorded(tmp_path: Path) -> None:
     """The other machine's requests out in a batch file are not recorded here (that batch may be
     read back as failures or released there, which no later merge could tell this cache), but
-    the report names their files and counts, and says a run here would ask them again."""
+    the report names their files and counts those this cache has no answer for, which a run
+    here would ask again."""
     there = cache_with(tmp_path / "there.sqlite", [answer(i) for i in range(10)])
     source = ScoreCache(there)
     out = [{"key": f"{i:064x}", "expert": "judge", "item_id": f"ex{i}", "file": "/there/b.jsonl",
@@ -144,7 +145,8 @@ def test_requests_out_in_a_batch_file_there_are_named_not_recorded(tmp_path: Pat
     here = ScoreCache(tmp_path / "here.sqlite")
     try:
         assert here.pending_files([f"{i:064x}" for i in range(20)]) == {}
-        assert merge_caches(here, [there])[0].out_there == {"/there/b.jsonl": 5}
+        here.put_many([answer(11), answer(13)])  # answered here since: a run here asks 3 of the 5
+        assert merge_caches(here, [there])[0].out_there == {"/there/b.jsonl": 3}
     finally:
         here.close()
 
