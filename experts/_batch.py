@@ -91,8 +91,11 @@ class BatchRequests:
 
 def pending_line(files: Mapping[str, int], cache: Path) -> str:
     """The batch files that hold requests whose results no `--batch-in` has read back, with how
-    many each, and how to let those requests be asked again (`cache`: the cache that says so)."""
-    named = ", ".join(f"{file} ({n})" for file, n in sorted(files.items()))
+    many each (a file not found here, say: a `--batch-out` stopped before its file took its
+    name, or a file moved since), and how to let those requests be asked again (`cache`: the
+    cache that says so)."""
+    shown = [f"{file} ({n}{'' if os.path.exists(file) else ', not found here'})" for file, n in files.items()]
+    named = ", ".join(sorted(shown))
     return (
         f"{named}; for a batch that was never submitted, failed or expired, `ctd cache release-batch "
         f"FILE --cache {cache}` lets its requests be asked again"

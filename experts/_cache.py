@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -162,11 +163,18 @@ def score_columns_sql(present: Iterable[str]) -> str:
     )
 
 
-def _recording_problem(cursor: Any, keys: Sequence[str], file: str) -> str | None:
-    """Why the keys of batch file `file` cannot be recorded as out now (see `mark_batch_out`)."""
+def _recording_problem(cursor: Any, keys: Sequence[str], file: str, cache: Path) -> str | None:
+    """Why the keys of batch file `file` cannot be recorded as out now in the cache at `cache`
+    (see `mark_batch_out`)."""
     held = cursor.execute("SELECT COUNT(*) FROM batch_out WHERE file = ?", (file,)).fetchone()[0]
     if held:
-        return f"{file} names {held} requests of another batch still out: give this batch another name"
+        # No such file, most often: a --batch-out stopped between its record and its rename.
+        there = "" if os.path.exists(file) else " (not found here)"
+        return (
+            f"{file} names {held} requests of another batch still out{there}: give this batch another "
+            f"name, or if that batch was never submitted, `ctd cache release-batch {file} --cache {cache}` "
+            "first lets its requests be asked again"
+        )
     others: Counter[str] = Counter()
     answered = claimed = 0
     now = time.time()
@@ -414,7 +422,7 @@ class ScoreCache:
                 cursor = connection.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    problem = _recording_problem(cursor, [value[0] for value in values], file)
+                    problem = _recording_problem(cursor, [value[0] for value in values], file, self.path)
                     if problem is None:
                         names, marks = ", ".join(columns), ", ".join("?" * len(columns))
                         cursor.executemany(f"INSERT INTO batch_out ({names}) VALUES ({marks})", values)

@@ -274,6 +274,37 @@ def test_requests_out_in_a_batch_not_read_back_are_not_asked_twice(
     assert_one_line_error(unknown, "first.jsonl: no requests of this batch file", listed)
 
 
+def test_a_batch_recorded_out_whose_file_is_not_there_is_said_so(tmp_path: Path) -> None:
+    """A --batch-out stopped between its record and its rename leaves a record of a file that is
+    not there (as does a batch file deleted since): the next --batch-out of that name is refused
+    in one line that says so and gives the command that releases it; another name leaves its
+    requests out, naming the file as not found; once released, the name writes every request."""
+    data = write_data(tmp_path, 10)
+    cache = tmp_path / "cache.sqlite"
+    with RunningServer() as running:
+        expert = Expert(tmp_path, running.url, "next-token")
+        made = expert.ctd("query", "--data", str(data), "--batch-out", "lost.jsonl")
+        assert made.returncode == 0, made.stderr
+        (tmp_path / "lost.jsonl").unlink()  # the state a stop before the rename leaves
+        lost = tmp_path / "lost.jsonl"
+        again = expert.ctd("query", "--data", str(data), "--batch-out", "lost.jsonl")
+        assert_one_line_error(
+            again,
+            f"{lost} names 10 requests of another batch still out (not found here)",
+            f"`ctd cache release-batch {lost} --cache {cache}` first",
+        )
+        assert not lost.exists()
+        other = expert.ctd("query", "--data", str(data), "--batch-out", "other.jsonl")
+        assert other.returncode == 0, other.stderr
+        assert f"{lost} (10, not found here)" in " ".join(other.stdout.split())
+        released = run_ctd("cache", "release-batch", str(lost), cwd=tmp_path, env={"CTD_CACHE": str(cache)})
+        assert released.returncode == 0, released.stderr
+        made = expert.ctd("query", "--data", str(data), "--batch-out", "lost.jsonl", "--json")
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["written"] == 10 and len(lost.read_text().splitlines()) == 10
+        assert item_requests(running) == 0  # a batch file sends nothing
+
+
 def test_two_batch_outs_at_once_never_both_write_a_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
