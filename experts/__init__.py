@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidSetting": "._errors",
     "Item": "._items",
     "ItemResult": "._items",
+    "KeyedItems": "._client",
     "LocalServer": "._serve",
     "MergeReport": "._merge",
     "PortTaken": "._serve",

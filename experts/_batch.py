@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cache import ScoreCache
-from ._client import ExpertClient
+from ._client import ExpertClient, KeyedItems
 from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError
 from ._items import Item, ItemResult
 from ._recovery import RECOVERABLE
@@ -50,7 +50,7 @@ BATCH_URL_ROOT = "/v1"
 """What a batch line's url starts with: batch runners take the API path from the root
 ("/v1/chat/completions"), where the client posts under a base URL that already ends in /v1."""
 
-_LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
+_LOOKUP_CHUNK = 1024  # items looked up in the cache at a time
 _COMMIT_CHUNK = 1000  # rows per transaction: other runs on the cache wait on each one briefly
 _NO_ANSWER = "not-in-batch"  # an item's reason in the table when no result line answered it
 
@@ -103,17 +103,17 @@ def pending_line(files: Mapping[str, int], cache: Path) -> str:
 
 
 def batch_request_lines(
-    spec: ExpertSpec, items: Sequence[Item], cache: ScoreCache | None, counts: BatchRequests
+    spec: ExpertSpec, items: Sequence[Item] | KeyedItems, cache: ScoreCache | None, counts: BatchRequests
 ) -> Iterator[dict[str, Any]]:
     """The batch lines (`custom_id`, `method`, `url`, `body`) of the items of `items` that have no
     answer in `cache` and are out in no earlier batch file, one key once, counted into `counts`
     as they go. Nothing is sent, and no credential is in them: a key travels in a header, never
     in a body."""
     client = ExpertClient(spec, cache=None)
+    keyed = client.keyed(items)
     seen: set[str] = set()
-    for start in range(0, len(items), _LOOKUP_CHUNK):
-        chunk = [(item, *client.request_for(item)) for item in items[start : start + _LOOKUP_CHUNK]]
-        keys = [key for *_, key in chunk]
+    for start in range(0, len(keyed), _LOOKUP_CHUNK):
+        keys = keyed.keys[start : start + _LOOKUP_CHUNK]
         cached = cache.get_many(keys) if cache is not None else {}
         unanswered = [key for key in keys if key not in cached]
         # Only next-token scoring has a recovery ladder, and only the live client climbs it.
@@ -123,7 +123,7 @@ def batch_request_lines(
             else set()
         )
         out_in = cache.batch_files(unanswered) if cache is not None else {}
-        for item, request, key in chunk:
+        for item, key in zip(keyed.items[start : start + _LOOKUP_CHUNK], keys, strict=True):
             counts.items += 1
             if key in cached:
                 counts.cached += 1
@@ -141,6 +141,7 @@ def batch_request_lines(
                 counts.pending_files[out_in[key]] += 1
                 counts.left_out.add(key)
                 continue
+            request = client.request(item)
             counts.written += 1
             counts.written_keys.append((key, item.id))
             counts.tokens += request.tokens

@@ -26,10 +26,25 @@ from ._rows import AnswerRows
 from ._scoring import Request, build_request
 from ._spend import CostLimitReached, Spend
 
-__all__ = ["ExpertClient", "score_items"]
+__all__ = ["ExpertClient", "KeyedItems", "score_items"]
 
 _LOOKUP_CHUNK = 1024  # items keyed and looked up in the cache at a time
 _CLAIM_BATCH_MAX = 512  # items claimed in one transaction at most (see `_produce`)
+
+
+@dataclass(frozen=True)
+class KeyedItems:
+    """Items with each one's cache key and its request's estimated prompt tokens, for one
+    expert (`ExpertClient.keyed`). Keys, not requests: memory grows by a key an item, not by
+    the requests' text."""
+
+    items: Sequence[Item]
+    keys: list[str]
+    tokens: list[int]
+    keyspace: tuple[object, ...]  # the client's, checked by `score`
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 @dataclass
@@ -37,6 +52,7 @@ class _Call:
     """The state of one `score` call, shared by its producer and workers."""
 
     items: Sequence[Item]
+    keys: Sequence[str] | None  # the items' cache keys when the caller had them (`KeyedItems`)
     held: ClientResources
     stats: RunStats
     queue: asyncio.Queue[Pending | None]
@@ -89,6 +105,16 @@ class ExpertClient:
         self.spend = spend
         self.template: PromptTemplate = load_template(spec.template)
         self._endpoint_id = spec.endpoint_id()
+        # What a cache key depends on besides the item: keys made by another client are this
+        # one's when these are equal (`keyed`).
+        self._keyspace = (
+            self._endpoint_id,
+            spec.model,
+            spec.method,
+            spec.top_logprobs,
+            tuple(sorted(self.template.labels.items())),
+            self.template.sha256,
+        )
         self.cache = cache
         self._transport = transport
         self._clock = clock
@@ -145,15 +171,19 @@ class ExpertClient:
         """The shared breaker's state while open; CLOSED when the client is not open."""
         return self._held.breaker.state if self._held is not None else BreakerState.CLOSED
 
-    def request_for(self, item: Item) -> tuple[Request, str]:
-        """The request an item sends and its cache key."""
-        request = build_request(
+    def request(self, item: Item) -> Request:
+        """The request an item sends."""
+        return build_request(
             self.spec.method,
             self.template,
             item.conversation,
             self.spec.model,
             top_logprobs=self.spec.top_logprobs,
         )
+
+    def request_for(self, item: Item) -> tuple[Request, str]:
+        """The request an item sends and its cache key."""
+        request = self.request(item)
         key = CacheKey(
             endpoint=self._endpoint_id,
             model=self.spec.model,
@@ -164,7 +194,23 @@ class ExpertClient:
         ).digest()
         return request, key
 
-    async def score(self, items: Sequence[Item]) -> tuple[list[ItemResult], RunStats]:
+    def keyed(self, items: Sequence[Item] | KeyedItems) -> KeyedItems:
+        """`items` with their cache keys and their requests' estimated prompt tokens, computed
+        once for every pass over them (the checks before a run, its estimate, `score`): keying
+        (a JSON dump and a hash) is most of what such a pass costs. Items keyed already come
+        back as they are, if keyed for this client's expert (ValueError otherwise)."""
+        if isinstance(items, KeyedItems):
+            if items.keyspace != self._keyspace:
+                raise ValueError("these items were keyed for another expert, model, template or endpoint")
+            return items
+        keys, tokens = [], []
+        for item in items:
+            request, key = self.request_for(item)
+            keys.append(key)
+            tokens.append(request.tokens)
+        return KeyedItems(items, keys, tokens, self._keyspace)
+
+    async def score(self, items: Sequence[Item] | KeyedItems) -> tuple[list[ItemResult], RunStats]:
         """One result per item, aligned with `items`. Items with a cached score send nothing;
         the others are queried; failures after the retry cap are recorded, never raised, unless
         so many come in a row that the endpoint is down (EndpointDown; answers so far are kept;
@@ -172,7 +218,9 @@ class ExpertClient:
         Items another run on the same cache is asking about are waited for, not paid twice;
         items out in a batch file fail as "in-batch" without a request (their answers come with
         `--batch-in`); items of this call with the same input share one request (see
-        `experts._flights`)."""
+        `experts._flights`). `items` may come keyed (`keyed`, by a client of the same keyspace)."""
+        if isinstance(items, KeyedItems):
+            items = self.keyed(items)  # checked: keyed for this expert
         if self._held is not None:
             return await self._score(items, self._held)
         held = await self._open()
@@ -181,7 +229,9 @@ class ExpertClient:
         finally:
             await held.aclose()
 
-    async def _score(self, items: Sequence[Item], held: ClientResources) -> tuple[list[ItemResult], RunStats]:
+    async def _score(
+        self, items: Sequence[Item] | KeyedItems, held: ClientResources
+    ) -> tuple[list[ItemResult], RunStats]:
         try:
             return await self._score_items(items, held)
         except Stopped:
@@ -192,11 +242,12 @@ class ExpertClient:
             raise CostLimitReached(self.spend.total, self.spend.limit, needed=over_limit.needed) from None
 
     async def _score_items(
-        self, items: Sequence[Item], held: ClientResources
+        self, asked: Sequence[Item] | KeyedItems, held: ClientResources
     ) -> tuple[list[ItemResult], RunStats]:
         self._drain.check()  # a drained client sends nothing more
+        items, keys = (asked.items, asked.keys) if isinstance(asked, KeyedItems) else (asked, None)
         n_workers = max(1, min(self.spec.rate.concurrency, len(items)))
-        call = _Call(items, held, RunStats(total=len(items)), asyncio.Queue(maxsize=2 * n_workers))
+        call = _Call(items, keys, held, RunStats(total=len(items)), asyncio.Queue(maxsize=2 * n_workers))
         workers = [asyncio.create_task(self._worker(call)) for _ in range(n_workers)]
         tasks = [asyncio.create_task(self._produce(call, n_workers)), *workers]
         self._drain.watch(tasks)
@@ -254,19 +305,20 @@ class ExpertClient:
         per key not already in flight in this call (the others follow it)."""
         items, stats = call.items, call.stats
         for start in range(0, len(items), _LOOKUP_CHUNK):
-            chunk = [
-                (i, items[i], *self.request_for(items[i]))
-                for i in range(start, min(start + _LOOKUP_CHUNK, len(items)))
-            ]
-            cached = self.cache.get_many([key for *_, key in chunk]) if self.cache is not None else {}
+            stop = min(start + _LOOKUP_CHUNK, len(items))
+            if call.keys is not None:
+                keys = call.keys[start:stop]
+            else:
+                keys = [self.request_for(items[i])[1] for i in range(start, stop)]
+            cached = self.cache.get_many(keys) if self.cache is not None else {}
             misses = []
-            for index, item, request, key in chunk:
-                hit = cached.get(key)
+            for index, key in enumerate(keys, start):
+                item, hit = items[index], cached.get(key)
                 if hit is not None:
                     call.results[index] = ItemResult(item.id, hit.score, hit.label_mass, "cache", how=hit.how)
                     stats.cached += 1
                 elif call.flights.lead(key, index):
-                    misses.append(Pending(index, item, request, key))
+                    misses.append(Pending(index, item, self.request(item), key))
             self._report(stats)
             if misses:
                 yield misses

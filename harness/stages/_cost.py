@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Set
 from dataclasses import dataclass
 
 import experts
-from experts import ExpertSpec, Item, ScoreCache, Spend
+from experts import ExpertSpec, ScoreCache, Spend
 
 __all__ = ["QueryEstimate", "estimate_queries"]
 
@@ -43,33 +43,36 @@ class QueryEstimate:
 
 
 def estimate_queries(
-    items: Sequence[Item],
+    keyed: experts.KeyedItems,
     spec: ExpertSpec,
     cache: ScoreCache | None,
     *,
     batch: bool = False,
     leave_out: Set[str] = frozenset(),
 ) -> QueryEstimate:
-    """The estimate for `items`: one request per body of each distinct uncached input (items
-    with the same input share one; a failure is asked again), but for the keys in `leave_out`."""
-    client = experts.ExpertClient(spec, cache=None)
-    pending: dict[str, experts.Request] = {}
-    for item in items:
-        request, key = client.request_for(item)
+    """The estimate for the items of `keyed`: one request per body of each distinct uncached
+    input (items with the same input share one; a failure is asked again), but for the keys in
+    `leave_out`."""
+    pending: dict[str, experts.Item] = {}
+    for item, key in zip(keyed.items, keyed.keys, strict=True):
         if key not in leave_out:
-            pending.setdefault(key, request)
+            pending.setdefault(key, item)
     stored = cache.get_many(list(pending)) if cache is not None and pending else {}
-    missing = [request for key, request in pending.items() if key not in stored]
+    client = experts.ExpertClient(spec, cache=None)
     bound, price = Spend(spec.price), spec.price
-    usd = at_most = 0.0
-    for request in missing:
+    requests, usd, at_most = 0, 0.0, 0.0
+    for key, item in pending.items():
+        if key in stored:
+            continue
+        request = client.request(item)  # one at a time: a run's requests are never all held
+        requests += len(request.bodies)
         generated = sum(int(body.get("max_tokens", 0)) for body in request.bodies)
         usd += price.usd(request.tokens, generated, batch=batch)
         tokens = bound.bound(request)
         at_most += price.usd(tokens.prompt, tokens.completion, batch=batch)
     return QueryEstimate(
         expert=spec.name,
-        requests=sum(len(r.bodies) for r in missing),
+        requests=requests,
         usd=usd,
         usd_at_most=at_most,
         free=price.free,

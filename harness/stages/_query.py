@@ -29,6 +29,7 @@ __all__ = [
     "ExpertProgress",
     "QuerySummary",
     "check_request_sizes",
+    "keyed_items",
     "preflight_cache",
     "query_dataset",
     "query_items",
@@ -37,19 +38,21 @@ __all__ = [
 ]
 
 
-def check_request_sizes(items: list[Item], spec: ExpertSpec) -> None:
+def keyed_items(items: Sequence[Item], spec: ExpertSpec) -> experts.KeyedItems:
+    """`items` with their cache keys for `spec`, as the client computes them: once per run, for
+    every check before it, its estimate and the client."""
+    return experts.ExpertClient(spec, cache=None).keyed(items)
+
+
+def check_request_sizes(keyed: experts.KeyedItems, spec: ExpertSpec) -> None:
     """Before anything is sent: an item whose request holds more tokens than the expert's whole
     per-minute budget (tpm) is one line naming the item, its tokens and the tpm; the limiter
     would refuse it in the middle of the run, after paying for the items before it."""
     if spec.rate.tpm is None:
         return
-    template = experts.load_template(spec.template)
-    for item in items:
-        request = experts.build_request(
-            spec.method, template, item.conversation, spec.model, top_logprobs=spec.top_logprobs
-        )
+    for item, tokens in zip(keyed.items, keyed.tokens, strict=True):
         try:
-            spec.rate.check_fits(request.tokens)
+            spec.rate.check_fits(tokens)
         except ConfigError as exc:
             raise InputError(f"example {item.id!r}: {exc} (expert {spec.name}, {spec.source})") from None
 
@@ -62,7 +65,7 @@ def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
     `items` have no answer in it: with none, the query stage needs no expert (nor its server)."""
     cache = ScoreCache.for_run(path)
     try:
-        unanswered = _unanswered_keys(items, spec, cache)
+        unanswered = _unanswered_keys(keyed_items(items, spec), cache)
         _refuse_out(spec, cache, unanswered)
         return len(unanswered)
     finally:
@@ -72,14 +75,14 @@ def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
 def uncached_count(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> int:
     """How many of `items` have no answer in `cache`, by the keys the client computes (a failure
     is never an answer: those items are asked again)."""
-    return len(_unanswered_keys(items, spec, cache))
+    return len(_unanswered_keys(keyed_items(items, spec), cache))
 
 
-def refuse_pending(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> None:
-    """An InputError, before anything is sent, when some of `items` are unanswered and out in a
-    batch file whose results no `--batch-in` has read back: asked live, they would be paid
+def refuse_pending(keyed: experts.KeyedItems, spec: ExpertSpec, cache: ScoreCache) -> None:
+    """An InputError, before anything is sent, when some of the items are unanswered and out in
+    a batch file whose results no `--batch-in` has read back: asked live, they would be paid
     twice."""
-    _refuse_out(spec, cache, _unanswered_keys(items, spec, cache))
+    _refuse_out(spec, cache, _unanswered_keys(keyed, cache))
 
 
 def _refuse_out(spec: ExpertSpec, cache: ScoreCache, unanswered: Sequence[str]) -> None:
@@ -93,18 +96,11 @@ def _refuse_out(spec: ExpertSpec, cache: ScoreCache, unanswered: Sequence[str]) 
         )
 
 
-def _unanswered_keys(items: Sequence[Item], spec: ExpertSpec, cache: ScoreCache) -> list[str]:
-    """The cache keys of `items` that `cache` holds no answer for, in order (a failure is never an
-    answer)."""
-    keys = _cache_keys(items, spec)
-    stored = cache.get_many(keys)
-    return [key for key in keys if key not in stored]
-
-
-def _cache_keys(items: Sequence[Item], spec: ExpertSpec) -> list[str]:
-    """Each item's cache key, computed as the client computes it."""
-    keys_of = experts.ExpertClient(spec, cache=None)
-    return [keys_of.request_for(item)[1] for item in items]
+def _unanswered_keys(keyed: experts.KeyedItems, cache: ScoreCache) -> list[str]:
+    """The cache keys of the items that `cache` holds no answer for, in order (a failure is
+    never an answer)."""
+    stored = cache.get_many(keyed.keys)
+    return [key for key in keyed.keys if key not in stored]
 
 
 class ExpertProgress:
@@ -191,7 +187,7 @@ def query_dataset(
 
 
 async def score_stoppable(
-    client: experts.ExpertClient, items: Sequence[experts.Item], *, opened: bool = False
+    client: experts.ExpertClient, items: Sequence[experts.Item] | experts.KeyedItems, *, opened: bool = False
 ) -> tuple[list[experts.ItemResult], experts.RunStats]:
     """One `score` call of `client`, inside its life (pool, limiter, breaker, claims): opened and
     closed around the call, or `opened` already (a client kept across calls, `ctd score`'s). A
@@ -246,31 +242,32 @@ def query_items(
     run, its answers committed); before anything is sent, "about N requests, about $X" goes to
     the progress display and `log`."""
     check_writable(out, "--out")
-    check_request_sizes(items, spec)
+    keyed = keyed_items(items, spec)  # keying is most of what a pass over the items costs
+    check_request_sizes(keyed, spec)
     # The cache opens, and is checked (writable, room, pages sound, no foreign lock), before the
     # endpoint is asked anything: a bad --cache costs no request.
     cache_path = cache_path or Roots.resolve().cache
     cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
     try:
-        refuse_pending(items, spec, cache)
+        refuse_pending(keyed, spec, cache)
         if check:
             report = check_expert(spec)
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
         spend = spend or experts.Spend(spec.price)
-        estimate = estimate_queries(items, spec, cache).line(limit=spend.limit, before=spend.before)
+        estimate = estimate_queries(keyed, spec, cache).line(limit=spend.limit, before=spend.before)
         for say in (progress.step if progress is not None else None, log):
             if say is not None:
                 say(estimate)
         try:
             results, stats = asyncio.run(
-                score_stoppable(experts.ExpertClient(spec, cache=cache, progress=sink, spend=spend), items)
+                score_stoppable(experts.ExpertClient(spec, cache=cache, progress=sink, spend=spend), keyed)
             )
         except experts.Stopped:  # the answers that arrived are committed; the rest is not lost
             raise KeyboardInterrupt from None  # what a stop signal is everywhere else in a run
-        top_tokens = _top_tokens(items, spec, cache) if with_top_tokens else None
+        top_tokens = _top_tokens(keyed, cache) if with_top_tokens else None
     finally:
         cache.close()
     write_query_table(Path(out), results, labels, extra=extra, top_tokens=top_tokens)
@@ -319,14 +316,13 @@ def write_query_table(
     )
 
 
-def _top_tokens(items: list[Item], spec: ExpertSpec, cache: ScoreCache) -> np.ndarray:
+def _top_tokens(keyed: experts.KeyedItems, cache: ScoreCache) -> np.ndarray:
     """Per item, the expert's next-token alternatives and their logprobs, read back from the
     answers the cache stored (JSON text, a list of [token, logprob], most likely first; "" when
     the item failed or its scoring method has no such answer)."""
-    keys = _cache_keys(items, spec)
-    stored = cache.responses(keys)
+    stored = cache.responses(keyed.keys)
     out = []
-    for key in keys:
+    for key in keyed.keys:
         top = experts.top_logprobs(stored[key]) if key in stored else []
         out.append(json.dumps(top, ensure_ascii=False) if top else "")
     return np.array(out, dtype=str)

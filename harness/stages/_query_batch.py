@@ -18,7 +18,7 @@ from .._errors import InputError, check_failed_fraction
 from ..data import atomic_path, check_writable, dumps, read_dataset
 from ..run import Roots
 from ._cost import estimate_queries
-from ._query import write_query_table
+from ._query import keyed_items, write_query_table
 
 __all__ = ["BatchInSummary", "BatchOutSummary", "batch_in", "batch_out"]
 
@@ -112,15 +112,16 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
     dataset = read_dataset(data)
     cache_path = cache_path or Roots.resolve().cache
     counts = experts.BatchRequests()
+    keyed = keyed_items(dataset.items, spec)  # once, for the lines and the estimate
     cache = ScoreCache.for_run(cache_path)  # which items are answered or out, and the new record
     file = str(path.resolve())
     recorded = False
     try:
         with atomic_path(path) as tmp:
             with tmp.open("w", encoding="utf-8") as handle:
-                for line in experts.batch_request_lines(spec, dataset.items, cache, counts):
+                for line in experts.batch_request_lines(spec, keyed, cache, counts):
                     handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-            estimate = estimate_queries(dataset.items, spec, cache, batch=True, leave_out=counts.left_out)
+            estimate = estimate_queries(keyed, spec, cache, batch=True, leave_out=counts.left_out)
             _record_out(cache, spec, file, counts.written_keys)
             recorded = True
     except BaseException:
