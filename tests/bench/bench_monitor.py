@@ -227,6 +227,9 @@ def _summary(clients: int, latencies: list[float], delegated: int, elapsed: floa
     }
 
 
+CHECK_TIMEOUT = 60.0  # seconds for one check's answer: far above a loaded server's slowest
+
+
 class CheckStream:
     """One client's kept-alive connection to the monitor, HTTP/1.1 written and read on bare asyncio
     streams. httpx's pool was what a load of many clients measured: on two cores one httpx client
@@ -248,9 +251,10 @@ class CheckStream:
             + f"Content-Length: {len(data)}\r\n\r\n".encode()
             + data
         )
-        head = await self._reader.readuntil(b"\r\n\r\n")
-        length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-        answer = await self._reader.readexactly(int(length.group(1)) if length else 0)
+        async with asyncio.timeout(CHECK_TIMEOUT):  # a stalled server fails the bench, not hangs it
+            head = await self._reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+            answer = await self._reader.readexactly(int(length.group(1)) if length else 0)
         if not head.startswith(b"HTTP/1.1 200 "):
             raise RuntimeError(f"the monitor answered {head.splitlines()[0]!r}: {answer[:200]!r}")
         return json.loads(answer)
