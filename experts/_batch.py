@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._cache import ScoreCache
+from ._cache import ScoreCache, batch_file_shown, release_batch_command
 from ._client import ExpertClient, KeyedItems
 from ._errors import ConfigError, ExpertError, HTTPStatusError, ResponseError
 from ._items import Item, ItemResult
@@ -94,11 +94,10 @@ def pending_line(files: Mapping[str, int], cache: Path) -> str:
     many each (a file not found here, say: a `--batch-out` stopped before its file took its
     name, or a file moved since), and how to let those requests be asked again (`cache`: the
     cache that says so)."""
-    shown = [f"{file} ({n}{'' if os.path.exists(file) else ', not found here'})" for file, n in files.items()]
-    named = ", ".join(sorted(shown))
+    named = ", ".join(sorted(batch_file_shown(file, n) for file, n in files.items()))
     return (
-        f"{named}; for a batch that was never submitted, failed or expired, `ctd cache release-batch "
-        f"FILE --cache {cache}` lets its requests be asked again"
+        f"{named}; for a batch that was never submitted, failed or expired, "
+        f"{release_batch_command('FILE', cache)} lets its requests be asked again"
     )
 
 

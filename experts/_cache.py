@@ -163,16 +163,29 @@ def score_columns_sql(present: Iterable[str]) -> str:
     )
 
 
+def batch_file_shown(file: str, requests: int | None = None) -> str:
+    """`file` as a message names a batch file: with its number of `requests` where given, marked
+    when no such file is here (a `--batch-out` stopped between its record and its rename, say,
+    or a file moved since)."""
+    notes = [] if requests is None else [str(requests)]
+    notes += [] if os.path.exists(file) else ["not found here"]
+    return f"{file} ({', '.join(notes)})" if notes else file
+
+
+def release_batch_command(file: str, cache: Path) -> str:
+    """The command that lets the requests of batch file `file`, recorded out in the cache at
+    `cache`, be asked again."""
+    return f"`ctd cache release-batch {file} --cache {cache}`"
+
+
 def _recording_problem(cursor: Any, keys: Sequence[str], file: str, cache: Path) -> str | None:
     """Why the keys of batch file `file` cannot be recorded as out now in the cache at `cache`
     (see `mark_batch_out`)."""
     held = cursor.execute("SELECT COUNT(*) FROM batch_out WHERE file = ?", (file,)).fetchone()[0]
     if held:
-        # No such file, most often: a --batch-out stopped between its record and its rename.
-        there = "" if os.path.exists(file) else " (not found here)"
         return (
-            f"{file} names {held} requests of another batch still out{there}: give this batch another "
-            f"name, or if that batch was never submitted, `ctd cache release-batch {file} --cache {cache}` "
+            f"{batch_file_shown(file)} names {held} requests of another batch still out: give this "
+            f"batch another name, or if that batch was never submitted, {release_batch_command(file, cache)} "
             "first lets its requests be asked again"
         )
     others: Counter[str] = Counter()

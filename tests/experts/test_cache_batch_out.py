@@ -65,7 +65,7 @@ def test_a_record_that_no_longer_holds_records_nothing(tmp_path: Path) -> None:
         assert cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(4, 8)], "/b/a.jsonl") is None
         reused = cache.mark_batch_out([out(i, "/b/a.jsonl") for i in range(8, 10)], "/b/a.jsonl")
         assert reused == (
-            "/b/a.jsonl names 4 requests of another batch still out (not found here): give this batch "
+            "/b/a.jsonl (not found here) names 4 requests of another batch still out: give this batch "
             "another name, or if that batch was never submitted, `ctd cache release-batch /b/a.jsonl "
             f"--cache {tmp_path / 'cache.sqlite'}` first lets its requests be asked again"
         )

@@ -290,7 +290,7 @@ def test_a_batch_recorded_out_whose_file_is_not_there_is_said_so(tmp_path: Path)
         again = expert.ctd("query", "--data", str(data), "--batch-out", "lost.jsonl")
         assert_one_line_error(
             again,
-            f"{lost} names 10 requests of another batch still out (not found here)",
+            f"{lost} (not found here) names 10 requests of another batch still out",
             f"`ctd cache release-batch {lost} --cache {cache}` first",
         )
         assert not lost.exists()
