@@ -7,6 +7,9 @@ them with their answers in flight: paid for and lost. So each actor registers on
 while it asks the expert (`RayStop.asking`) and watches it during the call (`RayStop.watch`),
 draining its client once the board says stop; the driver, stopped or failed, says stop on the
 board and waits while actors are still asking (`RayStop.stop_and_wait`), then shuts Ray down.
+A registered actor beats on the board from a thread of its own until its answers are committed;
+one that has not beaten for `BEAT_STALE` seconds died mid-call (killed, or its machine lost), and
+nothing waits for it.
 
 The word travels through Ray, not through --out: a shared file system's caches (an NFS client
 keeps a file's absence for up to a minute) would hold it back. Ray is imported only where a
@@ -15,9 +18,10 @@ method runs, which is only in a Ray job."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,25 +33,34 @@ __all__ = ["RayStop", "StopBoard"]
 
 WATCH_EVERY = 0.2  # seconds between an asking actor's looks at the board
 WAIT_EVERY = 0.1  # seconds between the driver's looks for actors still asking
+BEAT_EVERY = 0.5  # seconds between a registered actor's beats on the board
+BEAT_STALE = 3.0  # seconds without a beat after which a registered call is taken for dead
 BOARD_PREFIX = "ctd-score-stop-"
 
 
 class StopBoard:
-    """The board (run as a Ray actor): whether the job is stopping, and the calls asking now."""
+    """The board (run as a Ray actor): whether the job is stopping, and the calls asking now, each
+    with the time of its last beat on the board's `clock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.stopping = False
-        self.asking: set[str] = set()
+        self.clock = clock
+        self.asking: dict[str, float] = {}
 
     def begin(self, call: str) -> bool:
         """Register `call`, unless the job is stopping (then the call must send nothing)."""
         if self.stopping:
             return False
-        self.asking.add(call)
+        self.asking[call] = self.clock()
         return True
 
+    def beat(self, call: str) -> None:
+        """`call` is alive (a beat that comes after its end registers nothing)."""
+        if call in self.asking:
+            self.asking[call] = self.clock()
+
     def end(self, call: str) -> None:
-        self.asking.discard(call)
+        self.asking.pop(call, None)
 
     def is_stopping(self) -> bool:
         return self.stopping
@@ -55,9 +68,13 @@ class StopBoard:
     def stop(self) -> int:
         """Say stop; how many calls are asking now."""
         self.stopping = True
-        return len(self.asking)
+        return self.still_asking()
 
     def still_asking(self) -> int:
+        """How many registered calls are alive: those of an actor that died mid-call are dropped."""
+        now = self.clock()
+        for call in [call for call, beaten in self.asking.items() if now - beaten > BEAT_STALE]:
+            del self.asking[call]
         return len(self.asking)
 
 
@@ -99,16 +116,21 @@ class RayStop:
         """An actor's: registered on the board for the block, in which it asks the expert; the
         block gets the board (for `watch`). A job stopping already raises KeyboardInterrupt at
         once: nothing is sent. A stop said after the registration finds it, and the driver waits
-        for the block to end."""
+        for the block to end, while a thread beats on the board for it."""
         import ray
 
         board = ray.get_actor(self.name)
         call = uuid.uuid4().hex
         if not ray.get(board.begin.remote(call)):
             raise KeyboardInterrupt
+        ended = threading.Event()
+        beating = threading.Thread(target=_beat, args=(board, call, ended), name="ctd-stop-beat", daemon=True)
+        beating.start()
         try:
             yield board
         finally:
+            ended.set()
+            beating.join()  # no beat after the end, which would register the call again
             with suppress(Exception):  # a board gone with Ray must not replace the call's outcome
                 board.end.options(enable_task_events=False).remote(call)  # not waited for
 
@@ -131,3 +153,13 @@ class RayStop:
                 pass
             await asyncio.sleep(WATCH_EVERY)
         client.drain()
+
+
+def _beat(board: Any, call: str, ended: threading.Event) -> None:
+    """Beat on `board` for `call` every `BEAT_EVERY` seconds until `ended` (not waited for: a
+    board gone with Ray ends nothing here). A thread, not the call's event loop, so that a commit
+    holding the loop still beats."""
+    beat = board.beat.options(enable_task_events=False)
+    while not ended.wait(BEAT_EVERY):
+        with suppress(Exception):
+            beat.remote(call)

@@ -224,6 +224,22 @@ def test_a_stopped_ray_job_keeps_every_answer_its_actors_were_paid_for(
     assert again == rows - stored and json.loads(done.stdout)["expert_failed"] == 0
 
 
+def test_a_stop_waits_for_live_actors_and_not_for_one_that_died_asking() -> None:
+    """One actor registered on the stop board dies mid-call (SIGKILL), another holds its call 6 s
+    (`ray_stop_run.py`): the driver's stop waits for the live call to end, and not its whole 10 s
+    for the dead one, whose beats stopped. Without the beats the live call was dropped after 3 s
+    with its answers in flight; with no deadline the dead call held the wait to 10 s."""
+    _needs_ray()
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("ray_stop_run.py"))],
+        capture_output=True, text=True, timeout=RAY_TIMEOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["left"] == 0 and found["live_ended"], found
+    assert found["waited"] < 9.0, found
+
+
 def _descendants(root: int) -> set[int]:
     """Pids of the processes below `root` (its local Ray: GCS, raylet, the actors), from /proc."""
     parents: dict[int, int] = {}
