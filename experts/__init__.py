@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "list_claims": "._claims",
     "load_experts": "._registry",
     "load_template": "._prompts",
+    "message_text": "._prompts",
     "merge_caches": "._merge",
     "read_batch_results": "._batch",
     "redact": "._redact",

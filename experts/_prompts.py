@@ -22,11 +22,35 @@ __all__ = [
     "check_scoring_method",
     "describe_template",
     "load_template",
+    "message_text",
     "render_conversation",
 ]
 
 Conversation = str | Sequence[Mapping[str, str]]
 """An input: a plain string (one user turn) or a list of {"role": ..., "content": ...} messages."""
+
+
+def message_text(content: object) -> str:
+    """A message's `content` as text: a string as it is, or OpenAI's list of content parts with
+    its text parts joined by newlines (as vLLM joins them for a chat template that takes text).
+    ValueError, its message starting "content", for anything else: a part that is not text (an
+    image, say) is refused rather than dropped, since the monitor would not see what was sent."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ValueError("content: must be a string or a non-empty list of text parts")
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise ValueError(f'content[{j}]: must be a part such as {{"type": "text", "text": "..."}}')
+        if kind != "text":
+            raise ValueError(f"content[{j}]: a part of type {kind!r}; only text parts are read")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content[{j}].text: must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
 
 _BUILTIN = Path(__file__).parent / "prompts"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experts import Conversation
+from experts import Conversation, message_text
 
 from .._errors import InputError
 from ._tables import not_utf8
@@ -61,14 +61,15 @@ def _conversation(value: object, where: str) -> Conversation:
         raise InputError(
             f"{where}: 'inputs' must be a string or a list of messages, got {type(value).__name__}"
         )
+    conversation: list[dict[str, str]] = []
     for i, message in enumerate(messages):
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
             raise InputError(f"{where}: message {i} of 'inputs' needs string 'role' and 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        try:
+            conversation.append({"role": message["role"], "content": message_text(message["content"])})
+        except ValueError as error:
+            raise InputError(f"{where}: message {i} of 'inputs': {error}") from None
+    return conversation
 
 
 def row_item(row: Mapping[str, object], where: str, fallback_id: str) -> Item:

@@ -31,6 +31,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from experts import message_text
+
 from .._errors import InputError
 from ._bundle_record import json_number
 from ._errors import Unavailable
@@ -130,6 +132,10 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise BadRequest(400, f"messages[{i}].role {role!r}: must be one of {', '.join(ROLES)}")
+        try:
+            content = message_text(content)
+        except ValueError as error:
+            raise BadRequest(400, f"messages[{i}].{error}") from None
         content = _text(content, f"messages[{i}].content")
         if "name" in message:
             _text(message["name"], f"messages[{i}].name")

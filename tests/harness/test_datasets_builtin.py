@@ -381,6 +381,28 @@ def test_train_and_dev_are_required_after_the_files_are_checked(
     assert _error(f"train={missing}") == f"--data train={missing}: {missing}: no such file"
 
 
+def test_content_parts_are_read_as_their_text_and_other_parts_are_refused(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    """OpenAI's content parts: the text parts joined by newlines; an image part is one line naming
+    the file, the line and the part."""
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    rows = [
+        {"inputs": [{"role": "user", "content": parts}], "ids": f"p{i}", "labels": label}
+        for i, label in enumerate(["low-stakes", "high-stakes"])
+    ]
+    path = _write(tmp_path / "parts.jsonl", rows)
+    data = load_data(f"train={path} dev={path} test={path}")
+    assert data.test[0].conversation == [{"role": "user", "content": "first\nsecond"}]
+    image = [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    rows = _rows("im", 3, 3)
+    rows[1]["inputs"] = [{"role": "user", "content": image}]
+    path = _write(tmp_path / "image.jsonl", rows)
+    message = _error(f"train={files['train']} dev={files['mt']} test=grp:{path}")
+    assert f"{path}:2" in message, message
+    assert "message 0 of 'inputs': content[0]: a part of type 'image_url'" in message, message
+
+
 def test_malformed_line_names_file_and_line(files: dict[str, Path], tmp_path: Path) -> None:
     path = _write(tmp_path / "broken.jsonl", _rows("br", 3, 3), raw_lines={4: '{"inputs": "x", "ids": '})
     message = _error(f"train={files['train']} dev={files['mt']} test=grp:{path}")

@@ -170,6 +170,20 @@ MALFORMED: list[tuple[bytes, str | None, int, str]] = [
         "messages[0].content: character 0",
     ),
     (
+        b'[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "a.png"}}]}]',
+        "application/json",
+        400,
+        "messages[0].content[0]: a part of type 'image_url'; only text parts are read",
+    ),
+    (b'[{"role": "user", "content": []}]', "application/json", 400, "messages[0].content: must be"),
+    (b'[{"role": "user", "content": ["hi"]}]', "application/json", 400, "content[0]: must be a part"),
+    (
+        b'[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]',
+        "application/json",
+        400,
+        "messages[0].content: character 0 is a lone surrogate",
+    ),
+    (
         b'[{"role": "user", "content": "hi", "name": []}]',
         "application/json",
         400,
@@ -194,6 +208,8 @@ def test_good_bodies_parse_and_feedback_is_checked() -> None:
     assert parse_check({"messages": messages}) == messages
     assert parse_check(messages) == messages  # a bare list of messages
     assert parse_check("hello") == "hello"  # a bare string
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]  # OpenAI's content parts
+    assert parse_check([{"role": "user", "content": parts}]) == [{"role": "user", "content": "first\nsecond"}]
     assert parse_feedback({"request_id": "abc", "label": 1}) == ("abc", 1)
     for body in ({"request_id": "abc", "label": 2}, {"request_id": "", "label": 0}, {"label": 1}):
         with pytest.raises(BadRequest):
