@@ -130,7 +130,7 @@ class RayStop:
             yield board
         finally:
             ended.set()
-            beating.join()  # no beat after the end, which would register the call again
+            beating.join()  # the thread ends with the call
             with suppress(Exception):  # a board gone with Ray must not replace the call's outcome
                 board.end.options(enable_task_events=False).remote(call)  # not waited for
 
