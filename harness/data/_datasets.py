@@ -63,10 +63,10 @@ def _conversation(value: object, where: str) -> Conversation:
         )
     conversation: list[dict[str, str]] = []
     for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
             raise InputError(f"{where}: message {i} of 'inputs' needs string 'role' and 'content'")
         try:
-            conversation.append({"role": message["role"], "content": message_text(message["content"])})
+            conversation.append({"role": message["role"], "content": message_text(message)})
         except ValueError as error:
             raise InputError(f"{where}: message {i} of 'inputs': {error}") from None
     return conversation

@@ -51,6 +51,7 @@ __all__ = [
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation a probe reads (it keeps max_tokens)
 ROLES = ("system", "user", "assistant", "tool")  # the OpenAI chat roles a conversation may hold
+MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})  # OpenAI's, text only
 log = logging.getLogger("ctd.monitor")
 
 
@@ -127,18 +128,20 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
         raise BadRequest(400, "'messages' must be a non-empty list of {role, content} objects")
     out: list[dict[str, str]] = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or set(message) - {"role", "content", "name"}:
-            raise BadRequest(400, f"messages[{i}]: must be an object with 'role' and 'content' only")
-        role, content = message.get("role"), message.get("content")
+        if not isinstance(message, dict) or set(message) - MESSAGE_FIELDS:
+            fields = "'role' and 'content' (or an assistant's 'tool_calls')"
+            raise BadRequest(400, f"messages[{i}]: must be an object with {fields}")
+        role = message.get("role")
         if role not in ROLES:
             raise BadRequest(400, f"messages[{i}].role {role!r}: must be one of {', '.join(ROLES)}")
         try:
-            content = message_text(content)
+            content = message_text(message)
         except ValueError as error:
             raise BadRequest(400, f"messages[{i}].{error}") from None
         content = _text(content, f"messages[{i}].content")
-        if "name" in message:
-            _text(message["name"], f"messages[{i}].name")
+        for label in ("name", "tool_call_id"):  # checked, not read: what the probes see is the text
+            if label in message:
+                _text(message[label], f"messages[{i}].{label}")
         out.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in out):
         raise BadRequest(400, "every message is empty: nothing to check")

@@ -381,19 +381,26 @@ def test_train_and_dev_are_required_after_the_files_are_checked(
     assert _error(f"train={missing}") == f"--data train={missing}: {missing}: no such file"
 
 
-def test_content_parts_are_read_as_their_text_and_other_parts_are_refused(
+def test_content_parts_and_tool_calls_are_read_as_text_and_other_parts_are_refused(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
-    """OpenAI's content parts: the text parts joined by newlines; an image part is one line naming
-    the file, the line and the part."""
+    """OpenAI's content parts: the text parts joined by newlines; an assistant's tool calls: a line
+    each, as the monitor reads them; an image part is one line naming the file, the line and the
+    part."""
     parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
     rows = [
         {"inputs": [{"role": "user", "content": parts}], "ids": f"p{i}", "labels": label}
         for i, label in enumerate(["low-stakes", "high-stakes"])
     ]
+    listing = {"function": {"name": "ls", "arguments": "{}"}}
+    rows[1]["inputs"] = [
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": None, "tool_calls": [listing]},
+    ]
     path = _write(tmp_path / "parts.jsonl", rows)
     data = load_data(f"train={path} dev={path} test={path}")
     assert data.test[0].conversation == [{"role": "user", "content": "first\nsecond"}]
+    assert data.test[1].conversation[1] == {"role": "assistant", "content": "[tool call] ls({})"}
     image = [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
     rows = _rows("im", 3, 3)
     rows[1]["inputs"] = [{"role": "user", "content": image}]

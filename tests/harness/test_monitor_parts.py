@@ -184,6 +184,31 @@ MALFORMED: list[tuple[bytes, str | None, int, str]] = [
         "messages[0].content: character 0 is a lone surrogate",
     ),
     (
+        b'[{"role": "user", "content": "hi", "tool_calls": [{"function": {"name": "f"}}]}]',
+        "application/json",
+        400,
+        "messages[0].tool_calls: only an assistant message makes tool calls",
+    ),
+    (
+        b'[{"role": "assistant", "content": null, "tool_calls": [{"function": {"arguments": "{}"}}]}]',
+        "application/json",
+        400,
+        "messages[0].tool_calls[0].function.name: must be a non-empty string",
+    ),
+    (
+        b'[{"role": "assistant", "content": null, "tool_calls": [{"type": "code", "code": "ls"}]}]',
+        "application/json",
+        400,
+        "messages[0].tool_calls[0]: must be a call such as",
+    ),
+    (b'[{"role": "assistant", "content": null}]', "application/json", 400, "messages[0].content: must be"),
+    (
+        b'[{"role": "tool", "content": "ok", "tool_call_id": 7}]',
+        "application/json",
+        400,
+        "messages[0].tool_call_id: must be a string",
+    ),
+    (
         b'[{"role": "user", "content": "hi", "name": []}]',
         "application/json",
         400,
@@ -210,6 +235,22 @@ def test_good_bodies_parse_and_feedback_is_checked() -> None:
     assert parse_check("hello") == "hello"  # a bare string
     parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]  # OpenAI's content parts
     assert parse_check([{"role": "user", "content": parts}]) == [{"role": "user", "content": "first\nsecond"}]
+    # An agent's turn: its tool calls are read as lines of text after its content, the tool's answer
+    # as its content (the call's id is checked, not read).
+    call = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "rm -rf /"}'}}
+    listing = {"function": {"name": "ls", "arguments": {}}}  # arguments as an object: read as its JSON
+    agent = [
+        {"role": "user", "content": "clean up"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "done", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "cleaned", "tool_calls": [listing]},
+    ]
+    assert [m["content"] for m in parse_check(agent)] == [
+        "clean up",
+        '[tool call] shell({"cmd": "rm -rf /"})',
+        "done",
+        "cleaned\n[tool call] ls({})",
+    ]
     assert parse_feedback({"request_id": "abc", "label": 1}) == ("abc", 1)
     for body in ({"request_id": "abc", "label": 2}, {"request_id": "", "label": 0}, {"label": 1}):
         with pytest.raises(BadRequest):
