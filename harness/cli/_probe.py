@@ -127,8 +127,10 @@ def dv_command(
 ) -> None:
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""
     # torch loads only for the commands that train probes
+    from ..data import check_writable
     from ..stages import dv_stage, read_expert_scores
 
+    check_writable(out, "--out", inputs=[("--expert-scores", path) for path in expert_scores])
     by_id = read_expert_scores(expert_scores)
     expert = {(split, i): score for split in ("dev", "test") for i, score in by_id.items()}
     with StageProgress(enabled=not json_out) as progress:

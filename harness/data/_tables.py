@@ -65,15 +65,25 @@ def _is_csv(path: Path) -> bool:
     return path.suffix.lower() == ".csv"
 
 
-def check_writable(path: Path, option: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> Path:
+def check_writable(
+    path: Path,
+    option: str,
+    suffixes: tuple[str, ...] = TABLE_SUFFIXES,
+    *,
+    inputs: Iterable[tuple[str, Path]] = (),
+) -> Path:
     """Check, before any work is done or paid for, that a file can be written at `path`: a
-    known suffix, not a folder, and a folder (or the nearest existing ancestor) that accepts a
-    new file and has room. Nothing is left behind; the problem is one line naming the option:
-    an InputError, or an EnvironmentFailure (exit code 3) when the machine refuses (a full
-    disk, a read-only mount, no permission)."""
+    known suffix, not a folder, none of the command's `inputs` ((option, file) pairs: the data
+    it reads would be replaced by what it writes), and a folder (or the nearest existing ancestor)
+    that accepts a new file and has room. Nothing is left behind; the problem is one line naming
+    the option: an InputError, or an EnvironmentFailure (exit code 3) when the machine refuses
+    (a full disk, a read-only mount, no permission)."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{option} {path}: is a folder, expected a file name ({' or '.join(suffixes)})")
+    for name, source in inputs:
+        if path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise InputError(f"{option} {path}: is the {name} file, which it would replace; use another file")
     if path.suffix.lower() not in suffixes:
         raise InputError(
             f"{option} {path}: unknown file type {path.suffix or '(none)'!r}; use {' or '.join(suffixes)}"

@@ -362,7 +362,8 @@ def _validation_tables(
     """The test splits to validate on and the fresh ones to measure on, checked: `out` is
     writable, and D_cal can certify each level of `levels` (by the option that set it)."""
     if out is not None:
-        check_writable(out, "--out")
+        read = [("--scores", scores_path)] + ([("--eval-scores", eval_scores)] if eval_scores else [])
+        check_writable(out, "--out", inputs=read)
     table = read_scores(scores_path)
     by_seed = table.test_scores(arch)
     for option, alpha in levels.items():

@@ -88,7 +88,7 @@ def dv_stage(
 
     if target not in DV_TARGETS:
         raise InputError(f"--dv-target {target}: choose from {', '.join(DV_TARGETS)}")
-    check_writable(out, "--out")
+    check_writable(out, "--out", inputs=[("--probe-dir's scores", ProbeLayout(probe_dir).scores)])
     training = training or ProbeConfig()
     table = read_table(ProbeLayout(probe_dir).scores).columns
     acts = open_stores(probe_dir)

@@ -172,6 +172,7 @@ def query_dataset(
     aligned with the file: id, label, expert, label_mass, source, how, reason, attempts.
     The inputs, `out` and the endpoint are checked first (reachable, model served, logprobs): a
     problem is one InputError line and nothing is queried or cached."""
+    check_writable(out, "--out", inputs=[("--data", data)])
     dataset = read_dataset(data)
     summary = query_items(
         dataset.items,

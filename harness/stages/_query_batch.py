@@ -170,7 +170,7 @@ def batch_in(
     then write `ctd query`'s table for `data` from the cache (nothing is sent). Every results
     file is read and checked before the first commit: a malformed line is one InputError naming
     file:line, and nothing is committed."""
-    check_writable(out, "--out")
+    check_writable(out, "--out", inputs=[("--data", data)])
     for path in results:
         if not Path(path).is_file():
             problem = "is a folder, expected a results .jsonl" if Path(path).is_dir() else "no such file"

@@ -153,6 +153,20 @@ def test_an_unwritable_out_is_found_before_anything_is_paid(
     assert sorted(p.name for p in workdir.iterdir()) == ["data.jsonl", "plain"]  # no probe file left
 
 
+@pytest.mark.parametrize("extra", [(), ("--batch-in", "results.jsonl")], ids=["live", "batch-in"])
+def test_out_naming_the_data_file_is_refused_and_the_data_kept(workdir: Path, extra: tuple[str, ...]) -> None:
+    """`--out` the `--data` file itself, named another way: writing the table would replace the
+    data. One line, nothing asked, the file as it was."""
+    data = workdir / "data.csv"
+    data.write_text("ids,inputs,labels\n" + "".join(f"ex{i},item {i},low-stakes\n" for i in range(5)))
+    before = data.read_bytes()
+    with RunningServer() as running:
+        result = query(workdir, running.url, *extra, data="data.csv", out="./data.csv")
+        assert item_requests(running) == 0
+    assert_one_line_error(result, "--out data.csv: is the --data file, which it would replace")
+    assert data.read_bytes() == before and stored(workdir) == (0, 0)
+
+
 def test_out_in_a_new_folder_is_created(workdir: Path) -> None:
     with RunningServer() as running:
         result = query(workdir, running.url, out="new/deeper/out.parquet")

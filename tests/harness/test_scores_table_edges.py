@@ -58,6 +58,13 @@ def test_out_paths_of_the_wrong_kind(tmp_path: Path, table_path: Path) -> None:
         run_ctd("simulate", "--scenario", "weak", "--out", "adir", cwd=tmp_path), "adir", "is a folder"
     )
     assert (tmp_path / "afile").read_text() == ""
+    # The table a command reads, as its --out: refused before it is replaced by what is written.
+    before = table_path.read_bytes()
+    assert_one_line_error(
+        run_ctd("validate", "--scores", str(table_path), "--trials", "5", "--out", "s.parquet", cwd=tmp_path),
+        "--out s.parquet: is the --scores file",
+    )
+    assert table_path.read_bytes() == before
 
 
 def test_several_probe_configurations_need_a_choice(tmp_path: Path) -> None:
