@@ -43,7 +43,7 @@ class AnswerRows:
         return {
             "key": key,
             "expert": self.spec.name,
-            "item_id": item_id,
+            "item_id": storable(item_id),
             "endpoint": self.endpoint,
             "model": self.spec.model,
             "method": self.spec.method,
@@ -64,9 +64,15 @@ class AnswerRows:
         return {
             "key": key,
             "expert": self.spec.name,
-            "item_id": item_id,
+            "item_id": storable(item_id),
             "reason": error.reason,
-            "message": str(error)[:500],
+            "message": storable(str(error)[:500]),
             "attempts": attempts,
             "created": now(),
         }
+
+
+def storable(text: str) -> str:
+    """`text` as SQLite can store it: a lone surrogate (JSON's "\\ud800", valid JSON but not
+    Unicode, in a server's error message or a data file's id) written as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -324,12 +324,19 @@ class Monitor:
         if labelled:
             raise InputError(f"request_id {rid!r}: already labelled; a decision takes one label")
         error = decided_label != label
-        if self.decisions is not None:
-            reserved = record_bound(None)
-            self.decisions.reserve(reserved)
-            record = {"event": "feedback", "request_id": rid, "label": label, "error": error}
-            await self.decisions.write({**record, "certified": certified}, reserved=reserved)
+        # Labelled before the log's write is awaited: a second post meanwhile is refused, not
+        # counted twice. A write that fails leaves the decision unlabelled, to be posted again.
         self._labels[rid] = (decided_label, certified, True)
+        if self.decisions is not None:
+            try:
+                reserved = record_bound(None)
+                self.decisions.reserve(reserved)
+                record = {"event": "feedback", "request_id": rid, "label": label, "error": error}
+                await self.decisions.write({**record, "certified": certified}, reserved=reserved)
+            except BaseException:
+                if rid in self._labels:
+                    self._labels[rid] = (decided_label, certified, False)
+                raise
         if certified:
             await self._alarm(self.errors.add(error))
         else:

@@ -5,6 +5,8 @@ side by side with the old sliding-window alarm (tests/window_alarm.py) on the sa
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,18 @@ from monitor_bundle import stand_in_record
 from window_alarm import window_alarms
 
 from harness import InputError
-from harness.monitor import DEFAULT_MTFA, JOINT_BUNDLE_VERSION, Bundle, BundleRecord, Monitor, RateWatch
+from harness.monitor import (
+    DEFAULT_MTFA,
+    JOINT_BUNDLE_VERSION,
+    Bundle,
+    BundleRecord,
+    Monitor,
+    RateWatch,
+    Scored,
+)
+
+# Private: the decision log, whose write the two posts race.
+from harness.monitor._decisions import DecisionLog
 from harness.run import BundleLayout
 
 STREAM = 100_000  # requests per false-alarm stream
@@ -170,3 +183,40 @@ def test_serve_refuses_a_drift_mtfa_out_of_bounds_in_one_line_before_reading_the
 ) -> None:
     result = run_ctd("monitor", "serve", str(tmp_path / "absent"), "--drift-mtfa", value, cwd=tmp_path)
     assert_one_line_error(result, "--drift-mtfa", "must lie in [100, 1e+12]")
+
+
+class InstantScorer:
+    """A scorer that answers at once: every conversation certain, never delegated."""
+
+    gone = None
+    pass_cost = None
+
+    async def score(self, batch: list[object]) -> tuple[list[Scored], float]:
+        return [Scored(0.9, -1.0, False) for _ in batch], 0.001
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_label_posted_twice_at_once_counts_once(tmp_path: Path) -> None:
+    """Two posts of one decision's label while the decision log writes the first: one is taken,
+    the other refused as already labelled; the log holds one feedback record. (Marked labelled
+    only after the write, both were taken and counted.)"""
+    record = BundleRecord.from_json(stand_in_record(mode="performance", alpha=0.2), tmp_path / "bundle.json")
+    bundle = Bundle(BundleLayout(tmp_path), record)
+    log_path = tmp_path / "decisions.jsonl"
+    monitor = Monitor(bundle, InstantScorer(), gate=None, decisions=DecisionLog(log_path))  # type: ignore[arg-type]
+
+    async def post_twice() -> list[object]:
+        try:
+            decision = await monitor.check("hello")
+            twice = [monitor.feedback(decision.request_id, 0) for _ in range(2)]
+            return await asyncio.gather(*twice, return_exceptions=True)
+        finally:
+            await monitor.aclose()
+
+    outcomes = asyncio.run(post_twice())
+    assert outcomes.count(True) == 1, outcomes
+    assert [type(o) for o in outcomes if o is not True] == [InputError], outcomes
+    events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]
+    assert events.count("feedback") == 1, events
