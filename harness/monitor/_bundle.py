@@ -92,7 +92,9 @@ class Bundle:
             return calibrate.ExpertCalibration()
         try:
             return calibrate.ExpertCalibration.from_json(record)
-        except (KeyError, TypeError, ValueError) as error:
+        except KeyError as error:
+            raise InputError(f"{self.layout.record}: expert calibration: missing field {error}") from None
+        except (TypeError, ValueError) as error:
             raise InputError(f"{self.layout.record}: expert calibration: {error}") from None
 
     def expert_score(self, answer: float | None) -> float | None:
@@ -162,7 +164,10 @@ def read_bundle(folder: Path) -> Bundle:
                     f"{path}: its content is not what was certified (its sha256 differs from "
                     f"{layout.record.name}'s): the file was changed or damaged; copy the bundle again"
                 )
-    return Bundle(layout, record)
+    bundle = Bundle(layout, record)
+    # Read now: a damaged expert calibration found only once the expert was paid is found too late.
+    _ = bundle.expert_calibration
+    return bundle
 
 
 def check_bundle_name(name: str) -> str:

@@ -193,7 +193,7 @@ class BundleRecord:
         levels = _levels(record["levels"], source) if joint else None
         try:
             sources, candidates = record["sources"], record["candidates"]
-            return cls(
+            made = cls(
                 **{
                     **{f.name: record[f.name] for f in fields(cls) if f.name != "levels"},
                     "alpha": None if joint else float(record["alpha"]),
@@ -218,6 +218,14 @@ class BundleRecord:
             )
         except (TypeError, ValueError, KeyError) as error:  # a field missing or of the wrong kind
             raise InputError(f"{source}: not a bundle record ({type(error).__name__}: {error})") from None
+        # Checked here, not where they are used: a level out of range or a threshold that is no
+        # number would start a server that refuses every request, or decides none as certified.
+        for name, level in (("alpha", made.alpha), ("delta", made.delta)):
+            if level is not None and not 0 < level < 1:
+                raise InputError(f"{source}: {name} {level!r} must lie in (0, 1)")
+        if any(math.isnan(t) for t in (made.threshold, *made.candidates.thresholds)):
+            raise InputError(f"{source}: a threshold is not a number (NaN)")
+        return made
 
 
 def _levels(value: object, source: Path) -> dict[str, float]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from ctd_cli import assert_one_line_error, run_ctd
-from monitor_bundle import stand_in_record
+from monitor_bundle import stand_in_record, write_untrained_bundle
 from window_alarm import window_alarms
 
 from harness import InputError
@@ -24,6 +25,7 @@ from harness.monitor import (
     Monitor,
     RateWatch,
     Scored,
+    read_bundle,
 )
 
 # Private: the decision log, whose write the two posts race.
@@ -220,3 +222,30 @@ def test_a_label_posted_twice_at_once_counts_once(tmp_path: Path) -> None:
     assert [type(o) for o in outcomes if o is not True] == [InputError], outcomes
     events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]
     assert events.count("feedback") == 1, events
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"alpha": 1.5}, "alpha 1.5 must lie in (0, 1)"),
+        ({"delta": 0.0}, "delta 0.0 must lie in (0, 1)"),
+        ({"threshold": "nan"}, "a threshold is not a number"),
+    ],
+)
+def test_a_record_out_of_range_is_refused_as_it_is_read(
+    tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    """A level outside (0, 1) stopped `ctd monitor serve` in a traceback once the model had loaded;
+    a NaN threshold served, delegated nothing and made /healthz a 500."""
+    with pytest.raises(InputError, match=re.escape(message)):
+        BundleRecord.from_json(stand_in_record(**changes), tmp_path / "bundle.json")
+
+
+def test_a_damaged_expert_calibration_is_refused_when_the_bundle_is_read(tmp_path: Path) -> None:
+    """Found when the first delegated request had paid the expert, as a 422 blaming the request."""
+    folder = write_untrained_bundle(tmp_path / "bundle")
+    record = json.loads((folder / "bundle.json").read_text())
+    record["expert"] = {"calibration": {"kind": "contextual"}}  # no shift
+    (folder / "bundle.json").write_text(json.dumps(record))
+    with pytest.raises(InputError, match="expert calibration: missing field 'shift'"):
+        read_bundle(folder)
