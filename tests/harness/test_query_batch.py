@@ -497,6 +497,24 @@ def test_a_line_that_is_no_result_is_named(
     assert stored(tmp_path / "cache.sqlite") == (0, 0)
 
 
+def test_an_error_message_that_is_not_unicode_is_stored_escaped(
+    tmp_path: Path, answered: tuple[Path, Path, str]
+) -> None:
+    """A runner's error whose message holds a lone surrogate (valid JSON, not Unicode): recorded
+    as a failure with the surrogate escaped, not a traceback."""
+    data, results, url = answered
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    lines[0]["response"], lines[0]["error"] = None, {"code": "x", "message": "bad \ud800 text"}
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = Expert(tmp_path, url, "next-token").ctd(
+        "query", "--data", str(data), "--batch-in", str(results), "--out", "out.csv", "--max-failed", "0.5"
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    with sqlite3.connect(tmp_path / "cache.sqlite") as db:
+        (message,) = db.execute("SELECT message FROM failures").fetchone()
+    assert "bad \\ud800 text" in message, message
+
+
 def test_a_repeated_custom_id_is_named(tmp_path: Path, answered: tuple[Path, Path, str]) -> None:
     data, results, url = answered
     first = results.read_text().splitlines()[0]
