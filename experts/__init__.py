@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "VllmSettings": "._vllm",
     "add_expert": "._registry",
     "batch_custom_ids": "._batch",
+    "batch_tag": "._cache",
     "batch_request_lines": "._batch",
     "pending_line": "._batch",
     "build_request": "._scoring",

@@ -2,17 +2,20 @@
 lines of an OpenAI batch file (`vllm run-batch` reads the same format), and the batch's results
 scored and committed to the cache, so that the next run finds every answer there.
 
-Each line's `custom_id` is the item's cache key (`ExpertClient.request_for`), and its body is the
-exact body the client would send, so a result commits under the key a run looks up. Likelihood
-scoring sends two bodies per item: their lines are `KEY.0` (the high-stakes answer) and `KEY.1`
-(the low-stakes one), and an item scores only with both back. Items with the same input share
+Each line's `custom_id` is the item's cache key (`ExpertClient.request_for`) and its batch's tag
+(`KEY@TAG`, `experts._cache.batch_tag`), and its body is the exact body the client would send, so
+a result commits under the key a run looks up, and lets go only its own batch's record of the
+request. Likelihood scoring sends two bodies per item: their lines are `KEY.0@TAG` (the
+high-stakes answer) and `KEY.1@TAG` (the low-stakes one), and an item scores only with both back
+from one batch; with one of them here, it stays out. Items with the same input share
 one key and are written once; items already cached are not written.
 
 Results are scored by the client's own code (`parse_response`) and stored with its own rows
 (`ExpertClient.rows`, `experts._rows`) through `ScoreCache.put_many`, whose insert keeps the
 first answer of a key: a score some run already stored is never overwritten. A result line that
 failed (an error, a status other than 200, an answer without a usable score) is recorded as a
-failure with its reason, never a hit: a later run asks again. The whole results file is read
+failure with its reason, never a hit: a later run asks again (unless a later batch holds the
+request now: that one still answers). The whole results file is read
 and checked before anything is committed, so a malformed file commits nothing.
 """
 
@@ -53,14 +56,23 @@ BATCH_URL_ROOT = "/v1"
 _LOOKUP_CHUNK = 1024  # items looked up in the cache at a time
 _COMMIT_CHUNK = 1000  # rows per transaction: other runs on the cache wait on each one briefly
 _NO_ANSWER = "not-in-batch"  # an item's reason in the table when no result line answered it
+_INCOMPLETE = "batch-incomplete"  # ... when the lines here hold part of its request (it stays out)
+_SUPERSEDED = "in-a-later-batch"  # ... when it failed in a batch older than the one its request is out in
 
 
-def batch_custom_ids(key: str, request: Request) -> list[str]:
+def batch_custom_ids(key: str, request: Request, tag: str | None = None) -> list[str]:
     """The custom_id of each body of an item's request: the cache key for one body (next-token),
-    `KEY.0`, `KEY.1` for the two bodies of likelihood scoring (high, then low)."""
-    if len(request.bodies) == 1:
-        return [key]
-    return [f"{key}.{index}" for index in range(len(request.bodies))]
+    `KEY.0`, `KEY.1` for the two bodies of likelihood scoring (high, then low); with the batch's
+    `tag` (`batch_tag`), each followed by `@TAG`."""
+    ids = [key] if len(request.bodies) == 1 else [f"{key}.{index}" for index in range(len(request.bodies))]
+    return ids if tag is None else [f"{cid}@{tag}" for cid in ids]
+
+
+def _split_custom_id(custom_id: str) -> tuple[str, str | None]:
+    """(the custom_id without its batch's tag, the tag): a line of a batch file written before
+    tags were (`KEY`, `KEY.0`) has none."""
+    base, at, tag = custom_id.partition("@")
+    return (base, tag) if at else (custom_id, None)
 
 
 @dataclass
@@ -102,12 +114,17 @@ def pending_line(files: Mapping[str, int], cache: Path) -> str:
 
 
 def batch_request_lines(
-    spec: ExpertSpec, items: Sequence[Item] | KeyedItems, cache: ScoreCache | None, counts: BatchRequests
+    spec: ExpertSpec,
+    items: Sequence[Item] | KeyedItems,
+    cache: ScoreCache | None,
+    counts: BatchRequests,
+    *,
+    tag: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The batch lines (`custom_id`, `method`, `url`, `body`) of the items of `items` that have no
     answer in `cache` and are out in no earlier batch file, one key once, counted into `counts`
-    as they go. Nothing is sent, and no credential is in them: a key travels in a header, never
-    in a body."""
+    as they go; `tag`: the batch's (`batch_tag`), in every custom_id. Nothing is sent, and no
+    credential is in them: a key travels in a header, never in a body."""
     client = ExpertClient(spec, cache=None)
     keyed = client.keyed(items)
     seen: set[str] = set()
@@ -144,7 +161,7 @@ def batch_request_lines(
             counts.written += 1
             counts.written_keys.append((key, item.id))
             counts.tokens += request.tokens
-            for custom_id, body in zip(batch_custom_ids(key, request), request.bodies, strict=True):
+            for custom_id, body in zip(batch_custom_ids(key, request, tag), request.bodies, strict=True):
                 counts.lines += 1
                 url = BATCH_URL_ROOT + request.path
                 yield {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
@@ -268,17 +285,28 @@ def commit_batch_results(
     from the cache afterwards: "cache" for every answered item, "failed" with the reason for
     the rest ("not-in-batch" where no line answered it). When not one line matches an item,
     nothing is committed and the ConfigError says so: the file belongs to other data or another
-    expert."""
+    expert.
+
+    An item is answered by the lines of one batch (one tag), all of its lines (both of a
+    likelihood pair). One that holds part of its lines here ("batch-incomplete") stays out, its
+    request not asked again: the rest may be in another results file of the batch, read with
+    this one. A failure is recorded, and its request let go to be asked again, only where it is
+    that of the batch holding the request now: a failure of an older batch (its results read
+    again, or come after the request went out anew) changes nothing."""
     client = ExpertClient(spec, cache=None)
     keyed = [(item, *client.request_for(item)) for item in items]
     owners: dict[str, tuple[Item, Request]] = {}  # each key's first item: its id goes in the row
     for item, request, key in keyed:
         owners.setdefault(key, (item, request))
     wanted = {cid: key for key, (_, request) in owners.items() for cid in batch_custom_ids(key, request)}
+    lines: dict[str, dict[str | None, BatchAnswer]] = {}  # custom_id without its tag -> tag -> line
+    for custom_id, answer in answers.items():
+        base, tag = _split_custom_id(custom_id)
+        lines.setdefault(base, {})[tag] = answer
     usage = total_usage([answer.body for answer in answers.values()])
     report = BatchCommit(
         lines=len(answers),
-        unmatched=sum(cid not in wanted for cid in answers),
+        unmatched=sum(len(tags) for base, tags in lines.items() if base not in wanted),
         usd=spec.price.usd(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), batch=True),
     )
     if answers and report.unmatched == len(answers):
@@ -287,31 +315,50 @@ def commit_batch_results(
             f"{spec.name} (method {spec.method}, template {spec.template}): the batch was made for "
             "other data or another expert"
         )
-    answered = {key for cid, key in wanted.items() if cid in answers}
-    stored = cache.get_many(sorted(answered))
+    answered = sorted({key for cid, key in wanted.items() if cid in lines})
+    stored = cache.get_many(answered)
+    holders = cache.batch_tags(answered)  # the batch each request is out in now
     scores, failures = [], []
     failed: dict[str, str] = {}  # key: reason, for the table
-    for key in sorted(answered):
+    incomplete: set[str] = set()
+    superseded: set[str] = set()
+    released: list[str] = []  # keys these results bring back: a later batch or run may ask them
+    for key in answered:
         if key in stored:
             report.already += 1
+            released.append(key)
             continue
         item, request = owners[key]
-        outcome = _score(client, key, request, [answers.get(cid) for cid in batch_custom_ids(key, request)])
-        if isinstance(outcome, ExpertError):
-            failures.append(client.rows.failure(key, item.id, outcome, attempts=1))
-            failed[key] = outcome.reason
-            report.failure_reasons[outcome.reason] += 1
-        else:
-            payload, score, usage = outcome
+        ids = batch_custom_ids(key, request)
+        tags = sorted({tag for cid in ids for tag in lines.get(cid, {})}, key=lambda tag: tag or "")
+        whole = [tag for tag in tags if all(tag in lines.get(cid, {}) for cid in ids)]
+        if not whole:
+            incomplete.add(key)
+            continue
+        outcomes = [(tag, _score(client, request, [lines[cid][tag] for cid in ids])) for tag in whole]
+        good = [outcome for _, outcome in outcomes if not isinstance(outcome, ExpertError)]
+        if good:
+            payload, score, usage = good[0]
             scores.append(client.rows.score(key, item.id, payload, score, seconds=0.0, usage=usage))
+            continue
+        holder = holders.get(key)
+        if holder is not None and None not in whole and holder not in whole:
+            superseded.add(key)  # failed in an older batch: the request is out in another one now
+            continue
+        error = outcomes[0][1]
+        assert isinstance(error, ExpertError)
+        failures.append(client.rows.failure(key, item.id, error, attempts=1))
+        failed[key] = error.reason
+        report.failure_reasons[error.reason] += 1
+        released.append(key)
     for start in range(0, max(len(scores), len(failures)), _COMMIT_CHUNK):
         end = start + _COMMIT_CHUNK
-        cache.put_many(scores[start:end], failures[start:end])
-    cache.clear_batch_out(sorted(answered))  # read back: a later batch file may ask them again
+        cache.put_many(scores[start:end], failures[start:end])  # an answered key is out no longer
+    cache.clear_batch_out(released)
     report.committed, report.failed = len(scores), len(failures)
     final = cache.get_many([key for *_, key in keyed])
     results = []
-    unanswered: list[str] = []  # not in the batch
+    unanswered: list[str] = []  # not in the batch, in part only, or failed in an older one
     for item, _, key in keyed:
         hit = final.get(key)
         if hit is not None:
@@ -320,29 +367,21 @@ def commit_batch_results(
         if key not in failed:
             report.missing += 1
             unanswered.append(key)
-        results.append(ItemResult(item.id, None, None, "failed", reason=failed.get(key, _NO_ANSWER)))
+        reason = failed.get(
+            key, _INCOMPLETE if key in incomplete else _SUPERSEDED if key in superseded else _NO_ANSWER
+        )
+        results.append(ItemResult(item.id, None, None, "failed", reason=reason))
     report.still_out = cache.pending_files(unanswered)
     return results, report
 
 
 def _score(
-    client: ExpertClient, key: str, request: Request, halves: list[BatchAnswer | None]
+    client: ExpertClient, request: Request, halves: list[BatchAnswer]
 ) -> ExpertError | tuple[Any, Score, dict[str, int]]:
-    """An item's answers scored as the client scores them: the payload to store, its score and
-    token usage, or why there is no score."""
-    ids = batch_custom_ids(key, request)
-    absent = [cid for cid, answer in zip(ids, halves, strict=True) if answer is None]
-    if absent:
-        present = next(answer for answer in halves if answer is not None)
-        lines = " and ".join(f".{cid.rsplit('.', 1)[1]}" for cid in absent)
-        return ResponseError(
-            f"the batch holds part of the item: no result for its {lines} line "
-            f"(custom_id {', '.join(absent)}; {present.where} holds another)",
-            reason="batch-incomplete",
-        )
+    """An item's answers (every line of its request) scored as the client scores them: the
+    payload to store, its score and token usage, or why there is no score."""
     payloads = []
     for answer in halves:
-        assert answer is not None
         problem = answer.failure()
         if problem is not None:
             return problem

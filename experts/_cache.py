@@ -43,6 +43,7 @@ __all__ = [
     "FailureRow",
     "ScoreCache",
     "ScoreRow",
+    "batch_tag",
     "score_columns_sql",
 ]
 
@@ -161,6 +162,15 @@ def score_columns_sql(present: Iterable[str]) -> str:
         f'"{name}"' if name in present or name != "how" else f"{HOW_OF_OLD_ROWS} AS how"
         for name in ScoreRow.model_fields
     )
+
+
+def batch_tag(file: str, created: str) -> str:
+    """The id of one `--batch-out`'s batch: 12 hex digits of the sha256 of its file's absolute
+    path and the time of its record (`batch_out.created`, as stored). Each custom_id of its lines
+    ends in `@TAG`, so that a result line releases only the record of the batch that asked it: a
+    results file read again, or arriving after its batch was released and written anew, leaves the
+    newer batch's record alone."""
+    return hashlib.sha256(f"{file}\n{created}".encode()).hexdigest()[:12]
 
 
 def batch_file_shown(file: str, requests: int | None = None) -> str:
@@ -419,6 +429,11 @@ class ScoreCache:
     def batch_files(self, keys: Sequence[str]) -> dict[str, str]:
         """The keys among `keys` out in a batch file no `--batch-in` has read back: key -> file."""
         return dict(self._rows("file", keys, table="batch_out"))
+
+    def batch_tags(self, keys: Sequence[str]) -> dict[str, str]:
+        """The keys among `keys` out in a batch file: key -> the `batch_tag` of the batch that holds it."""
+        rows = self._rows("file, created", keys, table="batch_out")
+        return {key: batch_tag(file, created) for key, file, created in rows}
 
     def mark_batch_out(self, rows: Sequence[dict[str, Any]], file: str) -> str | None:
         """Record `BatchOutRow`s (dicts of column values, all of batch file `file`) in one

@@ -115,14 +115,18 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
     keyed = keyed_items(dataset.items, spec)  # once, for the lines and the estimate
     cache = ScoreCache.for_run(cache_path)  # which items are answered or out, and the new record
     file = str(path.resolve())
+    created = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")  # as the cache stores a time
     recorded = False
     try:
         with atomic_path(path) as tmp:
             with tmp.open("w", encoding="utf-8") as handle:
-                for line in experts.batch_request_lines(spec, keyed, cache, counts):
+                lines = experts.batch_request_lines(
+                    spec, keyed, cache, counts, tag=experts.batch_tag(file, created)
+                )
+                for line in lines:
                     handle.write(dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
             estimate = estimate_queries(keyed, spec, cache, batch=True, leave_out=counts.left_out)
-            _record_out(cache, spec, file, counts.written_keys)
+            _record_out(cache, spec, file, created, counts.written_keys)
             recorded = True
     except BaseException:
         if recorded and not path.exists():  # the file could not take its name: nothing of it is out
@@ -150,13 +154,15 @@ def batch_out(data: Path, spec: ExpertSpec, path: Path, *, cache_path: Path | No
     )
 
 
-def _record_out(cache: ScoreCache, spec: ExpertSpec, file: str, keys: Sequence[tuple[str, str]]) -> None:
-    """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `file`;
-    an InputError, with nothing recorded, when what this run saw as it wrote them changed since
-    (see `ScoreCache.mark_batch_out`)."""
-    now = datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")  # as the cache stores a time
+def _record_out(
+    cache: ScoreCache, spec: ExpertSpec, file: str, created: str, keys: Sequence[tuple[str, str]]
+) -> None:
+    """Record that the requests of `keys` ((key, item id) pairs) are out in the batch file `file`,
+    written at `created` (with `file`, its lines' tag); an InputError, with nothing recorded, when
+    what this run saw as it wrote them changed since (see `ScoreCache.mark_batch_out`)."""
     rows = [
-        {"key": key, "expert": spec.name, "item_id": item, "file": file, "created": now} for key, item in keys
+        {"key": key, "expert": spec.name, "item_id": item, "file": file, "created": created}
+        for key, item in keys
     ]
     problem = cache.mark_batch_out(rows, file)
     if problem is not None:
