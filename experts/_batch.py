@@ -345,7 +345,7 @@ def commit_batch_results(
         if holder is not None and None not in whole and holder not in whole:
             superseded.add(key)  # failed in an older batch: the request is out in another one now
             continue
-        error = outcomes[0][1]
+        error = next((outcome for tag, outcome in outcomes if tag == holder), outcomes[0][1])
         assert isinstance(error, ExpertError)
         failures.append(client.rows.failure(key, item.id, error, attempts=1))
         failed[key] = error.reason
