@@ -19,6 +19,7 @@ import time
 
 import ray
 
+# Private: the stop board itself, driven as `ctd score --ray` drives it (no command exposes it).
 from harness.score._stop import RayStop
 
 LIVE_SECONDS = 6.0  # longer than the board's BEAT_STALE: only its beats keep it registered
