@@ -322,11 +322,14 @@ def commit_batch_results(
     failed: dict[str, str] = {}  # key: reason, for the table
     incomplete: set[str] = set()
     superseded: set[str] = set()
-    released: list[str] = []  # keys these results bring back: a later batch or run may ask them
+    # The requests these results bring back (key -> the batch holding it as read above): a later
+    # batch or run may ask them. Released only while that batch still holds them.
+    released: dict[str, str] = {}
     for key in answered:
         if key in stored:
             report.already += 1
-            released.append(key)
+            if key in holders:
+                released[key] = holders[key]
             continue
         item, request = owners[key]
         ids = batch_custom_ids(key, request)
@@ -350,11 +353,12 @@ def commit_batch_results(
         failures.append(client.rows.failure(key, item.id, error, attempts=1))
         failed[key] = error.reason
         report.failure_reasons[error.reason] += 1
-        released.append(key)
+        if holder is not None:
+            released[key] = holder
     for start in range(0, max(len(scores), len(failures)), _COMMIT_CHUNK):
         end = start + _COMMIT_CHUNK
         cache.put_many(scores[start:end], failures[start:end])  # an answered key is out no longer
-    cache.clear_batch_out(released)
+    cache.release_batches(released)
     report.committed, report.failed = len(scores), len(failures)
     final = cache.get_many([key for *_, key in keyed])
     results = []

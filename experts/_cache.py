@@ -491,6 +491,31 @@ class ScoreCache:
                 session.connection().exec_driver_sql(f"DELETE FROM batch_out WHERE key IN ({marks})", chunk)
                 session.commit()
 
+    def release_batches(self, held: Mapping[str, str]) -> None:
+        """Forget that the keys of `held` (key -> `batch_tag`) are out, each only while the batch
+        of that tag still holds it: a `--batch-out` that recorded one meanwhile keeps its record.
+        500 keys a transaction, each holding the write lock from its first read."""
+        pairs = sorted(held.items())
+        for start in range(0, len(pairs), 500):
+            chunk = dict(pairs[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            with storage_errors(self.path), self.write_lock:
+                connection = self.engine.raw_connection()
+                try:
+                    cursor = connection.cursor()
+                    cursor.execute("BEGIN IMMEDIATE")
+                    found = cursor.execute(
+                        f"SELECT key, file, created FROM batch_out WHERE key IN ({marks})", list(chunk)
+                    ).fetchall()
+                    gone = [(key,) for key, file, created in found if batch_tag(file, created) == chunk[key]]
+                    cursor.executemany("DELETE FROM batch_out WHERE key = ?", gone)
+                    connection.commit()
+                except BaseException:
+                    connection.rollback()
+                    raise
+                finally:
+                    connection.close()
+
     def counts(self) -> dict[str, dict[str, int]]:
         """{expert: {"scores": n, "failures": m, "batch_out": k}} (k: requests out in batch files;
         0 in a cache older than that table, which this process could not add)."""

@@ -97,3 +97,22 @@ def test_a_salvage_keeps_the_requests_out(tmp_path: Path) -> None:
         assert salvaged.pending_files(KEYS) == {"/b/first.jsonl": 7}
     finally:
         salvaged.close()
+
+
+def test_results_release_a_request_only_while_their_batch_holds_it(tmp_path: Path) -> None:
+    """`release_batches` forgets a key only while the batch it was read in (by tag) holds it: a
+    request released and recorded out anew in another file meanwhile (by another `--batch-out`)
+    stays out. (A release by key alone, `clear_batch_out`, forgot the new record too.)"""
+    cache = ScoreCache(tmp_path / "cache.sqlite")
+    try:
+        assert cache.mark_batch_out([out(i, "/b/first.jsonl") for i in range(4)], "/b/first.jsonl") is None
+        seen = cache.batch_tags(KEYS[:4])  # what a --batch-in reads before scoring its results
+        assert len(set(seen.values())) == 1 and set(seen) == set(KEYS[:4])
+        assert cache.release_batch("/b/first.jsonl") == 4  # meanwhile: released, and key 0 written anew
+        assert cache.mark_batch_out([out(0, "/b/second.jsonl")], "/b/second.jsonl") is None
+        # The same file at the same time is the same batch: its record goes.
+        assert cache.mark_batch_out([out(1, "/b/first.jsonl")], "/b/first.jsonl") is None
+        cache.release_batches(seen)
+        assert cache.batch_files(KEYS) == {KEYS[0]: "/b/second.jsonl"}
+    finally:
+        cache.close()
