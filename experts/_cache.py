@@ -19,7 +19,8 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,6 +187,28 @@ def release_batch_command(file: str, cache: Path) -> str:
     """The command that lets the requests of batch file `file`, recorded out in the cache at
     `cache`, be asked again."""
     return f"`ctd cache release-batch {file} --cache {cache}`"
+
+
+@contextmanager
+def _immediate(cache: ScoreCache) -> Iterator[Any]:
+    """A cursor inside one write transaction, begun IMMEDIATE: the write lock is taken before
+    the first read, so no other run can claim or answer a key between our look and our write
+    (and two runs never deadlock upgrading a read to a write)."""
+    # storage_errors: a full disk, a lock held past the busy timeout and a damaged page are one
+    # StorageError here, as at every read and write of the cache.
+    with storage_errors(cache.path), cache.write_lock:  # our writers take turns without busy sleeps
+        connection = cache.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+            except BaseException:
+                connection.rollback()
+                raise
+            connection.commit()
+        finally:
+            connection.close()
 
 
 def _recording_problem(cursor: Any, keys: Sequence[str], file: str, cache: Path) -> str | None:
@@ -444,22 +467,11 @@ class ScoreCache:
         (two `--batch-out` at once), answered meanwhile, or are being asked by a live run now."""
         columns = list(BatchOutRow.model_fields)
         values = [tuple(row[column] for column in columns) for row in rows]
-        with storage_errors(self.path), self.write_lock:
-            connection = self.engine.raw_connection()
-            try:
-                cursor = connection.cursor()
-                cursor.execute("BEGIN IMMEDIATE")
-                try:
-                    problem = _recording_problem(cursor, [value[0] for value in values], file, self.path)
-                    if problem is None:
-                        names, marks = ", ".join(columns), ", ".join("?" * len(columns))
-                        cursor.executemany(f"INSERT INTO batch_out ({names}) VALUES ({marks})", values)
-                except BaseException:
-                    connection.rollback()
-                    raise
-                connection.rollback() if problem else connection.commit()
-            finally:
-                connection.close()
+        with _immediate(self) as cursor:  # with a problem nothing was written: its commit is empty
+            problem = _recording_problem(cursor, [value[0] for value in values], file, self.path)
+            if problem is None:
+                names, marks = ", ".join(columns), ", ".join("?" * len(columns))
+                cursor.executemany(f"INSERT INTO batch_out ({names}) VALUES ({marks})", values)
         return problem
 
     def release_batch(self, file: str) -> int:
@@ -499,22 +511,12 @@ class ScoreCache:
         for start in range(0, len(pairs), 500):
             chunk = dict(pairs[start : start + 500])
             marks = ",".join("?" * len(chunk))
-            with storage_errors(self.path), self.write_lock:
-                connection = self.engine.raw_connection()
-                try:
-                    cursor = connection.cursor()
-                    cursor.execute("BEGIN IMMEDIATE")
-                    found = cursor.execute(
-                        f"SELECT key, file, created FROM batch_out WHERE key IN ({marks})", list(chunk)
-                    ).fetchall()
-                    gone = [(key,) for key, file, created in found if batch_tag(file, created) == chunk[key]]
-                    cursor.executemany("DELETE FROM batch_out WHERE key = ?", gone)
-                    connection.commit()
-                except BaseException:
-                    connection.rollback()
-                    raise
-                finally:
-                    connection.close()
+            with _immediate(self) as cursor:
+                found = cursor.execute(
+                    f"SELECT key, file, created FROM batch_out WHERE key IN ({marks})", list(chunk)
+                ).fetchall()
+                gone = [(key,) for key, file, created in found if batch_tag(file, created) == chunk[key]]
+                cursor.executemany("DELETE FROM batch_out WHERE key = ?", gone)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """{expert: {"scores": n, "failures": m, "batch_out": k}} (k: requests out in batch files;

@@ -24,11 +24,10 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
 
-from ._cache import CachedScore, ScoreCache, storage_errors
+from ._cache import CachedScore, ScoreCache, _immediate, storage_errors
 from ._errors import StorageError
 
 __all__ = ["ClaimHolder", "ClaimLedger", "Claimed", "Lease", "list_claims"]
@@ -245,28 +244,6 @@ def list_claims(cache: ScoreCache, *, now: float | None = None) -> list[ClaimHol
         stale = sum(is_stale(host, pid, expires, now=now, gone=gone) for expires in leases)
         holders.append(ClaimHolder(expert, owner, host, pid, len(leases) - stale, stale, max(leases)))
     return holders
-
-
-@contextmanager
-def _immediate(cache: ScoreCache) -> Iterator[Any]:
-    """A cursor inside one write transaction, begun IMMEDIATE: the write lock is taken before
-    the first read, so no other run can claim or answer a key between our look and our write
-    (and two runs never deadlock upgrading a read to a write)."""
-    # storage_errors: a full disk, a lock held past the busy timeout and a damaged page are one
-    # StorageError here, as at every read and write of the cache.
-    with storage_errors(cache.path), cache.write_lock:  # our writers take turns without busy sleeps
-        connection = cache.engine.raw_connection()
-        try:
-            cursor = connection.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                connection.rollback()
-                raise
-            connection.commit()
-        finally:
-            connection.close()
 
 
 def _chunks(keys: Sequence[str]) -> Iterator[list[str]]:

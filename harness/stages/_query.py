@@ -172,13 +172,13 @@ def query_dataset(
     aligned with the file: id, label, expert, label_mass, source, how, reason, attempts.
     The inputs, `out` and the endpoint are checked first (reachable, model served, logprobs): a
     problem is one InputError line and nothing is queried or cached."""
-    check_writable(out, "--out", inputs=[("--data", data)])
     dataset = read_dataset(data)
     summary = query_items(
         dataset.items,
         dataset.labels,
         spec,
         out,
+        reads=[("--data", data)],
         cache_path=cache_path,
         check=check,
         progress=progress,
@@ -226,6 +226,7 @@ def query_items(
     spec: ExpertSpec,
     out: Path,
     *,
+    reads: Sequence[tuple[str, Path]] = (),
     cache_path: Path | None = None,
     check: bool = True,
     progress: ProgressFn | None = None,
@@ -235,14 +236,15 @@ def query_items(
     log: Callable[[str], None] | None = None,
 ) -> QuerySummary:
     """Score `items` with an expert through the cache and write the table `out` (one row per item,
-    in order; `extra` columns are added as given; `with_top_tokens` adds the expert's next-token
+    in order; `reads`: the (option, file) pairs the items came from, which `out` must not be;
+    `extra` columns are added as given; `with_top_tokens` adds the expert's next-token
     alternatives, read back from the cache). An interrupted run resumes from the cache:
     answers already committed are never requested again.
 
     `spend` counts the dollars (and holds the cost limit: `experts.CostLimitReached` stops the
     run, its answers committed); before anything is sent, "about N requests, about $X" goes to
     the progress display and `log`."""
-    check_writable(out, "--out")
+    check_writable(out, "--out", inputs=reads)
     keyed = keyed_items(items, spec)  # keying is most of what a pass over the items costs
     check_request_sizes(keyed, spec)
     # The cache opens, and is checked (writable, room, pages sound, no foreign lock), before the
