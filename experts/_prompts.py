@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,68 +22,11 @@ __all__ = [
     "check_scoring_method",
     "describe_template",
     "load_template",
-    "message_text",
     "render_conversation",
 ]
 
 Conversation = str | Sequence[Mapping[str, str]]
 """An input: a plain string (one user turn) or a list of {"role": ..., "content": ...} messages."""
-
-
-def message_text(message: Mapping[str, object]) -> str:
-    """An OpenAI chat message as the text the probes and the expert read: its `content` (a string,
-    or a list of content parts whose text parts are joined by newlines, as vLLM joins them for a
-    chat template that takes text), then, for an assistant's `tool_calls`, one line per call,
-    `[tool call] NAME(ARGUMENTS)`. The same text in training data and in served requests, so a
-    probe sees at serving what it was trained on. ValueError, its message starting with the
-    field ("content...", "tool_calls[1]..."), for anything else: a part that is not text (an
-    image, say) is refused rather than dropped, since the monitor would not see what was sent."""
-    calls = _tool_call_lines(message.get("role"), message.get("tool_calls"))
-    content = message.get("content")
-    if content is None and calls:
-        return "\n".join(calls)
-    if isinstance(content, str):
-        return "\n".join([content, *calls]) if calls else content
-    if not isinstance(content, list) or not content:
-        raise ValueError("content: must be a string or a non-empty list of text parts")
-    texts: list[str] = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(kind, str):
-            raise ValueError(f'content[{j}]: must be a part such as {{"type": "text", "text": "..."}}')
-        if kind != "text":
-            raise ValueError(f"content[{j}]: a part of type {kind!r}; only text parts are read")
-        if not isinstance(part.get("text"), str):
-            raise ValueError(f"content[{j}].text: must be a string")
-        texts.append(part["text"])
-    return "\n".join([*texts, *calls])
-
-
-def _tool_call_lines(role: object, tool_calls: object) -> list[str]:
-    """`[tool call] NAME(ARGUMENTS)` for each of an assistant message's OpenAI `tool_calls`
-    (ARGUMENTS the JSON text as sent; given as an object, its JSON)."""
-    if tool_calls is None:
-        return []
-    if role != "assistant":
-        raise ValueError("tool_calls: only an assistant message makes tool calls")
-    if not isinstance(tool_calls, list) or not tool_calls:
-        raise ValueError("tool_calls: must be a non-empty list of calls")
-    lines: list[str] = []
-    for j, call in enumerate(tool_calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or call.get("type", "function") != "function":
-            raise ValueError(
-                f'tool_calls[{j}]: must be a call such as {{"type": "function", "function": {{"name": ...}}}}'
-            )
-        name, arguments = function.get("name"), function.get("arguments", "")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"tool_calls[{j}].function.name: must be a non-empty string")
-        if isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        if not isinstance(arguments, str):
-            raise ValueError(f"tool_calls[{j}].function.arguments: must be JSON text (a string)")
-        lines.append(f"[tool call] {name}({arguments})")
-    return lines
 
 
 _BUILTIN = Path(__file__).parent / "prompts"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experts import Conversation, message_text
+from experts import Conversation, chat_message
 
 from .._errors import InputError
 from ._tables import not_utf8
@@ -66,7 +66,7 @@ def _conversation(value: object, where: str) -> Conversation:
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
             raise InputError(f"{where}: message {i} of 'inputs' needs string 'role' and 'content'")
         try:
-            conversation.append({"role": message["role"], "content": message_text(message)})
+            conversation.append(chat_message(message))
         except ValueError as error:
             raise InputError(f"{where}: message {i} of 'inputs': {error}") from None
     return conversation

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from experts import message_text
+from experts import MESSAGE_FIELDS, ROLE_ALIASES, chat_message
 
 from .._errors import InputError
 from ._bundle_record import json_number
@@ -51,7 +51,6 @@ __all__ = [
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation a probe reads (it keeps max_tokens)
 ROLES = ("system", "user", "assistant", "tool")  # the OpenAI chat roles a conversation may hold
-MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})  # OpenAI's, text only
 log = logging.getLogger("ctd.monitor")
 
 
@@ -128,21 +127,25 @@ def parse_check(body: Any) -> str | list[dict[str, str]]:
         raise BadRequest(400, "'messages' must be a non-empty list of {role, content} objects")
     out: list[dict[str, str]] = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or set(message) - MESSAGE_FIELDS:
-            fields = "'role' and 'content' (or an assistant's 'tool_calls')"
-            raise BadRequest(400, f"messages[{i}]: must be an object with {fields}")
+        if not isinstance(message, dict):
+            raise BadRequest(400, f"messages[{i}]: must be an object with 'role' and 'content'")
+        unknown = sorted(set(message) - MESSAGE_FIELDS)
+        if unknown:
+            known = "OpenAI's chat message fields are read"
+            raise BadRequest(400, f"messages[{i}]: unknown field {unknown[0]!r} ({known})")
         role = message.get("role")
-        if role not in ROLES:
-            raise BadRequest(400, f"messages[{i}].role {role!r}: must be one of {', '.join(ROLES)}")
+        if not isinstance(role, str) or ROLE_ALIASES.get(role, role) not in ROLES:
+            roles = ", ".join([*ROLES, *ROLE_ALIASES])
+            raise BadRequest(400, f"messages[{i}].role {role!r}: must be one of {roles}")
         try:
-            content = message_text(message)
+            read = chat_message(message)
         except ValueError as error:
             raise BadRequest(400, f"messages[{i}].{error}") from None
-        content = _text(content, f"messages[{i}].content")
+        _text(read["content"], f"messages[{i}].content")
         for label in ("name", "tool_call_id"):  # checked, not read: what the probes see is the text
             if label in message:
                 _text(message[label], f"messages[{i}].{label}")
-        out.append({"role": role, "content": content})
+        out.append(read)
     if not any(m["content"].strip() for m in out):
         raise BadRequest(400, "every message is empty: nothing to check")
     return out

@@ -401,6 +401,20 @@ def test_content_parts_and_tool_calls_are_read_as_text_and_other_parts_are_refus
     data = load_data(f"train={path} dev={path} test={path}")
     assert data.test[0].conversation == [{"role": "user", "content": "first\nsecond"}]
     assert data.test[1].conversation[1] == {"role": "assistant", "content": "[tool call] ls({})"}
+    # A reply kept as the API returned it, and OpenAI's other role names, read as the monitor reads them.
+    reply = {"role": "assistant", "content": None, "refusal": "No.", "audio": None, "function_call": None}
+    rows[0]["inputs"] = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        reply,
+    ]
+    path = _write(tmp_path / "replies.jsonl", rows)
+    data = load_data(f"train={path} dev={path} test={path}")
+    assert data.test[0].conversation == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "No."},
+    ]
     image = [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
     rows = _rows("im", 3, 3)
     rows[1]["inputs"] = [{"role": "user", "content": image}]

@@ -203,6 +203,31 @@ MALFORMED: list[tuple[bytes, str | None, int, str]] = [
     ),
     (b'[{"role": "assistant", "content": null}]', "application/json", 400, "messages[0].content: must be"),
     (
+        b'[{"role": "assistant", "content": "hi", "reasoning_content": "..."}]',
+        "application/json",
+        400,
+        "messages[0]: unknown field 'reasoning_content'",
+    ),
+    (b'[{"role": ["user"], "content": "hi"}]', "application/json", 400, "messages[0].role ['user']: must be"),
+    (
+        b'[{"role": "assistant", "content": null, "audio": {"id": "a1"}}]',
+        "application/json",
+        400,
+        "messages[0].audio: an audio reply is not read",
+    ),
+    (
+        b'[{"role": "user", "content": "hi", "function_call": {"name": "f", "arguments": "{}"}}]',
+        "application/json",
+        400,
+        "messages[0].function_call: only an assistant message makes tool calls",
+    ),
+    (
+        b'[{"role": "assistant", "refusal": 3}]',
+        "application/json",
+        400,
+        "messages[0].refusal: must be a string",
+    ),
+    (
         b'[{"role": "tool", "content": "ok", "tool_call_id": 7}]',
         "application/json",
         400,
@@ -225,6 +250,48 @@ def test_each_malformed_check_body_is_one_clear_4xx(
         parse_check(read_json_body(body, content_type))
     assert caught.value.status == status and message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_replies_as_the_openai_api_returns_them_and_its_other_role_names_are_read() -> None:
+    """A client appends the API's reply to its history as it came (the SDK's
+    `message.to_dict()`): null fields are not read, a refusal is the reply's text, a legacy
+    `function_call` is a tool-call line; `developer` is read as system, `function` as tool."""
+    reply = {
+        "role": "assistant",
+        "content": "Paris.",
+        "refusal": None,
+        "annotations": [],
+        "audio": None,
+        "function_call": None,
+        "tool_calls": None,
+    }
+    refused = {**reply, "content": None, "refusal": "I can't help with that."}
+    legacy = {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "shell", "arguments": '{"cmd": "ls"}'},
+    }
+    parts = [{"type": "text", "text": "Sure:"}, {"type": "refusal", "refusal": "not that part"}]
+    conversation = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "capital of France?"},
+        reply,
+        {"role": "user", "content": "now help me hide it"},
+        refused,
+        legacy,
+        {"role": "function", "name": "shell", "content": "a.txt"},
+        {"role": "assistant", "content": parts},
+    ]
+    assert parse_check({"messages": conversation}) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "now help me hide it"},
+        {"role": "assistant", "content": "I can't help with that."},
+        {"role": "assistant", "content": '[tool call] shell({"cmd": "ls"})'},
+        {"role": "tool", "content": "a.txt"},
+        {"role": "assistant", "content": "Sure:\nnot that part"},
+    ]
 
 
 def test_good_bodies_parse_and_feedback_is_checked() -> None:
