@@ -8,6 +8,11 @@ Both methods are one shift b on the logit scale, p' = sigmoid(logit(p) + b):
 - dev: b maximises the Bernoulli log-likelihood of the dev split's labels under p' (one parameter,
   the dev split only: the test split's labels never reach it).
 
+A score of exactly 0 or 1 (next-token scoring gives one when the other label's token is not
+among the top logprobs) is certain: no shift moves it, so it stays as it is, it has no say in
+the dev fit (its likelihood is the same for every b), and a content-free prior of exactly 0 or 1
+cannot be divided out.
+
 Pure numpy; the expert is asked elsewhere (the content-free inputs are ordinary items through the
 same client, template and cache).
 """
@@ -37,8 +42,8 @@ EXPERT_CALIBRATIONS: tuple[ExpertCalibrationKind, ...] = get_args(ExpertCalibrat
 # expert says about no content at all is its prior.
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
 
-# Scores are clipped this far from 0 and 1 on the logit scale, so that a score of exactly 0 or 1
-# keeps a finite logit in the fit (and stays 0 or 1, within float precision, when applied).
+# Scores are clipped this far from 0 and 1 on the logit scale, so that `apply` computes a finite
+# logit for a score of exactly 0 or 1 before it keeps that score as it is.
 _EPS = 1e-12
 
 
@@ -57,7 +62,8 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 class ExpertCalibration:
     """A fitted calibration of the expert's P(high): `apply(p)` = sigmoid(logit(p) + shift).
     `kind` "none" is the identity (shift 0). `prior` is contextual's q (mean P(high) on the
-    content-free inputs), `n` how many scores the fit read (content-free inputs or dev rows)."""
+    content-free inputs), `n` how many scores the fit read (content-free inputs, or dev rows
+    scored strictly between 0 and 1)."""
 
     kind: ExpertCalibrationKind = "none"
     shift: float = 0.0
@@ -106,13 +112,20 @@ def contextual_calibration(content_free_scores: Sequence[float] | np.ndarray) ->
     if scores.size == 0:
         raise ValueError("contextual calibration: the expert scored none of the content-free inputs")
     prior = float(scores.mean())
+    if prior in (0.0, 1.0):
+        raise ValueError(
+            f"contextual calibration: the expert gave every content-free input P(high) = {prior:g} "
+            "exactly (the other label's token was not among its top logprobs), a prior that cannot "
+            "be divided out"
+        )
     return ExpertCalibration(
         "contextual", shift=float(-_logit(np.array(prior))), prior=prior, n=int(scores.size)
     )
 
 
 def fit_logit_shift(scores: np.ndarray, labels: np.ndarray) -> ExpertCalibration:
-    """b = argmax_b sum y log s(z+b) + (1-y) log(1-s(z+b)), z = logit(p): the b where mean s(z+b) = mean y."""
+    """b = argmax_b sum y log s(z+b) + (1-y) log(1-s(z+b)), z = logit(p), over the rows with 0 < p < 1
+    (those `apply` moves): the b where their mean s(z+b) = their mean y."""
     p = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels, dtype=np.float64)
     if p.shape != y.shape or p.ndim != 1:
@@ -121,11 +134,14 @@ def fit_logit_shift(scores: np.ndarray, labels: np.ndarray) -> ExpertCalibration
     p, y = p[keep], y[keep]
     if not np.isin(y, (0.0, 1.0)).all():
         raise ValueError("dev calibration: labels must be 0 or 1")
+    certain = (p == 0) | (p == 1)
+    p, y = p[~certain], y[~certain]
     if p.size == 0 or y.min() == y.max():
-        raise ValueError(
-            f"dev calibration: needs both labels among the scored dev examples "
-            f"({int(y.sum())} high of {y.size})"
-        )
+        scored = f"{int(y.sum())} high of {y.size} scored dev examples"
+        if certain.any():
+            scored += f" strictly between 0 and 1 ({int(certain.sum())} more scored exactly 0 or 1"
+            scored += ", which no shift moves)"
+        raise ValueError(f"dev calibration: needs both labels among the dev examples it can move: {scored}")
     z, target = _logit(p), float(y.mean())
     # The log-likelihood is concave in b and its derivative sum(y - s(z + b)) falls from n * mean y
     # to -n * (1 - mean y): one root, bracketed where every s(z + b) is past the mean label.

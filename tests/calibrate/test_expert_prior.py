@@ -63,6 +63,34 @@ def test_the_dev_fit_is_the_maximum_likelihood_shift(seed: int) -> None:
     assert fitted.apply(p).mean() == pytest.approx(y.mean(), abs=1e-9)
 
 
+def test_certain_scores_have_no_say_in_the_dev_fit_and_no_prior_of_exactly_0_or_1_is_divided_out() -> None:
+    """A score of exactly 0 or 1 (next-token scoring without the other label's token in the top
+    logprobs) is one `apply` keeps: the dev fit maximises the likelihood of the rows it moves,
+    whatever the certain rows' labels say."""
+    rng = np.random.default_rng(0)
+    moved = rng.uniform(0.05, 0.95, 400)
+    y_moved = (rng.random(400) < moved).astype(int)  # calibrated already: the best shift is near 0
+    # Confident answers, often wrong: 400 at exactly 1 (80% high), 200 at exactly 0 (10% high).
+    p = np.concatenate([np.ones(400), np.zeros(200), moved])
+    y = np.concatenate([rng.random(400) < 0.8, rng.random(200) < 0.1, y_moved]).astype(int)
+    fitted = fit_logit_shift(p, y)
+    assert fitted == fit_logit_shift(moved, y_moved) and fitted.n == 400
+    grid = np.linspace(-3, 3, 6001)
+    best = grid[np.argmax([_log_likelihood(moved, y_moved, b) for b in grid])]
+    assert abs(fitted.shift - best) <= 0.001 and abs(fitted.shift) < 0.2
+    applied = fitted.apply(p)
+    np.testing.assert_array_equal(applied[:600], p[:600])
+    assert applied[600:].mean() == pytest.approx(y_moved.mean(), abs=1e-9)
+    with pytest.raises(
+        ValueError, match=r"1 high of 1 scored dev examples strictly between 0 and 1 \(2 more"
+    ):
+        fit_logit_shift(np.array([1.0, 0.0, 0.7]), np.array([0, 1, 1]))
+    for certain in (0.0, 1.0):
+        with pytest.raises(ValueError, match=f"P\\(high\\) = {certain:g} exactly"):
+            contextual_calibration([certain, certain, np.nan])
+    assert contextual_calibration([0.0, 1.0]).prior == 0.5  # a mean of certain scores can be divided out
+
+
 def test_the_dev_fit_leaves_out_failed_rows_and_refuses_one_class() -> None:
     p, y = np.array([0.9, 0.8, np.nan, 0.3]), np.array([1, 0, 1, 0])
     assert fit_logit_shift(p, y).n == 3
