@@ -146,10 +146,14 @@ def score_command(
         batch_tokens=batch_tokens,
     )
     options.check()
-    if expert:  # a URL that cannot work is one line now, before anything is written
+    if expert:  # a URL or a cache that cannot work is one line now, before anything is written
+        from experts import ScoreCache
+
         from ..monitor import read_bundle
 
         read_bundle(bundle).expert_spec(expert_url)
+        assert options.expert_cache is not None
+        ScoreCache.for_run(options.expert_cache).close()
     plan = plan_score(options, data, shard_rows=shard_rows, limit=limit)
     try:
         with plan.held():  # a second job on --out is refused before the display starts

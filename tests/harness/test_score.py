@@ -489,6 +489,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--expert", "--expert-url", "ftp://example"], "expert entry"),
         ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
         ({}, ["--expert-cache", "c.sqlite"], "--expert-cache c.sqlite: only with --expert"),
+        # A cache that cannot be made is told before the model loads, and leaves no score.json in --out.
+        ({}, ["--expert", "--expert-cache", str(tmp_path / "a-file" / "c.sqlite")], "a-file"),
         ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
         ({}, ["--max-failed", "0.2"], "--max-failed 0.2: only with --expert"),
     ):
