@@ -28,7 +28,10 @@ def main() -> None:
             answer: BaseException | None = None
         except Exception as error:
             answer = _answer(error, traceback.format_exc().rstrip())
-        write_message(answers, pickle.dumps(answer))
+        try:
+            write_message(answers, pickle.dumps(answer))
+        except BrokenPipeError:  # the caller is gone (killed outright): no one to answer, nor to tell
+            return
 
 
 def _answer(error: Exception, trace: str) -> BaseException:

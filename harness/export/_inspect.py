@@ -26,7 +26,7 @@ from .._errors import InputError
 from ..run import RunLayout, RunLog
 from . import SAMPLES_PER_LOG
 from ._inputs import ExampleInput, Inputs, read_inputs
-from ._parts import LogPart, existing_logs, plan_parts, write_parts
+from ._parts import LogPart, existing_logs, plan_parts, remove_dead_temporaries, write_parts
 from ._records import ArchRecords, ExampleRecord, Outcome, check_finished, read_arch, score_name
 
 if TYPE_CHECKING:
@@ -321,6 +321,8 @@ def export_inspect(
         parts += plan_parts(run_dir, found, inputs, path, samples_per_log)
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
+        for dead in remove_dead_temporaries(path):
+            say(f"removed {dead.name}, left by an export that was killed")
     say(f"writing {len(parts)} log{'s' if len(parts) > 1 else ''}")
     write_parts(parts, write_part, say, replaced=earlier, in_workers=in_workers)
     return [part.final for part in parts]

@@ -13,6 +13,7 @@ cost less in all (1,000: 2.2 s each) but make more logs to browse."""
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
@@ -29,6 +30,7 @@ __all__ = [
     "existing_logs",
     "part_paths",
     "plan_parts",
+    "remove_dead_temporaries",
     "split_records",
     "write_parts",
 ]
@@ -65,6 +67,34 @@ def existing_logs(path: Path) -> list[Path]:
     return ([path] if path.exists() else []) + sorted(parts)
 
 
+def remove_dead_temporaries(path: Path) -> list[Path]:
+    """Remove, and return, the temporaries that exports of `path`'s configuration (its parts too)
+    left when their process was killed outright (`kill -9`, the OOM killer: no `finally` ran).
+    A temporary is `.NAME.PID.tmp`, NAME a log's name; one of a process still running is its own
+    business. (Before, `.STEM.PID.tmp.eval`: a name inspect's viewer listed as a log.)"""
+    stem, suffix = re.escape(path.stem), re.escape(path.suffix)
+    name = rf"\.{stem}(?:\.part\d+-of-\d+)?"
+    pattern = re.compile(rf"{name}{suffix}\.(\d+)\.tmp|{name}\.(\d+)\.tmp{suffix}")
+    removed = []
+    for temporary in path.parent.glob(f".{glob.escape(path.stem)}*") if path.parent.is_dir() else []:
+        found = pattern.fullmatch(temporary.name)
+        if found and not _running(int(found.group(1) or found.group(2))):
+            temporary.unlink(missing_ok=True)
+            removed.append(temporary)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def split_records(records: Sequence[ExampleRecord], samples_per_log: int) -> list[list[ExampleRecord]]:
     """The records cut by example into as many parts as `samples_per_log` asks for, with about
     equal numbers of examples (so of samples, when every example has every seed), every record
@@ -89,7 +119,7 @@ def plan_parts(
     for k, (chunk, final) in enumerate(zip(chunks, paths, strict=True), 1):
         ids = {r.id for r in chunk}
         mine = Inputs({i: inputs.by_id[i] for i in ids if i in inputs.by_id}, inputs.note)
-        temporary = final.with_name(f".{final.stem}.{os.getpid()}.tmp{final.suffix}")
+        temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         out.append(LogPart(run_dir, replace(found, records=chunk), mine, k, len(chunks), final, temporary))
     return out
 

@@ -335,6 +335,44 @@ def test_a_failed_part_renames_nothing_and_leaves_no_temporary(
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_what_a_killed_export_left_is_not_a_log_and_the_next_export_removes_it(
+    two_archs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export killed outright (`kill -9`: its `finally` never runs) leaves its temporaries. They
+    are not named as logs, so inspect's viewer does not list them as parts of the run, and the
+    next export removes those of a process that is gone (and only of this configuration)."""
+    import inspect_ai.log
+
+    out = tmp_path / "logs"
+    out.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = [
+            out / f".linear.part1-of-3.eval.{gone.pid}.tmp",  # as a killed export leaves it now
+            out / f".linear.part2-of-3.{gone.pid}.tmp.eval",  # as an earlier version named it
+        ]
+        kept = [out / f".linear.eval.{alive.pid}.tmp", out / f".other.eval.{gone.pid}.tmp"]
+        for path in dead + kept:
+            path.write_bytes(b"a part written to its end")
+        real, written = inspect_ai.log.write_eval_log, []
+
+        def noting(log: Any, location: str, **kwargs: Any) -> Any:
+            written.append(location)
+            return real(log, location, **kwargs)
+
+        monkeypatch.setattr(inspect_ai.log, "write_eval_log", noting)
+        paths = export_inspect(two_archs, out, samples_per_log=50, in_workers=False)
+        assert written and all(name.endswith(".tmp") for name in written)  # a temporary is never `*.eval`
+        assert [path.exists() for path in dead + kept] == [False, False, True, True]
+        listed = [Path(info.name).name for info in inspect_ai.log.list_eval_logs(str(out), recursive=False)]
+        assert sorted(listed) == sorted(path.name for path in paths)
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_a_full_disk_in_a_worker_is_one_line_and_leaves_nothing(two_archs: Path, tmp_path: Path) -> None:
     """A worker's OSError reaches the command line as itself: one line naming the file, exit
     code 3; the parts not started are skipped; no log and no temporary is left."""
