@@ -210,9 +210,11 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
         "shards": len(shards),
     }
     layout = ScoreLayout(out)
+    # Made before it is held: two jobs started at once on a new folder would otherwise both find
+    # nothing to hold, and the second's manifest would stand over the first's shards.
+    out.mkdir(parents=True, exist_ok=True)
     with one_job(out):  # a running job's manifest is neither judged nor rewritten by another
         _check_same_job(layout, manifest)
-        out.mkdir(parents=True, exist_ok=True)
         write_json(layout.manifest, manifest)
     return ScorePlan(out, tuple(shards), rows)
 

@@ -41,6 +41,9 @@ from harness.data import folder_writer, read_scores
 from harness.monitor import Monitor, ProbeScorer, read_bundle
 from harness.score import ScoreOptions, ShardScorer, ShardTask, plan_score, score_local
 
+# Private: the plan's writer of score.json and this process's holds, watched.
+from harness.score import _plan as score_plan
+
 # Private: the row reader a shard uses, compared here with a full read of each format.
 from harness.score._inputs import read_rows, walk_rows
 
@@ -346,6 +349,26 @@ def test_a_second_job_on_the_same_out_is_one_line_and_touches_nothing(tmp_path: 
     done = run_ctd(*command, cwd=tmp_path, env=made["env"], timeout=600)
     assert done.returncode == 0, done.stderr
     assert not theirs.exists() and len(list(out.glob("shard-*.parquet"))) == 2
+
+
+def test_a_new_out_is_held_before_its_plan_is_written(
+    tmp_path: Path, made: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """score.json is written only while the job holds --out, a folder not there yet included: two
+    jobs started at once on a new folder would otherwise both find nothing to hold, and the
+    second's plan would stand over the first's shards."""
+    out = tmp_path / "new" / "out"
+    holds: list[bool] = []
+    write = score_plan.write_json
+
+    def watched(path: Path, value: object) -> None:
+        holds.append(out.resolve() in score_plan._HELD_HERE)
+        write(path, value)
+
+    monkeypatch.setattr(score_plan, "write_json", watched)
+    data = made["tmp"] / "data" / "test.jsonl"
+    plan_score(ScoreOptions(bundle=made["bundle"], out=out), data, shard_rows=32, limit=None)
+    assert holds == [True] and (out / "score.json").is_file()
 
 
 def test_a_damaged_parquet_input_is_one_line_naming_it(tmp_path: Path) -> None:
