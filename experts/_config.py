@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -36,7 +37,10 @@ def check_base_url(url: object, setting: str = "base_url") -> str:
     if not isinstance(url, str):
         raise InvalidSetting(setting, repr(url), f"must be a URL {example}")
     redacted = redact_url(url)
-    shown = repr(redacted)
+    # Shown without its query or fragment either: a key passed there (Azure's ?subscription-key=,
+    # ?code=) is refused below, and must not be printed in the refusal.
+    tail = re.search(r"[?#]", redacted)
+    shown = repr(redacted if tail is None else redacted[: tail.start() + 1] + "***")
     if redacted != url:  # whatever redaction would hide is refused, before any other problem
         raise InvalidSetting(
             setting,

@@ -73,6 +73,11 @@ _SHAPED = re.compile(
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 
 
+def looks_like_key(text: str) -> bool:
+    """Whether `text` holds a provider key's shape (`sk-...`, `hf_...`, `ghp_...`, a JSON web token)."""
+    return _SHAPED.search(text) is not None
+
+
 def _bearer(match: re.Match[str]) -> str:
     token = match.group(2)
     return match.group(0) if _PLAIN_WORD.fullmatch(token) else match.group(1) + MASK

@@ -18,9 +18,14 @@ The file is $CTD_EXPERTS_FILE, else ~/.config/ctd/experts.toml.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+import stat
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -28,6 +33,7 @@ from typing import Any, Literal, get_args
 from ._config import Price, RateLimit, RetryPolicy, Timeout, check_base_url, redact_url
 from ._errors import ConfigError, InvalidSetting
 from ._prompts import DEFAULT_TEMPLATE, check_scoring_method, load_template
+from ._redact import looks_like_key
 from ._scoring import SCORING_METHODS, ScoringMethod
 
 __all__ = [
@@ -100,7 +106,8 @@ class ExpertSpec:
                 raise InvalidSetting(name, repr(getattr(self, name)), "must be a non-empty string")
         for name in ("base_url_env", "api_key_env"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and _ENV_NAME.fullmatch(value)):
+            named = isinstance(value, str) and _ENV_NAME.fullmatch(value) and not looks_like_key(value)
+            if value is not None and not named:
                 # Not echoed: the likeliest mistake here is the key itself in place of its name.
                 raise InvalidSetting(
                     name, "'***'", "must name an environment variable (letters, digits, _), not hold a key"
@@ -240,7 +247,10 @@ def _line_of(text: str, name: str, key: str | None = None) -> int:
     """The line where an entry (or one of its keys) is written, for error messages."""
     lines = text.splitlines()
     header = re.compile(rf"^\s*\[\s*experts\.\"?{re.escape(name)}\"?\s*\]")
-    start = next((i for i, line in enumerate(lines) if header.match(line)), 0)
+    inline = re.compile(rf"^\s*\"?{re.escape(name)}\"?\s*=")  # `NAME = {{...}}` under [experts]
+    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
+    if start is None:
+        start = next((i for i, line in enumerate(lines) if inline.match(line)), 0)
     if key is None:
         return start + 1
     for i in range(start + 1, len(lines)):
@@ -306,16 +316,8 @@ def load_experts(path: Path | None = None) -> dict[str, ExpertSpec]:
     experts = dict(BUILTIN_EXPERTS)
     if not path.exists():
         return experts
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    unknown_sections = sorted(set(data) - {"experts"})
-    if unknown_sections:
-        raise ConfigError(
-            f"{path}: unknown section [{unknown_sections[0]}] (entries go under [experts.NAME])"
-        )
+    text = _registry_text(path)
+    data = _parsed(text, path)
     for name, table in data.get("experts", {}).items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}:{_line_of(text, name)}: experts.{name} must be a table")
@@ -325,6 +327,35 @@ def load_experts(path: Path | None = None) -> dict[str, ExpertSpec]:
             line = _line_of(text, name, exc.setting)
             raise ConfigError(f"{path}:{line}: expert {name!r}: {exc}", setting=exc.setting) from None
     return experts
+
+
+def _registry_text(path: Path) -> str:
+    """The user's file as text; one that is not UTF-8 (TOML's encoding) is one ConfigError line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (TOML files are UTF-8): save it as UTF-8") from None
+
+
+def _parsed(text: str, path: Path) -> dict[str, Any]:
+    """The file's TOML, holding only an `experts` table of entries; anything else is one
+    ConfigError line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    unknown_sections = sorted(set(data) - {"experts"})
+    if unknown_sections:
+        raise ConfigError(
+            f"{path}: unknown section [{unknown_sections[0]}] (entries go under [experts.NAME])"
+        )
+    if not isinstance(data.get("experts", {}), dict):
+        line = next(
+            (i for i, row in enumerate(text.splitlines(), 1) if re.match(r"\s*\[*\s*experts\b", row)), 1
+        )
+        raise ConfigError(f"{path}:{line}: experts must be a table of entries, each under [experts.NAME]")
+    return data
 
 
 def expert_from_url(
@@ -351,6 +382,41 @@ def resolve_expert(name: str, path: Path | None = None) -> ExpertSpec:
     return experts[name]
 
 
+def _section_header(name: str) -> re.Pattern[str]:
+    """The header line of entry `name`: `[experts.NAME]` or `[experts."NAME"]`, indented or
+    spaced or not, a comment after it or not."""
+    spaced = r"[ \t]*"
+    return re.compile(
+        rf"{spaced}\[{spaced}experts{spaced}\.{spaced}(?:{re.escape(name)}|\"{re.escape(name)}\"){spaced}\]"
+        rf"{spaced}(?:#.*)?"
+    )
+
+
+@contextlib.contextmanager
+def _registry_lock(target: Path) -> Iterator[None]:
+    """The registry `target` held for one read-modify-write (a lock file beside it; the system
+    releases the lock when the process ends)."""
+    with open(target.with_name(f".{target.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _replace_text(target: Path, text: str) -> None:
+    """`target`'s content replaced by `text` at once, its permissions kept: written to a temporary
+    file of its own beside it, then renamed over it."""
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -371,7 +437,9 @@ def add_expert(name: str, entry: dict[str, Any], path: Path | None = None) -> Pa
     The entry is checked first, as the file will read it back, and its template must load (a
     template path is written absolute, so that the entry works from any folder); a problem is
     ConfigError naming the key (InvalidSetting for a value) and leaves the file as it was. The
-    file is rewritten atomically."""
+    file is rewritten atomically, under a lock (two adds at once keep both entries), through a
+    link to it and with its permissions; what is written must read back as every other entry as
+    it was."""
     path = path or experts_file()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ConfigError(f"expert name {name!r}: use letters, digits, '-', '_' and '.'")
@@ -386,14 +454,34 @@ def add_expert(name: str, entry: dict[str, Any], path: Path | None = None) -> Pa
             entry["template"] = str(loaded.path.resolve())
     body = "\n".join(f"{key} = {_toml_value(value)}" for key, value in entry.items())
     section = f'[experts."{name}"]\n{body}\n'  # quoted: a '.' in the name is not a sub-table
-    _spec_from_table(name, tomllib.loads(section)["experts"][name], str(path))
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    # Drop an existing section of that name (up to the next section header).
-    pattern = re.compile(rf"(?ms)^\[experts\.\"?{re.escape(name)}\"?\]\n.*?(?=^\[|\Z)")
-    text = pattern.sub("", text).rstrip()
-    new_text = (text + "\n\n" if text else "") + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(new_text, encoding="utf-8")
-    os.replace(tmp, path)
+    new_entry = tomllib.loads(section)["experts"][name]
+    _spec_from_table(name, new_entry, str(path))
+    target = path.resolve()  # a registry kept as a link (dotfiles) stays one
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _registry_lock(target):  # two adds at once: each reads what the other wrote
+        text = _registry_text(target) if target.exists() else ""
+        before = _parsed(text, path).get("experts", {})
+        lines = text.splitlines(keepends=True)
+        header = _section_header(name)
+        start = next((i for i, line in enumerate(lines) if header.fullmatch(line.rstrip("\r\n"))), None)
+        if start is not None:  # the section ends at the next header, indented or not
+            later = (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("["))
+            end = next(later, len(lines))
+            while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):
+                end -= 1  # comments just above the next header are that entry's
+            del lines[start:end]
+        kept = "".join(lines).rstrip()
+        new_text = (kept + "\n\n" if kept else "") + section
+        # What is written must read back as every other entry as it was and this one as given: an
+        # entry in a form the header above does not match (an inline table) is refused, not doubled.
+        try:
+            after = tomllib.loads(new_text).get("experts")
+        except tomllib.TOMLDecodeError:  # the entry twice
+            after = None
+        if after != {**{key: value for key, value in before.items() if key != name}, name: new_entry}:
+            raise ConfigError(
+                f"{path}:{_line_of(text, name)}: expert {name!r} is written in a form `ctd experts add` "
+                "cannot replace (an inline table?): edit or remove it by hand"
+            )
+        _replace_text(target, new_text)
     return path

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +314,78 @@ def test_urls_with_credentials_are_refused_where_they_enter(
 def test_add_expert_with_a_dotted_name(experts_toml: Path) -> None:
     add_expert("my.judge", {"base_url": "http://127.0.0.1:9001/v1", "model": "m"})
     assert load_experts()["my.judge"].model == "m"
+
+
+def _entry(url: str, model: str) -> str:
+    return f'base_url = "{url}"\nmodel = "{model}"\n'
+
+
+def test_add_replaces_only_its_own_entry_however_the_file_writes_it(experts_toml: Path) -> None:
+    """A hand-written registry: an indented header after the entry, a comment after its header,
+    a link to the file with its permissions. The entry is replaced, every other entry and comment
+    stays; one in a form `add` cannot replace (an inline table) is refused, the file untouched."""
+    experts_toml.parent.mkdir(parents=True)
+    kept = "# production judge, do not remove\n  [experts.bar]\n" + _entry("http://h:1/v1", "b")
+    experts_toml.write_text("[experts.foo]  # my judge\n" + _entry("http://h:1/v1", "m") + "\n" + kept)
+    add_expert("foo", {"base_url": "http://h:2/v1", "model": "m2"})
+    loaded = load_experts()
+    assert loaded["foo"].model == "m2" and loaded["bar"].model == "b"
+    assert kept in experts_toml.read_text() and "my judge" not in experts_toml.read_text()
+    inline = '[experts]\nfoo = {base_url = "http://h:1/v1", model = "m"}\n'
+    experts_toml.write_text(inline)
+    with pytest.raises(ConfigError, match=r"experts.toml:2: expert 'foo' is written in a form"):
+        add_expert("foo", {"base_url": "http://h:2/v1", "model": "m2"})
+    assert experts_toml.read_text() == inline
+    real = experts_toml.parent / "dotfiles" / "experts.toml"
+    real.parent.mkdir()
+    real.write_text("[experts.bar]\n" + _entry("http://h:1/v1", "b"))
+    real.chmod(0o600)
+    experts_toml.unlink()
+    experts_toml.symlink_to(real)
+    add_expert("foo", {"base_url": "http://h:2/v1", "model": "m2"})
+    assert experts_toml.is_symlink() and (real.stat().st_mode & 0o777) == 0o600
+    assert set(load_experts()) >= {"foo", "bar"} and "foo" in real.read_text()
+    assert sorted(p.name for p in real.parent.iterdir()) == [".experts.toml.lock", "experts.toml"]
+
+
+def test_adds_at_once_keep_every_entry(experts_toml: Path) -> None:
+    """Two processes adding entries at once: each reads what the other wrote, none is lost."""
+    script = (
+        "import sys; from experts import add_expert\n"
+        "for i in range(12): add_expert(f'{sys.argv[1]}{i}', {'base_url': 'http://h:1/v1', 'model': 'm'})\n"
+    )
+    runs = [subprocess.Popen([sys.executable, "-c", script, who]) for who in ("a", "b")]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    assert {f"{who}{i}" for who in "ab" for i in range(12)} <= set(load_experts())
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("# caf\xe9\n[experts.x]\n".encode("latin-1"), r"experts.toml:1: not UTF-8 text"),
+        (b"experts = 1\n", r"experts.toml:1: experts must be a table of entries"),
+        (b'[[experts]]\nmodel = "m"\n', r"experts.toml:1: experts must be a table of entries"),
+    ],
+)
+def test_a_registry_that_cannot_be_read_is_one_line(experts_toml: Path, content: bytes, problem: str) -> None:
+    experts_toml.parent.mkdir(parents=True)
+    experts_toml.write_bytes(content)
+    for call in (load_experts, lambda: add_expert("y", {"base_url": "http://h:1/v1", "model": "m"})):
+        with pytest.raises(ConfigError, match=problem):
+            call()
+    assert experts_toml.read_bytes() == content
+
+
+def test_keys_are_refused_where_names_or_urls_are_expected_and_never_shown(experts_toml: Path) -> None:
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWx"  # a valid variable name, and a Hugging Face token's shape
+    with pytest.raises(InvalidSetting) as info:
+        add_expert("x", {"base_url": "http://h:1/v1", "model": "m", "api_key_env": token})
+    assert "not hold a key" in str(info.value) and token not in str(info.value)
+    for url in (
+        "https://apim.example/v1?subscription-key=s3cr3tvalue",
+        "https://f.example/v1#code=s3cr3tvalue",
+    ):
+        with pytest.raises(InvalidSetting) as info:
+            check_base_url(url, "--url")
+        assert "s3cr3tvalue" not in str(info.value) and "***" in str(info.value)
+    assert not experts_toml.exists()
