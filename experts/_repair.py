@@ -63,24 +63,28 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
     """A connection that never writes `path` nor leaves a file next to it. With no write-ahead
     log beside it (no run has it open, and the last one closed cleanly) the file is opened as
     immutable: the main file is all there is to read. With a log, read-only mode reads it too;
-    where that fails (the log's index cannot be made in a read-only folder), immutable it is."""
+    where it cannot (the log's index cannot be made in a read-only folder), a ConfigError says
+    so: read without its log, a killed run's cache would seem to hold none of its last answers."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     uri = f"file:{quote(str(path.resolve()))}"
     log = Path(f"{path}-wal")
-    modes = ["mode=ro", "immutable=1"] if log.exists() and log.stat().st_size > 0 else ["immutable=1"]
-    for mode in modes:
-        connection = sqlite3.connect(f"{uri}?{mode}", uri=True)
-        try:
-            connection.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-            break
-        except sqlite3.OperationalError as exc:  # read-only mode could not make the log's index
-            connection.close()
-            if mode == modes[-1]:
-                raise as_storage_error(path, exc) from None
-        except sqlite3.DatabaseError as exc:  # not a database, or its first page damaged
-            connection.close()
+    logged = log.exists() and log.stat().st_size > 0
+    connection = sqlite3.connect(f"{uri}?{'mode=ro' if logged else 'immutable=1'}", uri=True)
+    try:
+        connection.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:  # read-only mode could not make the log's index
+        connection.close()
+        if not logged:
             raise as_storage_error(path, exc) from None
+        raise ConfigError(
+            f"{path}: its write-ahead log {log.name} ({log.stat().st_size:,} bytes) holds answers that "
+            f"cannot be read here ({exc}): copy {path.name} and {log.name} into a folder you can write, "
+            "and run the command on the copy"
+        ) from None
+    except sqlite3.DatabaseError as exc:  # not a database, or its first page damaged
+        connection.close()
+        raise as_storage_error(path, exc) from None
     with closing(connection):
         yield connection
 

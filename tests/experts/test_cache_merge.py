@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ctd_cli import run_ctd
 
-from experts import ScoreCache, list_claims, merge_caches
+from experts import ConfigError, ScoreCache, check_cache, list_claims, merge_caches, salvage_cache
 
 # Private: a run's claims under the real ledger, held while another process merges.
 from experts._claims import ClaimLedger
@@ -220,3 +221,48 @@ def test_a_killed_merge_leaves_a_valid_cache_that_a_rerun_completes_quickly(tmp_
         f"rerun merged {n - done} new of {n} answers in {seconds:.2f} s, peak {peak / 2**20:.1f} MiB traced"
     )
     assert seconds < 60 and peak < 32 * 2**20
+
+
+def test_answers_still_in_a_write_ahead_log_that_cannot_be_read_are_refused_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """A killed run's cache keeps its last answers in its write-ahead log. Copied with the log into
+    a folder this process cannot create files in (a read-only mount, another user's folder; here
+    `chattr +i`), the log cannot be read: check, merge and salvage each refuse in one line, where
+    they had read the main file alone and found none of those answers."""
+    killed = tmp_path / "killed.sqlite"
+    writer = (
+        "import os, sys\nsys.path[:0] = sys.argv[2:]\n"
+        "from test_cache_merge import answer, cache_with\nfrom experts import ScoreCache\n"
+        "cache_with(__import__('pathlib').Path(sys.argv[1]), [])\n"
+        "cache = ScoreCache(sys.argv[1])\ncache.put_many([answer(i) for i in range(30)])\n"
+        "os._exit(0)  # as kill -9: no checkpoint of the log into the file\n"
+    )
+    here = str(Path(__file__).parent)
+    subprocess.run([sys.executable, "-c", writer, str(killed), here, *sys.path], check=True)
+    log = Path(f"{killed}-wal")
+    assert log.stat().st_size > 0
+    readable, shut = tmp_path / "readable", tmp_path / "shut"
+    for folder in (readable, shut):
+        folder.mkdir()
+        for path in (killed, log):
+            (folder / path.name).write_bytes(path.read_bytes())
+    target = ScoreCache(tmp_path / "target.sqlite")
+    try:
+        assert [r.added for r in merge_caches(target, [readable / killed.name])] == [30]
+        done = subprocess.run(["chattr", "+i", str(shut)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"chattr +i does not work here: {done.stderr.decode().strip()}")
+        refusal = r"its write-ahead log killed.sqlite-wal \([\d,]+ bytes\) holds answers that cannot be read"
+        try:
+            for call in (
+                lambda: check_cache(shut / killed.name),
+                lambda: merge_caches(target, [shut / killed.name]),
+                lambda: salvage_cache(shut / killed.name, tmp_path / "salvaged.sqlite"),
+            ):
+                with pytest.raises(ConfigError, match=refusal):
+                    call()
+        finally:
+            subprocess.run(["chattr", "-i", str(shut)], check=False)
+    finally:
+        target.close()
