@@ -150,15 +150,23 @@ def render_conversation(conversation: Conversation) -> str:
     return "\n\n".join(f"[{role}]\n{content}" for role, content in _checked_messages(conversation))
 
 
-@functools.cache
 def load_template(name_or_path: str) -> PromptTemplate:
-    """A built-in template by name (experts/prompts/NAME.toml) or a template file by path."""
+    """A built-in template by name (experts/prompts/NAME.toml) or a template file by path. Read
+    once per version of the file (its size and modification time): a file edited since is read
+    again, in a notebook's long-lived process too."""
     path = Path(name_or_path)
     if not path.suffix:
         path = _BUILTIN / f"{name_or_path}.toml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in _BUILTIN.glob("*.toml")))
         raise ConfigError(f"prompt template {name_or_path!r} not found (built-in: {known}, or a .toml path)")
+    version = path.stat()
+    return _read_template(path, version.st_size, version.st_mtime_ns)
+
+
+@functools.cache
+def _read_template(path: Path, size: int, mtime_ns: int) -> PromptTemplate:
+    """`load_template` of the file at `path` as it is at (`size`, `mtime_ns`)."""
     raw = path.read_bytes()
     try:
         data = tomllib.loads(raw.decode("utf-8"))

@@ -269,12 +269,15 @@ class QueryStage:
 
 
 def expert_identity(spec: ExpertSpec) -> dict[str, Any]:
-    """What decides the expert's answers (the cache key's fields), never the API key."""
+    """What decides the expert's answers (the cache key's fields), never the API key. The
+    template by its content too, as the cache key has it: a template file edited since the run
+    asks the expert again, under the same name or path."""
     return {
         "name": spec.name,
         "endpoint": spec.endpoint_id(),
         "model": spec.model,
         "method": spec.method,
         "template": spec.template,
+        "template_sha256": experts.load_template(spec.template).sha256,
         "top_logprobs": spec.top_logprobs,
     }

@@ -162,7 +162,6 @@ def test_guard_answers_parse(template: str, top: list[tuple[str, float]], p: flo
 def _template(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "guard.toml"
     path.write_text(text, encoding="utf-8")
-    load_template.cache_clear()
     return path
 
 

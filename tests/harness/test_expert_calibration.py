@@ -26,6 +26,7 @@ from fault_server import RunningServer, item_score
 from monitor_bundle import write_untrained_bundle
 
 import calibrate
+import experts
 from harness import ExpertSettings, InputError
 from harness.data import load_data, read_json, read_table, scores_from_columns, write_table
 from harness.expert import resolve_expert
@@ -210,3 +211,17 @@ def test_a_damaged_calibration_file_is_one_line_in_the_report(tmp_path: Path) ->
     assert (
         message.startswith(f"{layout.expert_calibration}: not an expert calibration") and "\n" not in message
     )
+
+
+def test_a_template_file_edited_since_the_run_changes_the_query_fingerprint(tmp_path: Path) -> None:
+    """The cache keys the template by its content: so does the query stage, or a rerun after an
+    edit of the prompt would keep the old prompt's answers (the stage skipped as up to date)."""
+    template = tmp_path / "my-template.toml"
+    original = (Path(experts.__file__).parent / "prompts" / "fine-v1.toml").read_text()
+    template.write_text(original)
+    ctx = _context(tmp_path)
+    ctx = replace(ctx, expert=replace(ctx.expert, spec=replace(ctx.expert.spec, template=str(template))))
+    before = QueryStage(ctx).fingerprint()[0]
+    assert QueryStage(ctx).fingerprint()[0] == before
+    template.write_text(original.replace("Is everything fine here?", "Is anything wrong here?"))
+    assert QueryStage(ctx).fingerprint()[0] != before
