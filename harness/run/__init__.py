@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "listed_paths": "._runner",
     "load_run_config": "._config",
     "make_console": "._progress",
+    "one_invocation": "._runner",
     "read_job": "._validation",
     "read_joint_job": "._validation",
     "run_stages": "._runner",

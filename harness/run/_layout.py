@@ -77,6 +77,11 @@ class RunLayout:
         return self.root / "run.json"
 
     @property
+    def lock(self) -> Path:
+        """The file an invocation holds locked while it runs (`harness.run.one_invocation`)."""
+        return self.root / ".ctd-eval.lock"
+
+    @property
     def text_log(self) -> Path:
         return self.root / "log.txt"
 

@@ -5,6 +5,7 @@ the query stage's wait for the expert."""
 
 from __future__ import annotations
 
+import fcntl
 import signal
 import threading
 import time
@@ -13,12 +14,32 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
 
+from .._errors import InputError
 from .._signals import StopRelay
+from ._layout import RunLayout
 from ._log import Manifests, RunLog, StageStatus
 from ._stage import Stage, StageOutcome
 
-__all__ = ["Together", "listed_paths", "run_stages"]
+__all__ = ["Together", "listed_paths", "one_invocation", "run_stages"]
 
+
+
+@contextmanager
+def one_invocation(layout: RunLayout) -> Iterator[None]:
+    """Hold the run folder for one `ctd eval` invocation for the block (a lock on `layout.lock`,
+    which the system drops when the process ends): a second invocation of the same run meanwhile
+    is one InputError. Each rewrites run.json and the stages' manifests whole, so two at once
+    would lose one's record (its costs among them) and mix their stages' outputs."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with open(layout.lock, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(
+                f"{layout.root}: another `ctd eval` of this run is running; wait for it to end (or stop "
+                "it), then rerun to resume"
+            ) from None
+        yield
 
 @dataclass(frozen=True)
 class Together:

@@ -5,6 +5,7 @@ checks nor starts the expert, so it runs with the expert down."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import time
@@ -19,7 +20,7 @@ from fault_server import FaultPlan, RunningServer
 from harness import InputError
 from harness.data import load_data
 from harness.expert import resolve_expert
-from harness.run import Manifests, Roots, RunConfig, RunContext, StageProgress
+from harness.run import Manifests, Roots, RunConfig, RunContext, RunLayout, RunLog, StageProgress
 from harness.stages import QueryStage
 from probes import ModelInfo
 
@@ -213,3 +214,20 @@ def test_a_missing_answer_with_the_expert_down_still_fails_before_any_work(tmp_p
     )
     assert_one_line_error(result, f"error: --expert {dead}: cannot reach")
     assert not list((tmp_path / "store").glob("*/complete.json"))
+
+
+def test_a_second_invocation_of_a_running_run_is_one_line_and_touches_nothing(tmp_path: Path) -> None:
+    """While an invocation runs (its lock held here, as a running `ctd eval` holds it), another of
+    the same run is refused in one line, exit 2, before it writes: two at once would each rewrite
+    run.json whole, and one invocation's record (its costs with it) would be lost."""
+    layout = RunLayout(tmp_path / "runs" / "held")
+    layout.root.mkdir(parents=True)
+    RunLog().write(layout.run_log)  # an earlier invocation's record
+    record = layout.run_log.read_bytes()
+    with open(layout.lock, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = sorted(p.name for p in layout.root.iterdir())
+        done = run_ctd("eval", "--name", "held", *FAST, cwd=tmp_path, env=eval_env(tmp_path))
+    assert_one_line_error(done, f"{layout.root}: another `ctd eval` of this run is running")
+    assert sorted(p.name for p in layout.root.iterdir()) == before
+    assert layout.run_log.read_bytes() == record
