@@ -80,6 +80,7 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     """Every check that needs no weights and no expert call: the shared places (runs root, store,
     caches), data spec, expert, model and layer, budgets against the test split's size."""
     check_roots(runs_root)
+    config.probe_settings  # noqa: B018  (its checks: --arch, --max-tokens/--batch-tokens, --seeds)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
     expert = config.expert_settings.resolve()
     for later in config.cascade:  # a typo in a later expert is told now, not after hours of work

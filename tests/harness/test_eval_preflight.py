@@ -231,3 +231,11 @@ def test_a_second_invocation_of_a_running_run_is_one_line_and_touches_nothing(tm
     assert_one_line_error(done, f"{layout.root}: another `ctd eval` of this run is running")
     assert sorted(p.name for p in layout.root.iterdir()) == before
     assert layout.run_log.read_bytes() == record
+
+
+def test_batch_tokens_below_max_tokens_is_one_line_before_the_run_folder_is_written(tmp_path: Path) -> None:
+    done = run_ctd(
+        "eval", "--name", "tight", *FAST, "--batch-tokens", "64", cwd=tmp_path, env=eval_env(tmp_path)
+    )
+    assert_one_line_error(done, "--max-tokens 96 / --batch-tokens 64: need 1 <= max-tokens <= batch-tokens")
+    assert not (tmp_path / "runs" / "tight").exists()
