@@ -20,11 +20,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import event, func, insert
 from sqlalchemy.exc import DBAPIError
@@ -277,6 +278,32 @@ def _use_wal(cursor: Any, *, within: float) -> None:
         time.sleep(0.05)
 
 
+def _refuse_foreign(path: Path) -> None:
+    """ConfigError when `path` is an SQLite database of something else (tables, but no table of
+    answers keyed as this project keys them), read without writing it: opening it as the cache
+    would switch it to WAL and add this project's tables to it, even for a command that only
+    reads. A new file, an empty database and a cache of any version pass."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        # timeout 0: a file another process holds locked is left to the open below, which waits
+        # for it as long as the caller said and names the lock when it does not end
+        with closing(
+            sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=0)
+        ) as db:
+            tables = sorted(
+                name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(scores)")}
+    except sqlite3.Error:  # not a database, damaged, or not readable here: the open below says which
+        return
+    if tables and not {"key", "score"} <= columns:
+        raise ConfigError(
+            f"{path}: not a ctd cache (an SQLite database holding {', '.join(tables[:3])}"
+            f"{', ...' if len(tables) > 3 else ''}): give --cache (or $CTD_CACHE) another file"
+        )
+
+
 class ScoreCache:
     """Get and put rows of one SQLite file. Safe to share between the event loop (reads) and the
     writer's thread (writes). Every failure of the file (full, read-only, locked, damaged) is a
@@ -303,6 +330,7 @@ class ScoreCache:
                     kind=storage_kind(exc),
                 ) from None
             raise ConfigError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
+        _refuse_foreign(self.path)
         self.engine = create_engine(
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": busy_timeout}
         )

@@ -266,3 +266,27 @@ def test_answers_still_in_a_write_ahead_log_that_cannot_be_read_are_refused_not_
             subprocess.run(["chattr", "-i", str(shut)], check=False)
     finally:
         target.close()
+
+
+@pytest.mark.parametrize(
+    "schema", ["CREATE TABLE scores (player TEXT, score INT)", "CREATE TABLE notes (text TEXT)"]
+)
+def test_another_programs_database_named_as_the_cache_is_refused_untouched(
+    tmp_path: Path, schema: str
+) -> None:
+    """Opening it as the cache, even to read (`ctd cache stats`), would switch it to WAL and add
+    this project's tables; it is refused in one line, its bytes as they were. An empty database
+    is a new cache."""
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as db:
+        db.execute(schema)
+        db.commit()
+    before = other.read_bytes()
+    with pytest.raises(ConfigError, match=r"other.db: not a ctd cache \(an SQLite database holding"):
+        ScoreCache(other)
+    done = run_ctd("cache", "stats", "--cache", str(other), cwd=tmp_path)
+    assert done.returncode == 2 and "not a ctd cache" in done.stderr, done.stderr
+    assert other.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    ScoreCache(empty).close()
