@@ -46,6 +46,23 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
+def _check_key(api_key_env: str | None) -> None:
+    """ConfigError, naming the variable and never its value, when the key it holds cannot go
+    into an HTTP header: a line break (a .env file saved with Windows line ends leaves a CR at its
+    end) or a character outside ASCII."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if not key:
+        return
+    bad = next((i for i, ch in enumerate(key) if not " " <= ch <= "~"), None)
+    if bad is not None:
+        where = "ends in" if bad == len(key) - 1 else f"holds at character {bad + 1}"
+        kind = "a line break" if key[bad] in "\r\n" else "a control or non-ASCII character"
+        raise ConfigError(
+            f"${api_key_env} {where} {kind}, which an HTTP header cannot carry (a .env file with "
+            "Windows line ends leaves a CR): set the variable to the key alone"
+        )
+
+
 class Endpoint:
     """POSTs JSON to `base_url + path` on the least-busy replica and returns the parsed answer.
 
@@ -67,6 +84,7 @@ class Endpoint:
             raise ConfigError("an endpoint needs at least one base URL")
         self.base_urls = tuple(check_base_url(url, "base URL").rstrip("/") for url in base_urls)
         self.api_key_env = api_key_env
+        _check_key(api_key_env)
         self._in_flight = [0] * len(self.base_urls)
         self._next = 0
         self._client = httpx.AsyncClient(

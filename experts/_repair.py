@@ -84,6 +84,8 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
         ) from None
     except sqlite3.DatabaseError as exc:  # not a database, or its first page damaged
         connection.close()
+        if "file is not a database" in str(exc):  # as the cache's own open says it: no salvage to try
+            raise ConfigError(f"{path}: not a ctd cache (file is not a database)") from None
         raise as_storage_error(path, exc) from None
     with closing(connection):
         yield connection

@@ -289,6 +289,8 @@ def experts_serve(
     registry = _registry()
     if name not in registry:
         raise InputError(f"unknown expert {name!r}; known: {', '.join(sorted(registry))}")
+    if port is not None and not 1 <= port <= 65535:
+        raise InputError(f"--port {port}: must lie in 1..65535")
     try:
         vllm = experts.VllmSettings(gpu_memory_utilization=gpu_memory, max_model_len=max_model_len)
     except InvalidSetting as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ctd_cli import assert_one_line_error, run_ctd
 
 from experts import (
     BUILTIN_EXPERTS,
@@ -389,3 +390,23 @@ def test_keys_are_refused_where_names_or_urls_are_expected_and_never_shown(exper
             check_base_url(url, "--url")
         assert "s3cr3tvalue" not in str(info.value) and "***" in str(info.value)
     assert not experts_toml.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("sk-live-abcdef\r", "ends in a line break"),
+        ("sk-live-\xe9bcdef", "holds at character 9 a control or non-ASCII"),
+    ],
+)
+def test_a_key_an_http_header_cannot_carry_is_one_line_naming_its_variable(
+    experts_toml: Path, monkeypatch: pytest.MonkeyPatch, key: str, said: str
+) -> None:
+    monkeypatch.setenv("CTD_TEST_KEY", key)
+    with pytest.raises(ConfigError) as info:
+        Endpoint(["http://127.0.0.1:9/v1"], api_key_env="CTD_TEST_KEY")
+    assert str(info.value).startswith(f"$CTD_TEST_KEY {said}") and "abcdef" not in str(info.value)
+    add_expert("keyed", {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "CTD_TEST_KEY"})
+    done = run_ctd("experts", "check", "keyed", cwd=experts_toml.parent.parent)
+    assert_one_line_error(done, f"$CTD_TEST_KEY {said}")
+    assert "abcdef" not in done.stderr + done.stdout

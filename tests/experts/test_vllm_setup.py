@@ -128,6 +128,12 @@ def test_serve_without_vllm_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(result, "error: expert smollm2-vllm:", "ctd experts setup vllm")
 
 
+@pytest.mark.parametrize("port", ["0", "-5", "99999"])
+def test_a_port_off_the_range_is_one_line_even_for_a_dry_run(tmp_path: Path, port: str) -> None:
+    result = run_ctd("experts", "serve", "smollm2", "--port", port, "--dry-run", cwd=tmp_path)
+    assert_one_line_error(result, f"--port {port}: must lie in 1..65535")
+
+
 def test_vllm_dying_at_start_is_one_line_with_its_reason(tmp_path: Path) -> None:
     # vLLM's own failure: a traceback, its error, then shutdown noise after it.
     script = (

@@ -261,3 +261,14 @@ def test_a_bad_source_is_one_line_and_nothing_is_merged(workdir: Path, make: Any
     result = run_ctd("cache", "merge", "good.sqlite", make(workdir), "--cache", "here.sqlite", cwd=workdir)
     assert_one_line_error(result, said)
     assert rows_of(workdir / "here.sqlite") == before
+
+
+@pytest.mark.parametrize("command", [["check"], ["salvage", "--out", "salvaged.sqlite"]])
+def test_check_and_salvage_of_a_file_that_is_not_sqlite_say_so_in_one_line(
+    workdir: Path, command: list[str]
+) -> None:
+    """Not a damaged cache (exit 3, "run salvage"), but the wrong file: exit 2, as merge says it."""
+    _text(workdir)
+    result = run_ctd("cache", *command, "--cache", "notes.sqlite", cwd=workdir)
+    assert_one_line_error(result, "notes.sqlite: not a ctd cache (file is not a database)")
+    assert not (workdir / "salvaged.sqlite").exists()
