@@ -6,16 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..run import RunContext, StageResult, fingerprint
-from ._calibrate import CALIBRATE_SETTINGS
-from ._validate import VALIDATE_SETTINGS
+from ..run import RunContext, RunLog, RunLogError, StageResult, fingerprint
 
 if TYPE_CHECKING:
     from .._workers import WorkerPool
 
 __all__ = ["ReportStage"]
 
-_READS = ("dv", "calibrate", "validate")  # the stages whose outputs the report reads
+# The stages whose outputs the report reads: the expert's answers and their calibration
+# (query, cascade) as well as the probes', the sweeps and the validation.
+_READS = ("query", "cascade", "dv", "calibrate", "validate")
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,18 @@ class ReportStage:
     name: ClassVar[str] = "report"
 
     def fingerprint(self) -> tuple[str, dict[str, Any]]:
+        """What the report shows: the outputs of the stages it reads, the run's whole config (its
+        header prints it) and the dollars run.json records (its cost line), so that a query
+        stage that paid for answers again, or an option changed, rebuilds it."""
         manifests = self.ctx.manifests
         content: dict[str, Any] = {
             stage: (manifests.read(stage) or {}).get("outputs", {}) for stage in _READS
         }
-        content["config"] = self.ctx.config.section(*CALIBRATE_SETTINGS, *VALIDATE_SETTINGS)
+        content["config"] = self.ctx.config.to_toml()
+        try:
+            content["cost_usd"] = RunLog.read(self.ctx.layout.run_log).costs()
+        except RunLogError:  # the report says it cannot read them
+            content["cost_usd"] = None
         return fingerprint(content), {"stages": list(_READS)}
 
     def reusable(self) -> bool:

@@ -38,8 +38,18 @@ from harness.report._checks import check_scores
 # Private: the report's context and its calibration section, given a damaged file.
 from harness.report._context import ReportContext
 from harness.report._expert_calibration import expert_calibration_section
-from harness.run import Manifests, QueryLayout, Roots, RunConfig, RunContext, RunLayout, StageProgress
-from harness.stages import QueryStage, cascade_expert_scores, preflight_cache
+from harness.run import (
+    Manifests,
+    QueryLayout,
+    Roots,
+    RunConfig,
+    RunContext,
+    RunLayout,
+    RunLog,
+    StageProgress,
+    StageStatus,
+)
+from harness.stages import QueryStage, ReportStage, cascade_expert_scores, preflight_cache
 
 # Private: the fit and the writer behind the query stage's calibration.
 from harness.stages._expert_calibration import (
@@ -225,3 +235,21 @@ def test_a_template_file_edited_since_the_run_changes_the_query_fingerprint(tmp_
     assert QueryStage(ctx).fingerprint()[0] == before
     template.write_text(original.replace("Is everything fine here?", "Is anything wrong here?"))
     assert QueryStage(ctx).fingerprint()[0] != before
+
+
+def test_the_report_is_built_again_when_the_dollars_or_the_config_it_shows_change(tmp_path: Path) -> None:
+    """The report prints run.json's dollars and the run's config: a query stage that paid for
+    answers again (`--retry-failed`), or another option, must not leave it up to date."""
+    ctx = _context(tmp_path)
+    ctx.layout.root.mkdir(parents=True)
+    log = RunLog()
+    log.started({})
+    log.record("query", StageStatus.RAN, 1.0, "", 19.924)
+    log.write(ctx.layout.run_log)
+    before = ReportStage(ctx).fingerprint()[0]
+    assert ReportStage(ctx).fingerprint()[0] == before
+    log.record("query", StageStatus.RAN, 1.0, "", 0.503)  # three answers paid for again
+    log.write(ctx.layout.run_log)
+    paid = ReportStage(ctx).fingerprint()[0]
+    assert paid != before
+    assert ReportStage(replace(ctx, config=replace(ctx.config, max_failed=0.2))).fingerprint()[0] != paid
