@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from contextlib import closing, suppress
@@ -173,6 +174,11 @@ def run_eval(
 
         ctx.costs.record = record_spending
         manifests = ctx.manifests
+        if not config.cascade and layout.cascade.root.is_dir():
+            # Back to one expert: the earlier cascade's tables (made again from the cache, should
+            # it come back) are no part of this run, and the report and `ctd calibrate` would read them.
+            shutil.rmtree(layout.cascade.root)
+            manifests.invalidate(CascadeStage.name)
         data = ctx.data
         manifests.log(
             f"ctd eval {config.run_name}: {len(data.train)} train, {len(data.dev)} dev, {len(data.test)} test"

@@ -23,7 +23,6 @@ from ._stage import Stage, StageOutcome
 __all__ = ["Together", "listed_paths", "one_invocation", "run_stages"]
 
 
-
 @contextmanager
 def one_invocation(layout: RunLayout) -> Iterator[None]:
     """Hold the run folder for one `ctd eval` invocation for the block (a lock on `layout.lock`,
@@ -40,6 +39,7 @@ def one_invocation(layout: RunLayout) -> Iterator[None]:
                 "it), then rerun to resume"
             ) from None
         yield
+
 
 @dataclass(frozen=True)
 class Together:

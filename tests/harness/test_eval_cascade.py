@@ -100,6 +100,12 @@ def test_a_cascade_of_two_experts_runs_end_to_end_and_one_expert_stays_as_it_was
         assert (single / relative).read_bytes() == (run / relative).read_bytes(), relative
     toml = (single / "config.toml").read_text()
     assert "\ncascade =" not in toml and 'cascade = ["large"]' in (run / "config.toml").read_text()
+    # The cascade's run back to one expert (every answer cached): its earlier cascade tables go,
+    # and the report says nothing of a cascade.
+    back = run_ctd(*args, "--name", "two", "--expert", "small", cwd=tmp_path, env=env, timeout=600)
+    assert back.returncode == 0, back.stderr
+    assert not (run / "cascade").exists() and not (run / "validate" / "cascade").exists()
+    assert "## Cascade of experts" not in (run / "report" / "report.md").read_text()
 
 
 def test_a_later_expert_must_be_a_registered_name_other_than_the_one_before(tmp_path: Path) -> None:
