@@ -161,9 +161,10 @@ def run_eval(
         # and stop; the main process runs every stage.
         probe_stage(ctx.data, ProbeStage.settings(ctx), layout.probe.root, store_root=ctx.roots.store)
         return EvalResult(layout.root, layout.report.markdown, ())
+    RunLog.read(layout.run_log)  # before anything is written (the lock's file too): it may refuse the file
     # One invocation of a run at a time: each rewrites run.json and the manifests whole.
     with one_invocation(layout):
-        run_log = RunLog.read(layout.run_log)  # before anything is written: it may refuse the file
+        run_log = RunLog.read(layout.run_log)  # as it is now that this invocation holds the run
         ctx.costs.before = sum(run_log.costs().values())  # --cost-limit holds for the run, across resumes
 
         def record_spending(stage: str, usd: float) -> None:
