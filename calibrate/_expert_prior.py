@@ -125,7 +125,8 @@ def contextual_calibration(content_free_scores: Sequence[float] | np.ndarray) ->
 
 def fit_logit_shift(scores: np.ndarray, labels: np.ndarray) -> ExpertCalibration:
     """b = argmax_b sum y log s(z+b) + (1-y) log(1-s(z+b)), z = logit(p), over the rows with 0 < p < 1
-    (those `apply` moves): the b where their mean s(z+b) = their mean y."""
+    (those `apply` moves): the b where their mean s(z+b) = their mean y; 0 when those rows hold one
+    label only (or none), as no finite b is then best."""
     p = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels, dtype=np.float64)
     if p.shape != y.shape or p.ndim != 1:
@@ -134,14 +135,17 @@ def fit_logit_shift(scores: np.ndarray, labels: np.ndarray) -> ExpertCalibration
     p, y = p[keep], y[keep]
     if not np.isin(y, (0.0, 1.0)).all():
         raise ValueError("dev calibration: labels must be 0 or 1")
-    certain = (p == 0) | (p == 1)
-    p, y = p[~certain], y[~certain]
     if p.size == 0 or y.min() == y.max():
-        scored = f"{int(y.sum())} high of {y.size} scored dev examples"
-        if certain.any():
-            scored += f" strictly between 0 and 1 ({int(certain.sum())} more scored exactly 0 or 1"
-            scored += ", which no shift moves)"
-        raise ValueError(f"dev calibration: needs both labels among the dev examples it can move: {scored}")
+        raise ValueError(
+            f"dev calibration: needs both labels among the scored dev examples "
+            f"({int(y.sum())} high of {y.size})"
+        )
+    movable = (p > 0) & (p < 1)
+    p, y = p[movable], y[movable]
+    if p.size == 0 or y.min() == y.max():
+        # No finite shift is best (the likelihood of what it moves only grows toward one end):
+        # the scores stay as the expert gave them.
+        return ExpertCalibration("dev", shift=0.0, n=int(p.size))
     z, target = _logit(p), float(y.mean())
     # The log-likelihood is concave in b and its derivative sum(y - s(z + b)) falls from n * mean y
     # to -n * (1 - mean y): one root, bracketed where every s(z + b) is past the mean label.

@@ -81,10 +81,11 @@ def test_certain_scores_have_no_say_in_the_dev_fit_and_no_prior_of_exactly_0_or_
     applied = fitted.apply(p)
     np.testing.assert_array_equal(applied[:600], p[:600])
     assert applied[600:].mean() == pytest.approx(y_moved.mean(), abs=1e-9)
-    with pytest.raises(
-        ValueError, match=r"1 high of 1 scored dev examples strictly between 0 and 1 \(2 more"
-    ):
-        fit_logit_shift(np.array([1.0, 0.0, 0.7]), np.array([0, 1, 1]))
+    # The rows it can move all of one label (both labels among the dev rows): no finite shift is
+    # best, and the scores stay as they are.
+    assert fit_logit_shift(np.array([1.0, 0.0, 0.7]), np.array([0, 1, 1])) == ExpertCalibration(
+        "dev", 0.0, n=1
+    )
     for certain in (0.0, 1.0):
         with pytest.raises(ValueError, match=f"P\\(high\\) = {certain:g} exactly"):
             contextual_calibration([certain, certain, np.nan])
