@@ -52,13 +52,19 @@ HTTP_FAULTS = {
 }
 
 
+# A slow fault answers (500) this long after the request: 3 s past the client's 1 s read timeout,
+# so that a client whose event loop a loaded machine stalls still times out first (with 1.5 s a
+# CI run under load saw 3 of 2,000 slow answers arrive as http-500).
+SLOW_SECONDS = 4.0
+
+
 def make_spec(url: str, **changes: Any) -> ExpertSpec:
     spec = ExpertSpec(
         name="fault-expert",
         base_urls=(url,),
         model="fault-model",
         rate=RateLimit(concurrency=32),
-        timeout=Timeout(read=1.0),  # under 1.5 s (a slow fault) yet far above a loaded answer
+        timeout=Timeout(read=1.0),  # far under a slow fault (SLOW_SECONDS), far above a loaded answer
         retry=RetryPolicy(max_attempts=8, initial=0.001, multiplier=2.0, maximum=0.01, deadline=120.0),
     )
     return replace(spec, **changes)
@@ -174,7 +180,9 @@ def db_rows(path: Path, query: str) -> list[tuple[Any, ...]]:
 def test_fault_run_scores_everything_or_fails_with_a_reason(tmp_path: Path, method: str) -> None:
     n = 2000
     broken = frozenset({3, 500, 1234, 1999})
-    plan = FaultPlan(rates=dict.fromkeys(FAULTS, 0.03), broken=broken, slow_seconds=1.5, retry_after=0.01)
+    plan = FaultPlan(
+        rates=dict.fromkeys(FAULTS, 0.03), broken=broken, slow_seconds=SLOW_SECONDS, retry_after=0.01
+    )
     items = make_items(n)
     db = tmp_path / "cache.db"
     cache = ScoreCache(db)
