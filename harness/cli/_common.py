@@ -118,6 +118,17 @@ def print_also(error: BaseException) -> None:
         print(line, file=sys.stderr)
 
 
+def list_items(text: str, option: str) -> list[str]:
+    """A comma-separated option's items, stripped; an empty item (`0.3,,0.5`, a trailing comma)
+    is a typo that would silently drop a value, so it is refused. Blank text is no items."""
+    if not text.strip():
+        return []
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
+        raise InputError(f"{option} {text!r}: item {items.index('') + 1} is empty")
+    return items
+
+
 def parse_floats(text: str, option: str) -> tuple[float, ...]:
     """'0.1,0.2,0.5' or 'START:STOP:COUNT' (evenly spaced, both ends included)."""
     try:
@@ -126,7 +137,7 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
             check_list_length(option, int(count))  # before linspace allocates them
             values = np.round(np.linspace(float(start), float(stop), int(count)), 6)
         else:
-            values = np.array([float(v) for v in text.split(",") if v.strip()])
+            values = np.array([float(v) for v in list_items(text, option)])
             check_list_length(option, values.size)
     except ValueError:
         raise InputError(f"{option} {text!r}: expected numbers like 0.1,0.2 or START:STOP:COUNT") from None
@@ -137,7 +148,7 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
 
 def parse_ints(text: str, option: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in list_items(text, option))
     except ValueError:
         raise InputError(f"{option} {text!r}: expected integers like 32,64,128") from None
     if not values or min(values) < 1:
@@ -148,7 +159,7 @@ def parse_ints(text: str, option: str) -> tuple[int, ...]:
 
 def parse_seeds(text: str, option: str) -> tuple[int, ...]:
     """Non-negative integers like 0,1,2, each once."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = list_items(text, option)
     if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
         raise InputError(f"{option} {text!r}: expected distinct non-negative integers like 0,1,2")
     seeds = tuple(int(p) for p in parts)
@@ -158,7 +169,7 @@ def parse_seeds(text: str, option: str) -> tuple[int, ...]:
 
 def parse_names(text: str, option: str, allowed: tuple[Name, ...]) -> tuple[Name, ...]:
     """Comma-separated names, each one of `allowed` (typed as they are: a Literal's members)."""
-    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    names = tuple(list_items(text, option))
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise InputError(

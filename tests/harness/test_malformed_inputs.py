@@ -102,6 +102,10 @@ CASES: dict[str, Case] = {
         files=_write("c.sqlite", "no"),
     ),
     "cache export .txt": Case(("cache", "export", "--out", "x.txt"), ("--out x.txt", "unknown file type")),
+    # a list option with an empty item (it used to drop the value silently)
+    "budgets empty item": Case(("eval", "--budgets", "0.3,,0.5"), ("--budgets", "item 2 is empty")),
+    "batch sizes trailing comma": Case(("eval", "--batch-sizes", "32,64,"), ("--batch-sizes", "item 3")),
+    "seeds empty item": Case(("eval", "--seeds", ",1"), ("--seeds", "item 1 is empty")),
     # the expert, by URL
     "url without model": Case((*QUERY, "--expert-url", "{url}"), ("--expert-model",)),
     "url scheme": Case(
