@@ -280,7 +280,9 @@ def experts_serve(
     ] = None,
     log: Annotated[
         Path | None,
-        typer.Option("--log", help="The server's output (default: TMPDIR/ctd-serve-NAME-UID.log)."),
+        typer.Option(
+            "--log", help="The server's output, appended to (default: TMPDIR/ctd-serve-NAME-UID.log)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
 ) -> None:
@@ -307,7 +309,10 @@ def experts_serve(
         return
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_bytes(b"")  # this start's output only: an old failure must not explain a new one
+        # Appended to, never emptied: the same expert already serving (its port taken) writes to
+        # this log. The server marks each start, and its errors are read from that mark on.
+        with log.open("ab"):
+            pass
     except OSError as exc:
         raise InputError(f"--log {log}: cannot write it ({exc.strerror})") from None
     stdout.print(f"starting; its output goes to {log}")

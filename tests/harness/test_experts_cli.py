@@ -370,7 +370,13 @@ def test_experts_serve_on_a_taken_port_is_one_line_and_starts_nothing(workdir: P
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        # The log of the server that holds the port (the same --log: a second start of the same
+        # expert) is that server's, not this failed start's to empty.
+        log = workdir / "serve.log"
+        log.write_text("the running server's output\n")
         result = run_ctd(
-            "experts", "serve", "smollm2", "--port", str(port), cwd=workdir, env=env_for(workdir)
-        )
+            "experts", "serve", "smollm2", "--port", str(port), "--log", str(log),
+            cwd=workdir, env=env_for(workdir),
+        )  # fmt: skip
     assert_one_line_error(result, f"port {port} on 127.0.0.1 is taken by another process", "--port")
+    assert log.read_text() == "the running server's output\n"
