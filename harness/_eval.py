@@ -164,113 +164,127 @@ def run_eval(
     RunLog.read(layout.run_log)  # before anything is written (the lock's file too): it may refuse the file
     # One invocation of a run at a time: each rewrites run.json and the manifests whole.
     with one_invocation(layout):
-        run_log = RunLog.read(layout.run_log)  # as it is now that this invocation holds the run
-        ctx.costs.before = sum(run_log.costs().values())  # --cost-limit holds for the run, across resumes
+        return _run_stages(ctx, on_stage=on_stage, retry_failed=retry_failed, overlap=overlap)
 
-        def record_spending(stage: str, usd: float) -> None:
-            """The running stage's dollars so far into run.json (its record says "running")."""
-            run_log.record(stage, StageStatus.RUNNING, None, "", usd)
-            with suppress(OSError):  # the disk's error, if any, is met where the stage writes
-                run_log.write(layout.run_log)
 
-        ctx.costs.record = record_spending
-        manifests = ctx.manifests
-        if not config.cascade and layout.cascade.root.is_dir():
-            # Back to one expert: the earlier cascade's tables (made again from the cache, should
-            # it come back) are no part of this run, and the report and `ctd calibrate` would read them.
-            shutil.rmtree(layout.cascade.root)
-            manifests.invalidate(CascadeStage.name)
-        data = ctx.data
-        manifests.log(
-            f"ctd eval {config.run_name}: {len(data.train)} train, {len(data.dev)} dev, {len(data.test)} test"
+def _run_stages(
+    ctx: RunContext,
+    *,
+    on_stage: Callable[[StageOutcome], None] | None,
+    retry_failed: bool,
+    overlap: bool,
+) -> EvalResult:
+    """`run_eval`'s work once this invocation holds the run: plan the stages and run them."""
+    config, layout, expert, progress = ctx.config, ctx.layout, ctx.expert, ctx.progress
+    run_log = RunLog.read(layout.run_log)  # as it is now that this invocation holds the run
+    ctx.costs.before = sum(run_log.costs().values())  # --cost-limit holds for the run, across resumes
+
+    def record_spending(stage: str, usd: float) -> None:
+        """The running stage's dollars so far into run.json (its record says "running")."""
+        run_log.record(stage, StageStatus.RUNNING, None, "", usd)
+        with suppress(OSError):  # the disk's error, if any, is met where the stage writes
+            run_log.write(layout.run_log)
+
+    ctx.costs.record = record_spending
+    manifests = ctx.manifests
+    if not config.cascade and layout.cascade.root.is_dir():
+        # Back to one expert: the earlier cascade's tables (made again from the cache, should
+        # it come back) are no part of this run, and the report and `ctd calibrate` would read them.
+        shutil.rmtree(layout.cascade.root)
+        manifests.invalidate(CascadeStage.name)
+    data = ctx.data
+    manifests.log(
+        f"ctd eval {config.run_name}: {len(data.train)} train, {len(data.dev)} dev, {len(data.test)} test"
+    )
+    later = CascadeStage(ctx) if config.cascade else None
+    query = _query_stage(ctx, later, retry_failed=retry_failed)
+    # The expert is asked while the probe stage works: they need nothing of each other, and the
+    # one waits on the network while the other computes. Only for an expert this run will not
+    # serve (by URL, or --serve never): a server the run starts, now or when one goes away
+    # mid-stage, takes the cores a CPU's extraction uses, and vLLM sizes its share of the GPU's
+    # memory from what is free as it starts (the query stage frees the probe stage's cache for it).
+    # Nor beside a llama.cpp server (it computes on those cores), nor when every answer is cached:
+    # the stage then takes a moment, unless answers left the cache since, and it may start one.
+    local = query.start_server or query.may_serve or expert.spec.server == "llama.cpp"
+    beside = overlap and query.checked and not local
+    probe = ProbeStage(ctx)
+    if not (manifests.up_to_date(probe.name, probe.fingerprint()[0]) and probe.reusable()):
+        # torch and transformers are imported before the stages (before the expert is asked,
+        # when it is asked beside the probe stage), signals held: inside their imports a
+        # KeyboardInterrupt aborts the process, and a stop held while the query stage works
+        # would not reach it.
+        progress.status("importing torch and transformers")
+        with experts.signals_held():
+            _import_model_stack()
+    first: list[Stage | Together] = [Together((probe, query))] if beside else [probe, query]
+    # The report's figure workers start with the calibrate stage: their import of matplotlib
+    # (most of a second each) then overlaps calibration and validation, not the report.
+    figures = figure_workers()
+
+    def stage_started(stage: str) -> None:
+        progress.stage_started(stage)
+        if stage == CalibrateStage.name:
+            with suppress(OSError):  # no process to spare now: the report starts its own
+                figures.start()
+
+    stages: list[Stage | Together] = [
+        *first,
+        DVStage(ctx),
+        # Later experts of a cascade: a run of one expert has no such stage and is as it was.
+        *([later] if later is not None else []),
+        CalibrateStage(ctx),
+        ValidateStage(ctx),
+        ReportStage(ctx, figures),
+    ]
+    # Written only now that the options passed every check, so a mistyped rerun leaves it alone.
+    with atomic_path(layout.config) as tmp:
+        tmp.write_text(config.to_toml(), encoding="utf-8")
+    run_log.started(asdict(config))
+    with progress, closing(figures):  # the workers go, however the run ends
+        names = [s.name for item in stages for s in (item.stages if isinstance(item, Together) else (item,))]
+        header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
+        progress.plan(header, names)
+        outcomes = run_stages(
+            stages,
+            manifests,
+            run_log,
+            on_start=stage_started,
+            on_stage=on_stage,
+            on_failed=lambda stage, error: progress.print(
+                escape(
+                    f"{stage} failed: {error}; the stage beside it goes on to its end, so its work is kept"
+                )
+            ),
+            spent=ctx.costs.spent,
         )
-        # The endpoint is checked once per run, before the first expensive stage, and only if the
-        # query stage will ask it something: with every answer in the cache the expert may be down.
-        query = QueryStage(ctx)
-        later = CascadeStage(ctx) if config.cascade else None
-        for asking in (query, later):
-            if retry_failed and asking is not None and _asks_again(manifests, asking):
-                manifests.invalidate(asking.name)
-        if not manifests.up_to_date("query", query.fingerprint()[0]):
-            # A damaged, full or read-only cache costs no request.
-            items = query.asked_items()
-            missing = preflight_cache(ctx.roots.cache, expert.spec, items)
-            may_serve = config.expert_settings.serve == "auto" and expert.spec.server != "external"
-            if missing:
-                start_server = expert.preflight(serve=may_serve)
-                query = QueryStage(ctx, start_server=start_server, may_serve=may_serve)
-            else:
-                manifests.log(f"query: all {len(items)} answers are in the cache; the expert is not needed")
-                query = QueryStage(ctx, may_serve=may_serve, checked=False)
-        # The expert is asked while the probe stage works: they need nothing of each other, and the
-        # one waits on the network while the other computes. Only for an expert this run will not
-        # serve (by URL, or --serve never): a server the run starts, now or when one goes away
-        # mid-stage, takes the cores a CPU's extraction uses, and vLLM sizes its share of the GPU's
-        # memory from what is free as it starts (the query stage frees the probe stage's cache for it).
-        # Nor beside a llama.cpp server (it computes on those cores), nor when every answer is cached:
-        # the stage then takes a moment, unless answers left the cache since, and it may start one.
-        local = query.start_server or query.may_serve or expert.spec.server == "llama.cpp"
-        beside = overlap and query.checked and not local
-        probe = ProbeStage(ctx)
-        if not (manifests.up_to_date(probe.name, probe.fingerprint()[0]) and probe.reusable()):
-            # torch and transformers are imported before the stages (before the expert is asked,
-            # when it is asked beside the probe stage), signals held: inside their imports a
-            # KeyboardInterrupt aborts the process, and a stop held while the query stage works
-            # would not reach it.
-            progress.status("importing torch and transformers")
-            with experts.signals_held():
-                _import_model_stack()
-        first: list[Stage | Together] = [Together((probe, query))] if beside else [probe, query]
-        # The report's figure workers start with the calibrate stage: their import of matplotlib
-        # (most of a second each) then overlaps calibration and validation, not the report.
-        figures = figure_workers()
+    return EvalResult(
+        layout.root,
+        layout.report.markdown,
+        outcomes,
+        read_summary(layout.report.summary_table),
+        read_warnings(layout.root),
+    )
 
-        def stage_started(stage: str) -> None:
-            progress.stage_started(stage)
-            if stage == CalibrateStage.name:
-                with suppress(OSError):  # no process to spare now: the report starts its own
-                    figures.start()
 
-        stages: list[Stage | Together] = [
-            *first,
-            DVStage(ctx),
-            # Later experts of a cascade: a run of one expert has no such stage and is as it was.
-            *([later] if later is not None else []),
-            CalibrateStage(ctx),
-            ValidateStage(ctx),
-            ReportStage(ctx, figures),
-        ]
-        # Written only now that the options passed every check, so a mistyped rerun leaves it alone.
-        with atomic_path(layout.config) as tmp:
-            tmp.write_text(config.to_toml(), encoding="utf-8")
-        run_log.started(asdict(config))
-        with progress, closing(figures):  # the workers go, however the run ends
-            names = [
-                s.name for item in stages for s in (item.stages if isinstance(item, Together) else (item,))
-            ]
-            header = f"ctd eval {config.run_name}: {len(names)} stages ({', '.join(names)}) in {layout.root}"
-            progress.plan(header, names)
-            outcomes = run_stages(
-                stages,
-                manifests,
-                run_log,
-                on_start=stage_started,
-                on_stage=on_stage,
-                on_failed=lambda stage, error: progress.print(
-                    escape(
-                        f"{stage} failed: {error}; the stage beside it goes on to its end, "
-                        "so its work is kept"
-                    )
-                ),
-                spent=ctx.costs.spent,
-            )
-        return EvalResult(
-            layout.root,
-            layout.report.markdown,
-            outcomes,
-            read_summary(layout.report.summary_table),
-            read_warnings(layout.root),
-        )
+def _query_stage(ctx: RunContext, later: CascadeStage | None, *, retry_failed: bool) -> QueryStage:
+    """The query stage as this invocation runs it. The endpoint is checked once per run, before
+    the first expensive stage, and only if the query stage will ask it something: with every
+    answer in the cache the expert may be down."""
+    manifests, expert = ctx.manifests, ctx.expert
+    query = QueryStage(ctx)
+    for asking in (query, later):
+        if retry_failed and asking is not None and _asks_again(manifests, asking):
+            manifests.invalidate(asking.name)
+    if manifests.up_to_date("query", query.fingerprint()[0]):
+        return query
+    # A damaged, full or read-only cache costs no request.
+    items = query.asked_items()
+    missing = preflight_cache(ctx.roots.cache, expert.spec, items)
+    may_serve = ctx.config.expert_settings.serve == "auto" and expert.spec.server != "external"
+    if missing:
+        return QueryStage(ctx, start_server=expert.preflight(serve=may_serve), may_serve=may_serve)
+    manifests.log(f"query: all {len(items)} answers are in the cache; the expert is not needed")
+    return QueryStage(ctx, may_serve=may_serve, checked=False)
 
 
 def _asks_again(manifests: Manifests, stage: QueryStage | CascadeStage) -> bool:
