@@ -64,7 +64,7 @@ def monitor_serve(
         float | None,
         typer.Option(
             "--max-delegation-rate",
-            help="Hard cap on expert calls over the last 200 requests (budget bundles).",
+            help="Hard cap on expert calls over the last 200 requests, or 1/R where longer (budget bundles).",
         ),
     ] = None,
     max_batch: Annotated[
@@ -138,6 +138,7 @@ def monitor_serve(
         MAX_PENDING,
         MAX_QUEUE_SECONDS,
         bind_listener,
+        check_delegation_rate,
         check_mtfa,
         raise_open_file_limit,
         read_bundle,
@@ -152,8 +153,8 @@ def monitor_serve(
     _check_range("--head-timeout", head_timeout, 0.1, MAX_TIMEOUT_S)
     _check_range("--body-timeout", body_timeout, 0.1, MAX_TIMEOUT_S)
     _check_range("--max-connections", max_connections, 1, MAX_CONNECTIONS)
-    if max_delegation_rate is not None and not 0 < max_delegation_rate <= 1:  # NaN fails too
-        raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+    if max_delegation_rate is not None:
+        check_delegation_rate(max_delegation_rate)
     mtfa = check_mtfa(DEFAULT_MTFA if drift_mtfa is None else drift_mtfa)
     token = _auth_token(auth_token_env)
     read = read_bundle(bundle)

@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "bind_listener": "._http",
     "calibrate_bundle": "._certify",
     "check_bundle_name": "._bundle",
+    "check_delegation_rate": "._drift",
     "check_mtfa": "._drift",
     "create_app": "._server",
     "expert_answer": "._expert",

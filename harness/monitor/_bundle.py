@@ -20,6 +20,7 @@ from ..data import cleaning_lock, exchange_folders, read_json
 from ..expert import spec_from_record
 from ..run import BundleLayout, file_sha256
 from ._bundle_record import BUNDLE_VERSION, CONTROL_MODES, BundleRecord, ControlMode
+from ._drift import check_delegation_rate
 
 __all__ = [
     "BUNDLE_VERSION",
@@ -90,6 +91,10 @@ class Bundle:
         record = self.record.expert.get(EXPERT_CALIBRATION_KEY)
         if record is None:
             return calibrate.ExpertCalibration()
+        if not isinstance(record, dict):
+            raise InputError(
+                f"{self.layout.record}: expert calibration: expected an object, not {type(record).__name__}"
+            )
         try:
             return calibrate.ExpertCalibration.from_json(record)
         except KeyError as error:
@@ -132,18 +137,25 @@ class Bundle:
                 "cascade, and a cap on expert calls would void that; the cap is for budget bundles "
                 "(or calibrate one with --budget alone)"
             )
-        if not 0 < max_delegation_rate <= 1:
-            raise InputError(f"--max-delegation-rate {max_delegation_rate:g}: must lie in (0, 1]")
+        check_delegation_rate(max_delegation_rate)
 
     def expert_spec(self, url: str | None = None) -> ExpertSpec:
         """The expert entry as a spec, its base URL replaced by `url` when given."""
+        if url:  # the option's own fault is named as the option's, not as the bundle's
+            try:
+                experts.check_base_url(url, "--expert-url")
+            except experts.InvalidSetting as error:
+                raise InputError(str(error)) from None
         entry = dict(self.record.expert)
         entry.pop(EXPERT_CALIBRATION_KEY, None)  # how answers are read, not how the expert is asked
-        entry["base_urls"] = (url,) if url else tuple(entry["base_urls"])
+        if not entry:
+            raise InputError(f"{self.layout.record}: names no expert; serve it with --no-expert")
         try:
+            entry["base_urls"] = (url,) if url else tuple(entry["base_urls"])
             return spec_from_record(entry, source=str(self.layout.record))
-        except Exception as error:  # InvalidSetting: a URL that cannot work, a bad field
-            raise InputError(f"{self.layout.record}: expert entry: {error}") from None
+        except Exception as error:  # InvalidSetting (a URL that cannot work), a missing or bad field
+            problem = f"no {error}" if isinstance(error, KeyError) else str(error)
+            raise InputError(f"{self.layout.record}: expert entry: {problem}") from None
 
 
 def read_bundle(folder: Path) -> Bundle:

@@ -105,6 +105,29 @@ class DecisionLog:
             os.close(fd)
             raise
 
+    def last_decisions(self, count: int) -> list[dict[str, Any]]:
+        """The last `count` decision records of the log as it was opened, oldest first, read back
+        from the end a block at a time (a long log is not read whole). A line that is not a JSON
+        object is skipped: the recovery cut any torn tail, and what was written is the log's own."""
+        found: list[dict[str, Any]] = []
+        block, end, tail = 1 << 16, self._end, b""
+        while end > 0 and len(found) < count:
+            start = max(0, end - block)
+            chunk = os.pread(self._fd, end - start, start) + tail
+            lines = chunk.split(b"\n")
+            tail = lines.pop(0) if start > 0 else b""  # maybe cut: completed by the next block
+            for line in reversed(lines):
+                if len(found) == count:
+                    break
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("event") == "decision":
+                    found.append(record)
+            end = start
+        return found[::-1]
+
     def reopen(self) -> None:
         """Go on in a new file at `path` after the write in progress (if any): once the log was
         renamed away (logrotate's default; SIGHUP asks for it), the old file is closed whole and

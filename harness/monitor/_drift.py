@@ -263,21 +263,49 @@ class RateWatch:
         return calibrate.clopper_pearson(self.events, self.seen, confidence=confidence)
 
 
+def check_delegation_rate(rate: float) -> float:
+    """`--max-delegation-rate` within [DelegationCap.MIN_RATE, 1] (NaN is not), or one line."""
+    low = DelegationCap.MIN_RATE
+    if not low <= rate <= 1:
+        raise InputError(
+            f"--max-delegation-rate {rate:g}: must lie in [{low:g}, 1] (the cap counts calls over the "
+            f"last 1/R requests, {1 / low:,.0f} at most)"
+        )
+    return rate
+
+
 class DelegationCap:
     """`--max-delegation-rate`: over the last `window` policy delegations-or-not, expert calls stop
-    once `rate * window` of them were calls; the skipped ones are counted."""
+    once `rate * window` of them were calls; the skipped ones are counted. The window is 200
+    requests, or 1/rate where that is longer, so that it always holds at least one call."""
 
-    def __init__(self, rate: float, window: int = 200) -> None:
-        if not 0 < rate <= 1 or window < 1:
-            raise ValueError("--max-delegation-rate must lie in (0, 1] and the window be at least 1")
-        self.rate, self.window = rate, window
-        self._calls: deque[bool] = deque(maxlen=window)
+    WINDOW = 200
+    MIN_RATE = 1e-4  # a window of 10,000 requests at most
+
+    def __init__(self, rate: float) -> None:
+        self.rate = check_delegation_rate(rate)
+        self.window = max(self.WINDOW, math.ceil(1 / rate))
+        self._calls: deque[bool] = deque(maxlen=self.window)
+        self._in_window = 0  # calls among `_calls`, kept as it changes: no sum per request
         self.skipped = 0
+
+    def resume(self, calls: list[bool]) -> None:
+        """Take the window on from an earlier server's requests (oldest first, True where the
+        expert was called): a restart must not give the cap an empty window, or a server that
+        restarts often would call the expert on every delegated request."""
+        for call in calls[-self.window :]:
+            self._push(call)
+
+    def _push(self, call: bool) -> None:
+        if len(self._calls) == self.window:
+            self._in_window -= self._calls[0]
+        self._calls.append(call)
+        self._in_window += call
 
     def allow(self, delegated: bool) -> bool:
         """Record one request; True when it may call the expert (it is delegated and under the cap)."""
-        call = delegated and sum(self._calls) + 1 <= self.rate * self.window
+        call = delegated and self._in_window + 1 <= self.rate * self.window
         if delegated and not call:
             self.skipped += 1
-        self._calls.append(call)
+        self._push(call)
         return call

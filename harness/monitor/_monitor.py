@@ -24,7 +24,7 @@ from .._errors import InputError
 from ._admission import MAX_PENDING, MAX_QUEUE_SECONDS, Admission
 from ._batcher import MicroBatcher
 from ._bundle import Bundle, read_bundle
-from ._decision import Decision, Latency, request_id
+from ._decision import Decision, Latency, input_hash, new_request_id
 from ._decisions import DecisionLog, record_bound
 from ._drift import DEFAULT_MTFA, Alarm, AlarmLines, DelegationCap, RateWatch, check_mtfa
 from ._engine import Scored
@@ -85,10 +85,15 @@ class Monitor:
         self.alarm_lines = AlarmLines()
         # request id -> (the label decided, whether the certified cascade decided it, labelled yet)
         self._labels: OrderedDict[str, tuple[int, bool, bool]] = OrderedDict()
-        # request id -> the expert's answer, kept until its decision is logged: a request refused
-        # because the log failed after the expert answered does not pay again when retried
-        self._paid: OrderedDict[str, tuple[float | None, str | None]] = OrderedDict()
+        # input hash -> the expert's score, kept until a decision with it is logged: a request
+        # refused because the log failed after the expert answered does not pay again when
+        # retried. Only scores: a failure was paid for nothing and is asked again.
+        self._paid: OrderedDict[str, float] = OrderedDict()
         self._seq = 0
+        if self.cap is not None and decisions is not None:
+            # The window goes on from the log's last decisions: what an earlier server called.
+            recent = decisions.last_decisions(self.cap.window)
+            self.cap.resume([_called(record) for record in recent])
 
     @classmethod
     async def load(
@@ -224,7 +229,7 @@ class Monitor:
         finally:
             if reserved and self.decisions is not None:
                 self.decisions.release(reserved)
-        self._paid.pop(decision.request_id, None)
+        self._paid.pop(decision.input_hash, None)
         await self._record(decision, called)
         return decision
 
@@ -236,7 +241,7 @@ class Monitor:
         probed = time.perf_counter()
         delegated = self.bundle.delegates(dv)
         call = self.cap.allow(delegated) if self.cap is not None else delegated
-        rid = request_id(conversation)
+        rid, content = new_request_id(), input_hash(conversation)
         expert: float | None = None
         if not delegated:
             reason: str | None = "not-delegated"
@@ -244,19 +249,21 @@ class Monitor:
             reason = "expert-disabled"
         elif not call:
             reason = "delegation-cap"
-        elif rid in self._paid:  # answered before, but its decision could not be logged
-            expert, reason = self._paid[rid]
+        elif content in self._paid:  # answered before, but its decision could not be logged
+            expert, reason = self._paid[content], None
         else:
             self._seq += 1  # item ids unique per call: the same text asked twice is two items
-            expert, reason = await self.gate.ask(Item(f"{rid}-{self._seq}", conversation))
-            self._paid[rid] = (expert, reason)  # until the decision is logged and answered
-            while len(self._paid) > PAID_MEMORY:
-                self._paid.popitem(last=False)
+            expert, reason = await self.gate.ask(Item(f"{content}-{self._seq}", conversation))
+            if expert is not None:  # until a decision with it is logged and answered
+                self._paid[content] = expert
+                while len(self._paid) > PAID_MEMORY:
+                    self._paid.popitem(last=False)
         answered = time.perf_counter()
         expert = self.bundle.expert_score(expert)
         score = self.bundle.merged(probe, expert)
         decision = Decision(
             request_id=rid,
+            input_hash=content,
             probe=probe,
             dv=dv,
             delegated=delegated,
@@ -429,3 +436,10 @@ class Monitor:
             await self.gate.aclose()
         if self.decisions is not None:
             await self.decisions.aclose()
+
+
+def _called(record: dict[str, object]) -> bool:
+    """Whether a logged decision counted as an expert call in the cap's window: delegated, and
+    neither capped nor served without an expert (a decision logged by a server with no cap
+    counts too: its calls were made)."""
+    return bool(record.get("delegated")) and record.get("reason") not in ("delegation-cap", "expert-disabled")

@@ -419,7 +419,8 @@ BAD_OPTIONS = [
     (["--head-timeout", "0"], "--head-timeout 0: must lie in"),
     (["--body-timeout", "inf"], "--body-timeout inf: must lie in"),
     (["--max-connections", "0"], "--max-connections 0: must lie in"),
-    (["--max-delegation-rate", "nan"], "--max-delegation-rate nan: must lie in (0, 1]"),
+    (["--max-delegation-rate", "nan"], "--max-delegation-rate nan: must lie in [0.0001, 1]"),
+    (["--max-delegation-rate", "0.00001"], "--max-delegation-rate 1e-05: must lie in [0.0001, 1]"),
 ]
 
 

@@ -125,7 +125,7 @@ def test_a_mean_time_to_false_alarm_out_of_bounds_is_refused_in_one_line(mtfa: f
 
 
 def test_the_delegation_cap_holds_over_every_window_and_counts_what_it_skipped() -> None:
-    cap = DelegationCap(0.2, window=200)
+    cap = DelegationCap(0.2)
     delegated = np.random.default_rng(0).random(2000) < 0.5
     calls = np.array([cap.allow(bool(d)) for d in delegated])
     assert not (calls & ~delegated).any()
@@ -394,7 +394,7 @@ def test_a_decision_reads_out_as_its_fields_do(expert: float | None) -> None:
     time per check): the same keys, order and values as `dataclasses.asdict`, the latency renamed.
     A field added to the class and not to `to_json` fails here."""
     decision = Decision(
-        request_id="r1", probe=0.7, dv=-0.1, delegated=expert is not None, expert=expert,
+        request_id="r1", input_hash="h1", probe=0.7, dv=-0.1, delegated=expert is not None, expert=expert,
         score=0.6, label=1, reason=None if expert is not None else "not-delegated", truncated=False,
         latency=Latency(probe_ms=1.5, expert_ms=0.0, total_ms=1.5),
     )  # fmt: skip
