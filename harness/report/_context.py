@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 import calibrate
 
 from .._workers import WorkerPool
-from ..data import ScoresTable, write_table
+from ..data import BINARY_SUFFIX, ScoresTable, write_table
 from ..run import ReportLayout, slug
 from ._data import Sweep, mean_std
 from ._figures import MATPLOTLIB
@@ -67,6 +67,12 @@ class ReportContext:
     curve_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # drawn while the sections go on, by workers that import the figures' module (matplotlib) first
     figures: WorkerPool = field(default_factory=figure_workers)
+
+    @property
+    def configurations(self) -> list[str]:
+        """The probe configurations the run validated (and the summary notes on): every arch
+        but the binary-DV twins (`--dv-target both`), which are compared in the binary section."""
+        return [arch for arch in self.sweeps if not arch.endswith(BINARY_SUFFIX)]
 
     def arch_numbers(self, arch: str) -> dict[str, Any]:
         return self.numbers.setdefault("archs", {}).setdefault(arch, {})

@@ -128,8 +128,9 @@ def realised_section(ctx: ReportContext) -> None:
         ctx.image(
             relative,
             f"{arch}: realised delegation rate of CTD and Unc. calibrated vs target budget (one panel "
-            f"per Pareto objective); top-k at B = {largest} (dark dashed, crosses) spends exactly its "
-            "budget, so it runs along y = x (the wide pale line).",
+            f"per Pareto objective); top-k at B = {largest} (dark dashed, crosses) spends its budget "
+            "rounded to whole calls per batch (k = round(budget x B)), so it runs along y = x (the wide "
+            "pale line).",
         )
 
 

@@ -214,12 +214,48 @@ def summary_lines(ctx: ReportContext) -> list[str]:
     cannot_show = [f"- **{arch}**: {line}" for arch in ctx.sweeps for line in _cannot_show(ctx, arch)]
     if cannot_show:
         lines += ["**What these rates cannot show**", "", *cannot_show, ""]
+    sizes = [f"- **{arch}**: {line}" for arch in ctx.configurations for line in batch_notes(ctx.sweeps[arch])]
+    if sizes:
+        lines += ["**What the batches and seeds hold**", "", *sizes, ""]
     if ctx.warnings:
         lines += [
             f"> {len(ctx.warnings)} warnings about degenerate scores: see *Degenerate scores* below.",
             "",
         ]
     return lines
+
+
+def batch_notes(sweep: Sweep) -> list[str]:
+    """Where the numbers labelled "B = b" or "over N seeds" are not what the label says: a batch
+    size above a seed's evaluation rows (top-k then ran on one shorter batch), a
+    budget whose top-k quota rounds to no call at all (k = round(budget * b) per batch), and seeds
+    whose evaluation half holds one class (AUROC undefined there; its means skip them)."""
+    out = []
+    n_eval = sweep.baselines["n_eval"].astype(int)
+    smallest = int(n_eval.min())
+    for batch in sweep.batch_sizes:
+        if batch > smallest:
+            out.append(
+                f"B = {batch} is more than the {smallest} evaluation rows of a seed: its top-k policies "
+                f"ran on one batch of {smallest} there, not on batches of {batch}."
+            )
+        topk = (sweep.table["policy"] == "unc-topk") & (sweep.table["batch_size"] == batch)
+        spent = sweep.table["realised"][topk]
+        idle = np.unique(sweep.table["budget"][topk][spent == 0])
+        if idle.size:
+            out.append(
+                f"At B = {batch} the top-k quota (budget x B, rounded) is 0 for budget {idle.max():g} "
+                "and below: top-k delegates nothing there."
+            )
+    undefined = sweep.baselines["seed"][np.isnan(sweep.baselines["probe_auroc"])]
+    if undefined.size:
+        seeds = len(sweep.baselines["seed"])
+        out.append(
+            f"Seed{'s' * (undefined.size > 1)} {', '.join(map(str, undefined))}: the evaluation half "
+            f"holds one class, so AUROC is undefined there; the AUROC means are over the other "
+            f"{seeds - undefined.size} of {seeds} seeds (accuracy is over all)."
+        )
+    return out
 
 
 def _headline(found: dict[str, Any], job: str, selector: str | None = None) -> dict[str, float]:

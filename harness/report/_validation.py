@@ -99,7 +99,7 @@ def validation_section(ctx: ReportContext) -> None:
     from ._joint_validation import joint_subsection  # it reads this module's helpers
 
     ctx.lines += ["## Guarantee validation", "", INTRO, ""]
-    for arch in ctx.sweeps:
+    for arch in ctx.configurations:  # a binary-DV twin is not validated (its stage skips it)
         ctx.progress(f"{arch}: guarantee validation")
         found = _read_jobs(ctx, arch)
         if not found:

@@ -18,8 +18,10 @@ from harness import calibrate_scores, simulate_scores, write_scores
 from harness.data import scores_from_columns
 from harness.report import build_report, read_warnings
 
-# Private: the checks behind the report's warnings, and one validation job.
+# Private: the checks behind the report's warnings and notes, and one validation job.
 from harness.report._checks import NARROW_SPREAD, ONE_CLASS_SHARE, check_scores
+from harness.report._data import read_sweep
+from harness.report._summary import batch_notes
 from harness.run import JOBS
 
 # Private: one validation job, run on its own.
@@ -29,12 +31,18 @@ ARCH = "simulated"
 N = 400
 
 
-def _run(folder: Path, columns: dict[str, np.ndarray], *, performance_alpha: float | None = None) -> Path:
+def _run(
+    folder: Path,
+    columns: dict[str, np.ndarray],
+    *,
+    performance_alpha: float | None = None,
+    batch_sizes: tuple[int, ...] = (32,),
+) -> Path:
     """A run folder with the scores table, a default sweep and (optionally) performance control
     validated at one level; then the report."""
     folder.mkdir(parents=True)
     write_scores(folder / "scores.parquet", columns)
-    config = SweepConfig(budgets=(0.1, 0.2, 0.3), batch_sizes=(32,))
+    config = SweepConfig(budgets=(0.1, 0.2, 0.3), batch_sizes=batch_sizes)
     calibrate_scores(folder / "scores.parquet", folder / "calibrate" / ARCH, config, arch=ARCH)
     if performance_alpha is not None:
         (folder / "validate" / ARCH).mkdir(parents=True)
@@ -181,3 +189,32 @@ def test_a_target_the_probe_alone_meets_is_said_in_words(tmp_path: Path) -> None
     numbers = _numbers(hard)["archs"][ARCH]
     assert numbers["summary"]["performance"]["empirical"]["violation_rate"] > 0
     assert numbers["cannot_show"] == []
+
+
+def test_the_summary_says_where_a_batch_or_a_seed_is_not_what_its_label_says(tmp_path: Path) -> None:
+    """The default run's B = 128 was one batch of its 120 evaluation rows, labelled B = 128; a
+    budget whose top-k quota rounds to 0 delegated nothing; a seed with one class in its
+    evaluation half was left out of the AUROC means under a title counting it."""
+    run = _run(tmp_path / "batches", _columns(), batch_sizes=(2, 32, 4096))
+    sweep = read_sweep(run / "calibrate" / ARCH)
+    n_eval = int(sweep.baselines["n_eval"].min())
+    assert n_eval < 4096
+    notes = batch_notes(sweep)
+    too_big = (
+        f"B = 4096 is more than the {n_eval} evaluation rows of a seed: its top-k policies ran on one "
+        f"batch of {n_eval} there, not on batches of 4096."
+    )
+    # round(0.2 x 2) = 0 and round(0.3 x 2) = 1: top-k at B = 2 skips budgets 0.1 and 0.2.
+    no_call = (
+        "At B = 2 the top-k quota (budget x B, rounded) is 0 for budget 0.2 and below: top-k "
+        "delegates nothing there."
+    )
+    assert notes == [no_call, too_big]
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "**What the batches and seeds hold**" in report and f"- **{ARCH}**: {too_big}" in report
+    sweep.baselines["probe_auroc"][0] = np.nan  # as the sweep records a one-class evaluation half
+    assert batch_notes(sweep)[-1] == (
+        "Seed 0: the evaluation half holds one class, so AUROC is undefined there; the AUROC means "
+        "are over the other 0 of 1 seeds (accuracy is over all)."
+    )
+    assert batch_notes(read_sweep(_run(tmp_path / "plain", _columns()) / "calibrate" / ARCH)) == []
