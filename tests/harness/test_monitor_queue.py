@@ -66,6 +66,16 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_huge_conversations_are_tokenised_off_the_event_loop(bundle: Path, scorer: ProbeScorer) -> None:
+    """While four huge conversations are checked, the loop never stalls for half the time that
+    tokenising one of them takes, measured here on this machine just before: tokenising on the
+    loop would stall it that long at least, and a loaded machine slows both alike (a fixed 0.5 s
+    bound failed at 0.74 s under load)."""
+    conversation = _huge(99)
+    scorer.tokens_each([conversation])  # warm: the first call pays for lazy setup
+    started = time.perf_counter()
+    scorer.tokens_each([conversation])
+    inline = time.perf_counter() - started
+
     async def main() -> tuple[float, list[object], int]:
         monitor = _monitor(bundle, scorer)
         longest_gap, ticks, done = 0.0, 0, False
@@ -97,7 +107,9 @@ def test_huge_conversations_are_tokenised_off_the_event_loop(bundle: Path, score
     assert all(not isinstance(d, BaseException) and d.truncated for d in huge), huge  # type: ignore[union-attr]
     assert isinstance(rejected, InputError) and "chat template" in str(rejected), rejected
     assert not isinstance(short, BaseException)
-    assert ticks > 10 and longest_gap < 0.5, f"the loop stalled for {longest_gap:.2f} s"
+    assert ticks > 10 and longest_gap < inline / 2, (
+        f"the loop stalled for {longest_gap:.2f} s; tokenising one huge conversation takes {inline:.2f} s"
+    )
 
 
 def test_a_burst_beyond_the_queue_bound_is_shed_at_once_and_costs_nothing(
