@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,7 @@ class FaultServer:
         self.model = model
         self.score = score  # an item's clean P(high): another function is another expert
         self.counts = Counts()
+        self.closing = asyncio.Event()  # set when the server stops: slow faults answer at once
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -150,7 +151,10 @@ class FaultServer:
         if fault == "500":
             return web.json_response({"error": "internal"}, status=500)
         if fault == "slow":
-            await asyncio.sleep(self.plan.slow_seconds)
+            # Cut short when the server stops, so that stopping never waits out a slow fault
+            # (its client timed out long before).
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), self.plan.slow_seconds)
             return web.json_response({"error": "too late"}, status=500)
         if fault == "drop":
             assert request.transport is not None
@@ -285,6 +289,7 @@ class RunningServer:
 
     def __exit__(self, *exc: object) -> None:
         assert self._runner is not None
+        self._loop.call_soon_threadsafe(self.server.closing.set)
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)

@@ -52,10 +52,11 @@ HTTP_FAULTS = {
 }
 
 
-# A slow fault answers (500) this long after the request: 3 s past the client's 1 s read timeout,
-# so that a client whose event loop a loaded machine stalls still times out first (with 1.5 s a
-# CI run under load saw 3 of 2,000 slow answers arrive as http-500).
-SLOW_SECONDS = 4.0
+# A slow fault answers (500) this long after the request: 7 s past the client's 3 s read timeout,
+# so that a client whose event loop a loaded machine stalls still times out first (with 1.5 s
+# against 1 s a CI run under load saw 3 of 2,000 slow answers arrive as http-500). The server cuts
+# the slow faults still sleeping short when it stops (tests/fault_server.py).
+SLOW_SECONDS = 10.0
 
 
 def make_spec(url: str, **changes: Any) -> ExpertSpec:
@@ -64,7 +65,9 @@ def make_spec(url: str, **changes: Any) -> ExpertSpec:
         base_urls=(url,),
         model="fault-model",
         rate=RateLimit(concurrency=32),
-        timeout=Timeout(read=1.0),  # far under a slow fault (SLOW_SECONDS), far above a loaded answer
+        # Far under a slow fault (SLOW_SECONDS), far above a loaded answer: with 1 s a stall of a
+        # loaded machine turned a normal answer into a timeout and broke exact request counts.
+        timeout=Timeout(read=3.0),
         retry=RetryPolicy(max_attempts=8, initial=0.001, multiplier=2.0, maximum=0.01, deadline=120.0),
     )
     return replace(spec, **changes)
@@ -230,7 +233,9 @@ def test_fault_run_scores_everything_or_fails_with_a_reason(tmp_path: Path, meth
         assert stats.rate_limited == counts.faults["429"]
         assert stats.retries == sum(o.attempts - 1 for o in outcomes)
         assert merge_drop(stats.errors_seen) == merge_drop(expected_errors)
-        assert took < 30
+        # 26 s on a loaded 2-core machine (likelihood); a run whose workers were serialised would
+        # wait out its 70-140 slow faults one by one, 3 s each (the bound was 30 s with a 1 s timeout).
+        assert took < 90
 
         # The database: one score per scored item, each the clean score; no error stored as a score.
         keys = [ExpertClient(spec, cache=None).request_for(item)[1] for item in items]
@@ -423,8 +428,9 @@ def test_replicas_share_the_load(tmp_path: Path) -> None:
 
 
 def test_rpm_limit_against_the_server() -> None:
-    """600 requests per minute from a full bucket: 640 requests need at least (640 - 600) / 10 s
-    after the limiter starts, and every request k arrives no earlier than (k + 1 - 600) / 10 s."""
+    """600 requests per minute, paced without burst (experts._limiter.Pacer): request k arrives no
+    earlier than k / 10 s after the run starts, so no 60 s window ever holds more than 600. 120
+    requests show the spacing in 12 s (640 took 66 s, the first 600 unchecked)."""
     arrivals: list[float] = []
 
     @web.middleware
@@ -434,7 +440,7 @@ def test_rpm_limit_against_the_server() -> None:
 
     running = RunningServer(FaultPlan())
     running.server.app.middlewares.append(record)
-    n = 640
+    n = 120
     with running as server:
         spec = make_spec(server.url, rate=RateLimit(concurrency=16, rpm=600))
         started = time.monotonic()
@@ -442,12 +448,13 @@ def test_rpm_limit_against_the_server() -> None:
         took = time.monotonic() - started
     assert all(r.source == "expert" for r in results)
     assert len(arrivals) == n
-    assert took >= (n - 600) / 10 - 0.05
+    assert took >= (n - 1) / 10 - 0.05
     arrivals.sort()
-    for k, at in enumerate(arrivals):
-        assert at - started >= (k + 1 - 600) / 10 - 0.05, k
-    # The tail really is paced: the last 30 requests span about 3 s.
-    assert arrivals[-1] - arrivals[-31] >= 2.9
+    for k, at in enumerate(arrivals):  # a machine's stalls only delay: these bounds hold under load
+        assert at - started >= k / 10 - 0.05, k
+    # The tail really is paced: the last 30 requests span about 2.9 s; a stall of the client's loop
+    # may bunch a few of them up (2.9 s was the bound once).
+    assert arrivals[-1] - arrivals[-31] >= 2.5
 
 
 # --------------------------------------------------------------------------- SIGKILL and resume
