@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -162,15 +162,18 @@ def test_a_file_written_within_the_racy_margin_is_hashed_again_until_it_settles(
     tmp_path: Path, cache: Path, hashed: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write in the same timestamp tick as the hash would keep the key: so a file whose ctime
-    is within RACY_SECONDS of the hash is not remembered, and is once it is older."""
-    monkeypatch.setattr(_hashes, "RACY_SECONDS", 0.5)
+    is within RACY_SECONDS of the hash is not remembered, and is once it is older. The hash's
+    clock is set, not waited for: first the file's own ctime, then just past the margin (a 0.5 s
+    margin in real time could pass between two reads on a loaded machine)."""
     fresh = tmp_path / "weights.bin"
     fresh.write_bytes(b"w" * 1000)
+    now_ns = [fresh.stat().st_ctime_ns]
+    monkeypatch.setattr(_hashes, "time", SimpleNamespace(time_ns=lambda: now_ns[0]))
     first = _hashes.content_sha256([fresh])
     new_process()
     assert _hashes.content_sha256([fresh]) == first
     assert hashed == [fresh, fresh] and not cache.exists()  # not remembered: read twice
-    time.sleep(0.6)
+    now_ns[0] += int((_hashes.RACY_SECONDS + 0.1) * 1e9)
     new_process()
     _hashes.content_sha256([fresh])
     new_process()
