@@ -56,12 +56,26 @@ def read_expert_scores(paths: Sequence[Path]) -> dict[str, float]:
         for column in ("id", "expert"):
             if column not in table.columns:
                 raise InputError(f"{path}: missing column {column!r} (an expert scores table has id, expert)")
-        for row, (key, value) in enumerate(zip(table.columns["id"], table.columns["expert"], strict=True)):
-            value = float(value)
+        for row, (raw_key, raw_value) in enumerate(
+            zip(table.columns["id"], table.columns["expert"], strict=True)
+        ):
+            value = _expert_score(raw_value, path, table.where(row))
+            # Compared as stored: a Parquet id 5 and a CSV id "5" name the same example.
+            key = str(raw_key)
             if key in out and not (out[key] == value or (np.isnan(out[key]) and np.isnan(value))):
                 raise InputError(f"{path}: {table.where(row)}: id {key!r} has two different expert scores")
-            out[str(key)] = value
+            out[key] = value
     return out
+
+
+def _expert_score(value: object, path: Path, where: str) -> float:
+    """One `expert` cell as a float: an empty cell (a CSV's NaN) is an expert that failed, NaN."""
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return float("nan")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: column 'expert', {where}: {value!r} is not a number") from None
 
 
 def dv_stage(
