@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -114,7 +115,14 @@ def dv_command(
     *,
     probe_dir: Annotated[Path, typer.Option("--probe-dir", help="Output folder of `ctd probe`.")],
     expert_scores: Annotated[
-        list[Path], typer.Option("--expert-scores", help="Tables from `ctd query` (id, expert); repeatable.")
+        list[str],
+        typer.Option(
+            "--expert-scores",
+            help=(
+                "Tables from `ctd query` (id, expert); repeatable. GROUP:PATH reads the table's ids as "
+                "GROUP/ID, as `ctd probe` names them where ids repeat across the groups of a split."
+            ),
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", help="The scores table to write (.parquet or .csv).")],
     target: Annotated[
@@ -128,11 +136,12 @@ def dv_command(
     """Train the DV probe on dev (targets from probe and expert scores) and score test."""
     # torch loads only for the commands that train probes
     from ..data import check_writable
-    from ..stages import dv_stage, read_expert_scores
+    from ..stages import dv_stage, expert_for_probe, read_expert_scores
 
-    check_writable(out, "--out", inputs=[("--expert-scores", path) for path in expert_scores])
-    by_id = read_expert_scores(expert_scores)
-    expert = {(split, i): score for split in ("dev", "test") for i, score in by_id.items()}
+    groups, paths = zip(*map(_grouped_table, expert_scores), strict=True) if expert_scores else ((), ())
+    check_writable(out, "--out", inputs=[("--expert-scores", path) for path in paths])
+    by_id = read_expert_scores(paths, groups)
+    expert = expert_for_probe(probe_dir, by_id)
     with StageProgress(enabled=not json_out) as progress:
         result = dv_stage(
             probe_dir, expert, out, target=target, training=ProbeConfig(epochs=epochs), progress=progress
@@ -145,6 +154,18 @@ def dv_command(
     if result.missing_expert:
         stdout.print(f"left out {result.missing_expert} examples the expert failed on")
     stdout.print(f"scores: {result.scores}")
+
+
+_GROUPED = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*):(.+)")  # the data spec's GROUP:PATH
+
+
+def _grouped_table(value: str) -> tuple[str | None, Path]:
+    """An --expert-scores value as (group, path): GROUP:PATH as in the data spec, unless the whole
+    value names an existing file (a path may hold a colon)."""
+    match = _GROUPED.fullmatch(value)
+    if match is None or Path(value).exists():
+        return None, Path(value)
+    return match[1], Path(match[2])
 
 
 def register(app: typer.Typer) -> None:

@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "query_items": "._query",
     "score_stoppable": "._query",
     "read_dv_metrics": "._dv_metrics",
+    "expert_for_probe": "._dv",
     "read_expert_scores": "._dv",
     "resolve_scores": "._calibrate",
     "simulate": "._calibrate",

@@ -37,7 +37,7 @@ from ._dv_metrics import DVMetrics, DVRun, dv_metrics_json
 from ._expert_calibration import cascade_expert_scores
 from ._probe import open_stores
 
-__all__ = ["DVStage", "DVStageResult", "dv_stage", "read_expert_scores"]
+__all__ = ["DVStage", "DVStageResult", "dv_stage", "expert_for_probe", "read_expert_scores"]
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,13 @@ class DVStageResult:
     missing_expert: int  # dev/test examples left out because the expert failed on them
 
 
-def read_expert_scores(paths: Sequence[Path]) -> dict[str, float]:
+def read_expert_scores(paths: Sequence[Path], groups: Sequence[str | None] = ()) -> dict[str, float]:
     """id -> expert P(y=1) from `ctd query` tables (columns `id`, `expert`; NaN where the expert
-    failed). An id scored differently in two tables is an error: it would be ambiguous."""
+    failed). A table with a group (`groups[i]`, from --expert-scores GROUP:PATH) gives its ids as
+    "GROUP/ID", the form `ctd probe` gives them where an id repeats across a split's groups. An
+    id scored differently in two tables is an error: it would be ambiguous."""
     out: dict[str, float] = {}
-    for path in paths:
+    for path, group in zip(paths, [*groups, *[None] * (len(paths) - len(groups))], strict=True):
         table = read_table(Path(path))
         for column in ("id", "expert"):
             if column not in table.columns:
@@ -61,10 +63,35 @@ def read_expert_scores(paths: Sequence[Path]) -> dict[str, float]:
         ):
             value = _expert_score(raw_value, path, table.where(row))
             # Compared as stored: a Parquet id 5 and a CSV id "5" name the same example.
-            key = str(raw_key)
+            key = str(raw_key) if group is None else f"{group}/{raw_key}"
             if key in out and not (out[key] == value or (np.isnan(out[key]) and np.isnan(value))):
-                raise InputError(f"{path}: {table.where(row)}: id {key!r} has two different expert scores")
+                raise InputError(
+                    f"{path}: {table.where(row)}: id {key!r} has two different expert scores (tables of "
+                    "different groups whose ids repeat: give each as --expert-scores GROUP:PATH)"
+                )
             out[key] = value
+    return out
+
+
+def expert_for_probe(probe_dir: Path, by_id: dict[str, float]) -> dict[tuple[str, str], float]:
+    """(split, id) -> expert score for the dev and test examples of `ctd probe`'s scores table,
+    from `read_expert_scores`. `ctd probe` qualifies a split's ids by group ("da/0") when an id
+    repeats across its groups, which `ctd query`, reading one file, cannot know: an example is
+    found under its probe id, as "GROUP/ID", or under its id within the group. An example found
+    under none is left out, for `dv_stage` to name."""
+    table = read_table(ProbeLayout(probe_dir).scores).columns
+    out: dict[tuple[str, str], float] = {}
+    for split, group, example_id in zip(
+        np.asarray(table["split"]).astype(str).tolist(),
+        np.asarray(table["group"]).astype(str).tolist(),
+        np.asarray(table["id"]).astype(str).tolist(),
+        strict=True,
+    ):
+        plain = example_id.removeprefix(f"{group}/")
+        for candidate in (example_id, f"{group}/{example_id}", plain):
+            if candidate in by_id:
+                out[(split, example_id)] = by_id[candidate]
+                break
     return out
 
 
@@ -108,7 +135,7 @@ def dv_stage(
     acts = open_stores(probe_dir)
     ids = np.asarray(table["id"]).astype(str)
     split = np.asarray(table["split"]).astype(str)
-    keys = list(zip(split, ids, strict=True))
+    keys = list(zip(split.tolist(), ids.tolist(), strict=True))  # plain strings, as messages show them
     unknown = [k for k in keys if k not in expert]
     if unknown:
         (where, first), count = unknown[0], len(set(unknown))
