@@ -168,13 +168,18 @@ def parse_seeds(text: str, option: str) -> tuple[int, ...]:
 
 
 def parse_names(text: str, option: str, allowed: tuple[Name, ...]) -> tuple[Name, ...]:
-    """Comma-separated names, each one of `allowed` (typed as they are: a Literal's members)."""
+    """Comma-separated names, each one of `allowed` (typed as they are: a Literal's members), each
+    once: a repeated name (`mean,mean`) would run its work twice and write its rows twice, which
+    later stages cannot tell apart."""
     names = tuple(list_items(text, option))
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise InputError(
             f"{option}: unknown value {unknown[0] if unknown else text!r}; choose from {', '.join(allowed)}"
         )
+    for number, name in enumerate(names, start=1):
+        if name in names[: number - 1]:
+            raise InputError(f"{option} {text!r}: item {number} repeats {name!r}; name each once")
     return tuple(allowed[allowed.index(n)] for n in names)
 
 

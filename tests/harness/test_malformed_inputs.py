@@ -106,6 +106,15 @@ CASES: dict[str, Case] = {
     "budgets empty item": Case(("eval", "--budgets", "0.3,,0.5"), ("--budgets", "item 2 is empty")),
     "batch sizes trailing comma": Case(("eval", "--batch-sizes", "32,64,"), ("--batch-sizes", "item 3")),
     "seeds empty item": Case(("eval", "--seeds", ",1"), ("--seeds", "item 1 is empty")),
+    # a list of names with a repeat (it used to run the arch twice: duplicate rows, a later IndexError)
+    "arch repeated": Case(
+        ("probe", "--out", "p", "--arch", "mean,mean"), ("--arch", "item 2 repeats 'mean'")
+    ),
+    "eval arch repeated": Case(("eval", "--arch", "mlp,mean,mlp"), ("--arch", "item 3 repeats")),
+    "policies repeated": Case(
+        ("calibrate", "--scores", "s.csv", "--out", "c", "--policies", "ctd,ctd"),
+        ("--policies", "item 2 repeats"),
+    ),
     # the expert, by URL
     "url without model": Case((*QUERY, "--expert-url", "{url}"), ("--expert-model",)),
     "url scheme": Case(
