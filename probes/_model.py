@@ -64,10 +64,20 @@ class LoadedModel:
     device: torch.device
 
     @property
-    def template_hash(self) -> str:
-        """sha256 of the chat template (an empty template means plain-text rendering)."""
+    def template_text(self) -> str:
+        """The chat template as text ("" means plain-text rendering). A tokenizer_config.json may
+        hold a list of named templates ({name, template}), which transformers loads as a mapping
+        name -> template: that is canonical JSON (keys sorted), so that it hashes the same in every
+        process and can be recorded in a probe's JSON sidecar."""
         template = getattr(self.tokenizer, "chat_template", None) or ""
-        return hashlib.sha256(template.encode()).hexdigest()[:16]
+        if isinstance(template, dict):
+            return json.dumps(template, sort_keys=True, ensure_ascii=False)
+        return str(template)
+
+    @property
+    def template_hash(self) -> str:
+        """sha256 of the chat template (`template_text`)."""
+        return hashlib.sha256(self.template_text.encode()).hexdigest()[:16]
 
 
 def file_sha256(path: Path) -> str:

@@ -191,7 +191,7 @@ def probe_stage(
                     model_identity=model.identity,
                     layer=layer,
                     max_tokens=settings.max_tokens,
-                    template=getattr(model.tokenizer, "chat_template", None) or "",
+                    template=model.template_text,
                     template_hash=model.template_hash,
                     seed=seed,
                     metrics=asdict(run),

@@ -4,6 +4,7 @@ it did before saving, for every architecture; a damaged pair is one ProbeError n
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +98,42 @@ def test_damaged_or_mismatched_probe_is_one_error_naming_the_file(tmp_path: Path
     stem.with_suffix(".safetensors").unlink()
     with pytest.raises(ProbeError, match=r"probe\.safetensors: missing"):
         load_probe(stem)
+
+
+def _named_templates_model(folder: Path, order: tuple[str, ...]) -> Path:
+    """A copy of the embedded model whose tokenizer_config.json holds named chat templates (a list
+    of {name, template}, as some hub models ship), listed in `order`."""
+    import shutil
+
+    from probes._model import embedded_gguf, file_sha256, model_cache_root
+
+    source = model_cache_root() / f"gguf-{file_sha256(embedded_gguf())[:24]}"
+    if not (source / "model.safetensors").is_file():
+        from probes import load_model
+
+        load_model()  # converts the GGUF into that folder
+    shutil.copytree(source, folder)
+    default = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").unlink()
+    templates = {"default": default, "tool_use": "{{ messages[0]['content'] }}"}
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": name, "template": templates[name]} for name in order]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_named_chat_templates_hash_and_record(tmp_path: Path) -> None:
+    from probes import load_model, read_artifact
+
+    first = load_model(str(_named_templates_model(tmp_path / "a", ("default", "tool_use"))))
+    assert isinstance(first.tokenizer.chat_template, dict)  # how transformers loads the list
+    second = load_model(str(_named_templates_model(tmp_path / "b", ("tool_use", "default"))))
+    # the same templates hash the same, whatever order the file lists them in
+    assert first.template_hash == second.template_hash and len(first.template_hash) == 16
+    assert json.loads(first.template_text)["tool_use"] == "{{ messages[0]['content'] }}"
+    acts, labels = _data()
+    config = ProbeConfig(arch="mean", epochs=1)
+    result = train_probe(acts, labels, task="safety", config=config, seed=3)
+    artifact = replace(_artifact(config, acts.dim), template=first.template_text)
+    save_probe(tmp_path / "p" / "probe", result.probe, artifact)  # a JSON sidecar
+    assert read_artifact(tmp_path / "p" / "probe").template == first.template_text
