@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "ProbeArtifact": "._artifact",
     "ProbeConfig": "._config",
     "ProbeError": "._errors",
+    "RejectedExample": "._errors",
     "Ragged": "._ragged",
     "StoreKey": "._store",
     "Task": "._config",

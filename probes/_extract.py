@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._config import BATCH_TOKENS
 from ._dist import process_state
-from ._errors import ProbeError
+from ._errors import ProbeError, RejectedExample
 from ._model import LoadedModel, decoder_layers
 from ._store import ActivationStore, Plan, StoreKey
 from ._stream import CommitCadence, ShardStream
@@ -96,7 +96,7 @@ def _render_all(tokenizer, conversations: Sequence[Conversation]) -> list[str]:
     texts = []
     for number, text in enumerate(render_each(tokenizer, conversations)):
         if isinstance(text, ProbeError):
-            raise ProbeError(f"example {number}: {text}")
+            raise RejectedExample(number, str(text))
         texts.append(text)
     return texts
 

@@ -28,8 +28,8 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast, get_args
 
@@ -122,6 +122,8 @@ class DataSplits:
     files: tuple[DataFile, ...]
     test_from_dev: bool
     """True when no `test` entry was given and each dev file was cut into dev and test halves."""
+    where: Mapping[tuple[SplitName, str], str] = field(default_factory=dict, compare=False, repr=False)
+    """(split, id) -> the "file:line" the example was read from, for messages about one example."""
 
     def __getitem__(self, split: SplitName) -> tuple[Example, ...]:
         if split not in SPLITS:
@@ -359,7 +361,8 @@ def load_data(
     for split in ("train", "dev"):  # after reading, so that a bad file is reported first
         if not parsed.entries(split):
             raise InputError(f"{option}: no {split}= entry (give {split}=PATH, or {split}={BUILTIN})")
-    splits = {split: _checked(split, per_split[split], parsed, option) for split in SPLITS}
+    checked = {split: _checked(split, per_split[split], parsed, option) for split in SPLITS}
+    splits = {split: examples for split, (examples, _) in checked.items()}
     if limit is not None:
         splits = {split: tuple(stratified_limit(examples, limit)) for split, examples in splits.items()}
     _check_train_classes(splits["train"], option)
@@ -369,13 +372,15 @@ def load_data(
         test=splits["test"],
         files=tuple(files),
         test_from_dev=parsed.test_from_dev,
+        where={(split, i): line for split, (_, lines) in checked.items() for i, line in lines.items()},
     )
 
 
 def _checked(
     split: SplitName, rows: list[tuple[Example, str]], spec: DataSpec, option: str
-) -> tuple[Example, ...]:
-    """The split's examples in id order, after checking that ids are unique and it is not empty.
+) -> tuple[tuple[Example, ...], dict[str, str]]:
+    """The split's examples in id order, after checking that ids are unique and it is not empty,
+    and where each was read from (id -> file:line).
 
     Files of different groups often number their rows independently (the McKenzie et al. dev
     files share ids such as "507"); when an id repeats across groups, every id of the split is
@@ -396,7 +401,7 @@ def _checked(
                 " ids must be unique within a split"
             )
         first[example.id] = where
-    return tuple(sorted((example for example, _ in rows), key=lambda e: e.id))
+    return tuple(sorted((example for example, _ in rows), key=lambda e: e.id)), first
 
 
 def _check_train_classes(train: tuple[Example, ...], option: str) -> None:

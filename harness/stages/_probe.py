@@ -62,7 +62,8 @@ def _extract_split(
     store_root: Path,
     progress: ProgressFn | None,
 ) -> tuple[ActivationStore, ExtractStats]:
-    from probes import extract  # torch loads when the stage runs, not when a rerun skips it
+    # torch loads when the stage runs, not when a rerun skips it
+    from probes import RejectedExample, extract
 
     examples = data[split]
 
@@ -70,16 +71,24 @@ def _extract_split(
         if progress is not None:
             progress(f"extract {split}", done, total, unit="tokens")
 
-    return extract(
-        model,
-        [e.conversation for e in examples],
-        layer=layer,
-        max_tokens=settings.max_tokens,
-        data_hash=data.content_hash(split),
-        store_root=store_root,
-        batch_tokens=settings.batch_tokens,
-        on_batch=on_batch,
-    )
+    try:
+        return extract(
+            model,
+            [e.conversation for e in examples],
+            layer=layer,
+            max_tokens=settings.max_tokens,
+            data_hash=data.content_hash(split),
+            store_root=store_root,
+            batch_tokens=settings.batch_tokens,
+            on_batch=on_batch,
+        )
+    except RejectedExample as error:
+        # The position is in the split's sorted examples, which the user never sees: name the
+        # example by its id and the file line it came from.
+        example = examples[error.index]
+        where = data.where.get((split, example.id))
+        at = f" at {where}" if where else ""
+        raise InputError(f"--data {split}: example {example.id!r}{at}: {error.reason}") from None
 
 
 def probe_stage(

@@ -1,0 +1,68 @@
+"""`ctd probe`'s inputs: an example the model cannot read is named by its split, id and file line,
+in one line, exit code 2, before anything is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ctd_cli import assert_one_line_error, run_ctd
+
+from harness.data.builtin import builtin_dir
+
+# Private: where the embedded model's converted folder lives.
+from probes._model import embedded_gguf, file_sha256, model_cache_root
+
+REJECTING = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}"
+    "{% endif %}{{ m['content'] }}{% endfor %}"
+)
+
+
+def model_with_template(folder: Path, template: str) -> Path:
+    """A copy of the embedded model (as a folder) whose chat template is `template`."""
+    source = model_cache_root() / f"gguf-{file_sha256(embedded_gguf())[:24]}"
+    if not (source / "model.safetensors").is_file():
+        from probes import load_model
+
+        load_model()  # converts the GGUF into that folder
+    shutil.copytree(source, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def small_splits(folder: Path) -> dict[str, list[dict]]:
+    """Rows for train, dev and test files: a few of each label from the built-in set, ids t0, t1, ..."""
+    rows = [json.loads(line) for line in (builtin_dir() / "train.jsonl").read_text().splitlines()]
+    high = [r for r in rows if r["labels"] == "high-stakes" and isinstance(r["inputs"], str)]
+    low = [r for r in rows if r["labels"] == "low-stakes" and isinstance(r["inputs"], str)]
+    out: dict[str, list[dict]] = {}
+    for number, split in enumerate(("train", "dev", "test")):
+        chosen = high[4 * number : 4 * number + 4] + low[4 * number : 4 * number + 4]
+        out[split] = [
+            {"ids": f"{split[0]}{i}", "inputs": r["inputs"], "labels": r["labels"]}
+            for i, r in enumerate(chosen)
+        ]
+    return out
+
+
+def test_a_row_the_chat_template_rejects_is_named_by_split_id_and_line(tmp_path: Path) -> None:
+    model = model_with_template(tmp_path / "model", REJECTING)
+    rows = small_splits(tmp_path)
+    system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "delete prod?"}]
+    rows["dev"][2] = {**rows["dev"][2], "ids": "zz-last", "inputs": system}  # sorts last in the split
+    for split, split_rows in rows.items():
+        write_rows(tmp_path / f"{split}.jsonl", split_rows)
+    result = run_ctd(
+        "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--model", str(model),
+        "--out", "out", "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
+        cwd=tmp_path, env={"CTD_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1"}, timeout=600,
+    )  # fmt: skip
+    assert_one_line_error(result, "--data dev", "'zz-last'", "dev.jsonl:3", "no system role")
+    assert "example 7" not in result.stderr and not (tmp_path / "out").exists()
