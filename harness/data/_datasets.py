@@ -61,6 +61,9 @@ def _conversation(value: object, where: str) -> Conversation:
         raise InputError(
             f"{where}: 'inputs' must be a string or a list of messages, got {type(value).__name__}"
         )
+    if not messages:
+        # it would be extracted as a lone pad token and asked of the expert as nothing
+        raise InputError(f"{where}: 'inputs' is an empty list of messages")
     conversation: list[dict[str, str]] = []
     for i, message in enumerate(messages):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
@@ -148,6 +151,9 @@ def _csv_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, di
         header = next(csv.reader(lines), None)
     if header is None:
         return
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:  # a dict of the row would keep the last of them without a word
+        raise InputError(f"{path}:1: column {repeated[0]!r} appears more than once")
     ends = [byte_offset]  # set again once the first line is read; a row's start is known before
     reader = csv.reader(_lines(path, byte_offset, ends))
     if byte_offset == 0:
@@ -178,8 +184,18 @@ def _jsonl_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, 
             row = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise InputError(f"{path}:{number}: malformed JSON (nested too deeply)") from None
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object per line")
+        try:
+            # JSON's \ud800 escape decodes to a lone surrogate, which no UTF-8 text (a hash of the
+            # data, the cache, a request) can hold: refused here rather than at its first use.
+            json.dumps(row, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"{path}:{number}: a lone surrogate escape (\\u{ord(exc.object[exc.start]):04x}) is not text"
+            ) from None
         yield f"{path}:{number}", row, row_start
 
 

@@ -78,6 +78,27 @@ CASES: dict[str, Case] = {
         "dup.jsonl:2: id 'x' repeats",
     ),
     "data no inputs": _data_case("noin.jsonl", '{"text": "a"}\n', "noin.jsonl:1: missing field 'inputs'"),
+    # rows that read, but fail later: at the data hash (UnicodeEncodeError), in json (RecursionError),
+    # silently (the last of two columns wins; nothing extracted but a pad token)
+    "data lone surrogate": _data_case(
+        "sur.jsonl",
+        '{"inputs": "ok"}\n{"inputs": "a\\ud800b"}\n',
+        "sur.jsonl:2: a lone surrogate escape (\\ud800)",
+    ),
+    "data nested too deeply": _data_case(
+        "deep.jsonl", '{"inputs": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "deep.jsonl:1: malformed JSON"
+    ),
+    "data csv repeated column": _data_case(
+        "rep.csv",
+        "inputs,ids,labels,labels\na,x,high-stakes,low-stakes\n",
+        "rep.csv:1: column 'labels' appears",
+    ),
+    "data empty messages": _data_case(
+        "em.jsonl", '{"inputs": []}\n', "em.jsonl:1: 'inputs' is an empty list"
+    ),
+    "data empty messages text": _data_case(
+        "emt.jsonl", '{"inputs": "a"}\n{"inputs": "[]"}\n', "emt.jsonl:2: 'inputs' is an empty list"
+    ),
     # the output and the cache
     "out .txt": Case((*QUERY[:4], "out.txt", *BY_URL), ("--out out.txt", "unknown file type '.txt'")),
     "out under a file": Case(

@@ -66,3 +66,21 @@ def test_a_row_the_chat_template_rejects_is_named_by_split_id_and_line(tmp_path:
     )  # fmt: skip
     assert_one_line_error(result, "--data dev", "'zz-last'", "dev.jsonl:3", "no system role")
     assert "example 7" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_rows_that_load_but_fail_later_are_refused_at_load(tmp_path: Path) -> None:
+    """A lone surrogate escape (it broke the data hash), an empty message list (it was extracted as
+    one pad token): one line naming the file line, before any model loads."""
+    rows = small_splits(tmp_path)
+    write_rows(tmp_path / "train.jsonl", rows["train"])
+    write_rows(tmp_path / "test.jsonl", rows["test"])
+    bad = {"surrogate": "a\ud800b", "empty": []}
+    for name, inputs in bad.items():
+        dev = [*rows["dev"][:3], {"ids": "bad", "inputs": inputs, "labels": "low-stakes"}, *rows["dev"][3:]]
+        (tmp_path / "dev.jsonl").write_text("".join(json.dumps(row) + "\n" for row in dev))  # \ud800 escaped
+        result = run_ctd(
+            "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", "out",
+            cwd=tmp_path, env={"CTD_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        assert_one_line_error(result, "dev.jsonl:4")
+        assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists(), name
