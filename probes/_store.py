@@ -178,7 +178,16 @@ class ActivationStore:
         shards = []
         for rank in range(world):
             path = self.folder / f"shard-{rank}-of-{world}.f16"
-            rows = path.stat().st_size // (2 * dim)
+            # A complete store whose shard was cut short (a disk that filled, a copy that stopped)
+            # would fail later as an index out of range: checked against what the index reads.
+            mine = index["shard"] == rank
+            needed = int((index["start"][mine] + index["length"][mine]).max(initial=0))
+            rows = path.stat().st_size // (2 * dim) if path.is_file() else 0
+            if rows < needed:
+                raise ProbeError(
+                    f"{self.folder}: the activation store is damaged ({path.name} holds {rows} of the "
+                    f"{needed} rows its index reads); delete the folder and rerun to extract it again"
+                )
             shards.append(
                 np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
                 if rows

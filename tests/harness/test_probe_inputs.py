@@ -84,3 +84,31 @@ def test_rows_that_load_but_fail_later_are_refused_at_load(tmp_path: Path) -> No
         )  # fmt: skip
         assert_one_line_error(result, "dev.jsonl:4")
         assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists(), name
+
+
+def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
+    """A store marked complete whose shard lost its end (a disk that filled, a copy that stopped):
+    one line saying the store is damaged and what to do, where reading it raised an IndexError."""
+    rows = small_splits(tmp_path)
+    for split, split_rows in rows.items():
+        write_rows(tmp_path / f"{split}.jsonl", split_rows)
+    env = {"CTD_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1"}
+    probe = run_ctd(
+        "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", "probe",
+        "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
+        cwd=tmp_path, env=env, timeout=600,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    dev_store = Path(json.loads((tmp_path / "probe" / "stores.json").read_text())["splits"]["dev"]["folder"])
+    (shard,) = dev_store.glob("shard-*.f16")
+    with shard.open("r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)
+    (tmp_path / "expert.csv").write_text(
+        "id,expert\n" + "".join(f"{r['ids']},0.5\n" for split in ("dev", "test") for r in rows[split])
+    )
+    result = run_ctd(
+        "dv", "--probe-dir", "probe", "--expert-scores", "expert.csv", "--out", "dv.csv", "--json",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert_one_line_error(result, str(dev_store), "damaged", shard.name, "rerun")
+    assert not (tmp_path / "dv.csv").exists()
