@@ -13,7 +13,7 @@ from calibrate import DV_TARGETS, DVTarget
 from probes import ARCHS, ProbeConfig
 
 from .._bounds import LIMITS
-from ..data import load_data
+from ..data import check_writable_folder, load_data
 from ..run import ProbeSettings, Roots, StageProgress
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
@@ -80,6 +80,8 @@ def probe_command(
     # torch loads only for the commands that train probes
     from ..stages import probe_stage
 
+    # A bad --out found before the model loads, not after extraction and training.
+    check_writable_folder(out, "--out")
     splits = load_data(data, limit=limit)
     settings = ProbeSettings(
         model=model,

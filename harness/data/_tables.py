@@ -28,6 +28,7 @@ __all__ = [
     "RawTable",
     "atomic_path",
     "check_writable",
+    "check_writable_folder",
     "dumps",
     "not_utf8",
     "read_json",
@@ -88,7 +89,24 @@ def check_writable(
         raise InputError(
             f"{option} {path}: unknown file type {path.suffix or '(none)'!r}; use {' or '.join(suffixes)}"
         )
-    folder = path.parent
+    _check_room(path, path.parent, option)
+    return path
+
+
+def check_writable_folder(path: Path, option: str) -> Path:
+    """`check_writable` for an output folder: not an existing file, and the folder (or the nearest
+    existing ancestor) accepts a new file and has room. Checked before any work is paid for, so
+    that a run does not fail at its end for want of a place to write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path}: exists and is not a folder")
+    _check_room(path, path, option)
+    return path
+
+
+def _check_room(path: Path, folder: Path, option: str) -> None:
+    """`folder`, or its nearest existing ancestor, is a folder that accepts a new file (nothing is
+    left behind) and has room for the output `path` the user named in `option`."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
@@ -105,7 +123,6 @@ def check_writable(
         raise EnvironmentFailure(
             f"{option} {path}: no space left on the device of {folder} ({free} bytes free)"
         )
-    return path
 
 
 def _free_bytes(folder: Path) -> int:

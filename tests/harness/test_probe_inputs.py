@@ -112,3 +112,22 @@ def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert_one_line_error(result, str(dev_store), "damaged", shard.name, "rerun")
     assert not (tmp_path / "dv.csv").exists()
+
+
+def test_an_out_that_cannot_be_a_folder_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """--out naming a file, or a folder under a file: one line, where it failed only after
+    extraction and training."""
+    rows = small_splits(tmp_path)
+    for split, split_rows in rows.items():
+        write_rows(tmp_path / f"{split}.jsonl", split_rows)
+    (tmp_path / "taken").write_text("a file the user keeps\n")
+    env = {"CTD_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1"}
+    for out, fragment in (("taken", "--out taken: exists and is not a folder"), ("taken/p", "not a folder")):
+        result = run_ctd(
+            "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", out,
+            "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
+            cwd=tmp_path, env=env, timeout=600,
+        )  # fmt: skip
+        assert_one_line_error(result, fragment)
+        assert not (tmp_path / "store").exists()  # nothing extracted
+    assert (tmp_path / "taken").read_text() == "a file the user keeps\n"
