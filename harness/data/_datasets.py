@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +174,9 @@ def _csv_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, di
         yield where, dict(zip(header, fields, strict=True)), row_start
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff, as JSON escapes them
+
+
 def _jsonl_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, dict[str, object], int]]:
     ends = [0]
     start = byte_offset
@@ -191,7 +195,9 @@ def _jsonl_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, 
         try:
             # JSON's \ud800 escape decodes to a lone surrogate, which no UTF-8 text (a hash of the
             # data, the cache, a request) can hold: refused here rather than at its first use.
-            json.dumps(row, ensure_ascii=False).encode()
+            # Only a line with a surrogate's escape can hold one (the file itself decoded as UTF-8).
+            if _SURROGATE_ESCAPE.search(text):
+                json.dumps(row, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:
             raise InputError(
                 f"{path}:{number}: a lone surrogate escape (\\u{ord(exc.object[exc.start]):04x}) is not text"
