@@ -509,7 +509,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--micro-batch", "0"], "--micro-batch 0: must be at least 1"),
         ({}, ["--batch-tokens", "0"], "--batch-tokens 0: must lie in 1..1048576"),
         ({}, ["--batch-tokens", "1048577"], "--batch-tokens 1048577: must lie in 1..1048576"),
-        ({}, ["--expert", "--expert-url", "ftp://example"], "--expert-url = 'ftp://example': must start with http"),
+        ({}, ["--expert", "--expert-url", "ftp://example"], "--expert-url = 'ftp://example': must start"),
         ({}, ["--expert-url", "http://127.0.0.1:9/v1"], "only with --expert"),
         ({}, ["--expert-cache", "c.sqlite"], "--expert-cache c.sqlite: only with --expert"),
         # A cache that cannot be made is told before the model loads, and leaves no score.json in --out.
