@@ -192,7 +192,7 @@ def test_a_one_expert_sweep_is_the_same_bytes(tmp_path: Path) -> None:
             ("--budget", "0.5,0.2", "--policies", "ctd,unc-topk"),
             ("--policies: unknown value 'unc-topk'", "ctd, uncertainty"),
         ),
-        (("--budget", "0.5,0.2", "--policies", "ctd,ctd"), ("--policies", "names a policy twice")),
+        (("--budget", "0.5,0.2", "--policies", "ctd,ctd"), ("--policies 'ctd,ctd': item 2 repeats 'ctd'",)),
         (("--budget", "0.5,0.2", "--objectives", "accuracy"), ("--objectives", "does not apply")),
         (("--budget", "0.5,0.2", "--budgets", "0.2"), ("--budgets", "does not apply to a cascade")),
         (("--abstain", "0.1"), ("--abstain: give the cascade's budgets too",)),
