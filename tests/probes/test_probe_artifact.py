@@ -105,6 +105,7 @@ def _named_templates_model(folder: Path, order: tuple[str, ...]) -> Path:
     of {name, template}, as some hub models ship), listed in `order`."""
     import shutil
 
+    # Private: the converted embedded model's cache folder, copied to add named templates.
     from probes._model import embedded_gguf, file_sha256, model_cache_root
 
     source = model_cache_root() / f"gguf-{file_sha256(embedded_gguf())[:24]}"
