@@ -13,8 +13,9 @@ from calibrate import DV_TARGETS, DVTarget
 from probes import ARCHS, ProbeConfig
 
 from .._bounds import LIMITS
+from .._errors import InputError
 from ..data import check_writable_folder, load_data
-from ..run import ProbeSettings, Roots, StageProgress
+from ..run import ProbeLayout, ProbeSettings, Roots, StageProgress
 from ._common import clean_errors, parse_names, parse_seeds, print_json, stdout
 
 # The commands' defaults are the probe section's own: one place for each.
@@ -143,6 +144,11 @@ def dv_command(
     groups, paths = zip(*map(_grouped_table, expert_scores), strict=True) if expert_scores else ((), ())
     check_writable(out, "--out", inputs=[("--expert-scores", path) for path in paths])
     by_id = read_expert_scores(paths, groups)
+    probe_scores = ProbeLayout(probe_dir).scores
+    if not probe_scores.is_file():
+        raise InputError(
+            f"--probe-dir {probe_dir}: not an output folder of `ctd probe` (no {probe_scores.name})"
+        )
     expert = expert_for_probe(probe_dir, by_id)
     with StageProgress(enabled=not json_out) as progress:
         result = dv_stage(

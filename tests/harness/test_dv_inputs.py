@@ -32,6 +32,17 @@ def test_a_non_number_expert_cell_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "dv.csv").exists()
 
 
+def test_a_probe_dir_without_probe_scores_is_named_as_the_option(tmp_path: Path) -> None:
+    (tmp_path / "q.csv").write_text("id,expert\na,0.5\n")
+    (tmp_path / "empty").mkdir()
+    for probe_dir in ("missing", "empty"):
+        result = run_ctd(
+            "dv", "--probe-dir", probe_dir, "--expert-scores", "q.csv", "--out", "dv.csv", cwd=tmp_path
+        )
+        assert_one_line_error(result, f"--probe-dir {probe_dir}", "ctd probe", "probe_scores.parquet")
+    assert not (tmp_path / "dv.csv").exists()
+
+
 def test_integer_ids_scored_differently_in_two_tables_are_refused(tmp_path: Path) -> None:
     first = write_table(tmp_path / "a.parquet", {"id": np.array([5, 6]), "expert": np.array([0.1, 0.2])})
     second = write_table(tmp_path / "b.parquet", {"id": np.array([5, 6]), "expert": np.array([0.1, 0.9])})
