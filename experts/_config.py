@@ -46,7 +46,7 @@ def check_base_url(url: object, setting: str = "base_url") -> str:
             setting,
             shown,
             "credentials in the URL are refused (they would be printed and stored): put the key in "
-            "an environment variable and name it with --api-key-env (api_key_env in experts.toml)",
+            "an environment variable named by the expert's api_key_env (`ctd experts add --api-key-env`)",
         )
     try:
         parts = urlsplit(url)
