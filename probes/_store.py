@@ -116,7 +116,31 @@ class ActivationStore:
 
     @property
     def is_complete(self) -> bool:
-        return (self.folder / "complete.json").is_file()
+        """Joined, and every shard its planned size: a shard cut short (a disk that filled, a copy
+        that stopped) leaves the store incomplete, so the next extraction redoes that shard."""
+        world = self._joined_world()
+        return world is not None and self._damaged_shard(world) is None
+
+    def _joined_world(self) -> int | None:
+        """The number of processes `join` recorded, or None before a join (or if it or the plan
+        is unreadable)."""
+        try:
+            world = int(json.loads((self.folder / "complete.json").read_text())["world"])
+            self.plan()
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return world
+
+    def _damaged_shard(self, world: int) -> tuple[Path, int, int] | None:
+        """(shard, rows it holds, rows planned) of the first shard not of its planned size."""
+        plan = self.plan()
+        for rank in range(world):
+            path = self.folder / f"shard-{rank}-of-{world}.f16"
+            planned = plan.rank_layout(rank, world)[1]
+            size = path.stat().st_size if path.is_file() else 0
+            if size != planned * 2 * plan.dim:
+                return path, size // (2 * plan.dim), planned
+        return None
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -124,6 +148,8 @@ class ActivationStore:
         """Fix the plan (or find the one an interrupted run fixed) and return it. A plan that
         differs from the saved one (e.g. another batch token budget) restarts the store."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        # A store redone (a damaged shard) is not complete until its next join.
+        (self.folder / "complete.json").unlink(missing_ok=True)
         saved = self.folder / "plan.json"
         if saved.is_file():
             old = Plan.from_json(json.loads(saved.read_text()))
@@ -170,24 +196,24 @@ class ActivationStore:
 
     def read(self) -> Ragged:
         """The store's activations as a Ragged view over read-only memory maps."""
-        if not self.is_complete:
-            raise ProbeError(f"{self.folder}: the activation store is incomplete")
+        world = self._joined_world()
+        if world is None:
+            raise ProbeError(
+                f"{self.folder}: the activation store is missing or incomplete; rerun the probe stage"
+            )
+        damaged = self._damaged_shard(world)
+        if damaged is not None:
+            path, rows, planned = damaged
+            raise ProbeError(
+                f"{self.folder}: the activation store is damaged ({path.name} holds {rows} of its "
+                f"{planned} rows); rerun the probe stage to extract that shard again"
+            )
         index = np.load(self.folder / "index.npz")
-        world = int(index["world"])
         dim = self.plan().dim
         shards = []
         for rank in range(world):
             path = self.folder / f"shard-{rank}-of-{world}.f16"
-            # A complete store whose shard was cut short (a disk that filled, a copy that stopped)
-            # would fail later as an index out of range: checked against what the index reads.
-            mine = index["shard"] == rank
-            needed = int((index["start"][mine] + index["length"][mine]).max(initial=0))
-            rows = path.stat().st_size // (2 * dim) if path.is_file() else 0
-            if rows < needed:
-                raise ProbeError(
-                    f"{self.folder}: the activation store is damaged ({path.name} holds {rows} of the "
-                    f"{needed} rows its index reads); delete the folder and rerun to extract it again"
-                )
+            rows = path.stat().st_size // (2 * dim)
             shards.append(
                 np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
                 if rows

@@ -88,7 +88,8 @@ def test_rows_that_load_but_fail_later_are_refused_at_load(tmp_path: Path) -> No
 
 def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
     """A store marked complete whose shard lost its end (a disk that filled, a copy that stopped):
-    one line saying the store is damaged and what to do, where reading it raised an IndexError."""
+    one line saying the store is damaged and what to do, where reading it raised an IndexError;
+    doing it (rerunning the probe stage) extracts the shard again."""
     rows = small_splits(tmp_path)
     for split, split_rows in rows.items():
         write_rows(tmp_path / f"{split}.jsonl", split_rows)
@@ -112,6 +113,19 @@ def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert_one_line_error(result, str(dev_store), "damaged", shard.name, "rerun")
     assert not (tmp_path / "dv.csv").exists()
+    # Rerunning the probe stage, as the line says, extracts that shard again; no folder to delete.
+    again = run_ctd(
+        "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", "probe",
+        "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
+        cwd=tmp_path, env=env, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    result = run_ctd(
+        "dv", "--probe-dir", "probe", "--expert-scores", "expert.csv", "--out", "dv.csv", "--json",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "dv.csv").is_file()
 
 
 def test_an_out_that_cannot_be_a_folder_is_refused_before_the_model_loads(tmp_path: Path) -> None:

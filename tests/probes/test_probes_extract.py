@@ -208,6 +208,53 @@ def test_store_joins_shards_of_several_processes(tmp_path) -> None:
         assert np.array_equal(ragged.example(i), vectors[i])
 
 
+def test_a_shard_cut_short_makes_the_store_incomplete_and_only_it_is_redone(tmp_path) -> None:
+    """A store marked complete whose shard lost its tail (a disk that filled, a copy that stopped)
+    reads as one line naming the shard, is no longer complete, and the next extraction redoes only
+    that shard's batches; until its join the store stays incomplete."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 20, size=30).astype(np.int64)
+    vectors = [rng.standard_normal((n, 8)).astype(np.float16) for n in lengths]
+    plan = Plan(lengths, bucket_batches(lengths, 48, 8), 8)
+    store = ActivationStore.open(
+        tmp_path, StoreKey(model="m", layer=1, template="t", max_tokens=20, dtype="f", data="z")
+    )
+
+    def extract_all(world: int) -> dict[int, list[int]]:
+        store.start(plan)
+        redone = {}
+        for rank in range(world):
+            writer = store.shard_writer(rank, world)
+            redone[rank] = writer.todo
+            for b in writer.todo:
+                writer.write(b, np.concatenate([vectors[i] for i in plan.batches[b]]))
+            writer.commit()
+        return redone
+
+    extract_all(3)
+    store.join(3)
+    assert store.is_complete
+    shard = store.folder / "shard-1-of-3.f16"
+    with shard.open("r+b") as handle:
+        handle.truncate(shard.stat().st_size - 2 * 8)  # one row short
+    assert not store.is_complete
+    with pytest.raises(ProbeError, match=r"damaged \(shard-1-of-3\.f16 holds \d+ of its \d+ rows\); rerun"):
+        store.read()
+    store.start(plan)
+    killed = store.shard_writer(1, 3)  # a redo killed after its first batch: the shard has its size
+    first = killed.todo[0]
+    killed.write(first, np.concatenate([vectors[i] for i in plan.batches[first]]))
+    killed.commit()
+    assert shard.stat().st_size == plan.rank_layout(1, 3)[1] * 2 * 8
+    assert not store.is_complete  # yet the store is not complete before its join
+    redone = extract_all(3)
+    assert redone == {0: [], 1: plan.rank_batches(1, 3)[1:], 2: []}
+    store.join(3)
+    ragged = store.read()
+    for i in range(len(lengths)):
+        assert np.array_equal(ragged.example(i), vectors[i])
+
+
 def test_join_refuses_unfinished_shards(tmp_path) -> None:
     lengths = np.array([3, 4, 5], dtype=np.int64)
     plan = Plan(lengths, ((0,), (1,), (2,)), 4)
