@@ -22,13 +22,15 @@ from ._errors import ProbeError
 __all__ = ["ARTIFACT_VERSION", "ProbeArtifact", "load_probe", "read_artifact", "save_probe"]
 
 ARTIFACT_VERSION = 1
+ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")  # torch's names of the dtypes a model loads in
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeArtifact:
     """What a saved probe reads and how it was trained. `template` is the chat template text ("" for
     plain "role: content" rendering); `template_hash` is `LoadedModel.template_hash` of the model it
-    was trained on, so a mismatch at load time is caught before any score is computed."""
+    was trained on, so a mismatch at load time is caught before any score is computed; `dtype` is
+    the model's dtype then, so that the probe is applied to activations computed as it was trained."""
 
     task: Task
     config: ProbeConfig
@@ -41,6 +43,9 @@ class ProbeArtifact:
     template_hash: str
     seed: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    # The model's dtype when the activations were extracted ("bfloat16" on a GPU): scores from
+    # another dtype are not those calibrated. None in records written before it was kept.
+    dtype: str | None = None
     version: int = ARTIFACT_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -53,6 +58,8 @@ class ProbeArtifact:
                 raise ValueError(f"version {record.get('version')!r}, expected {ARTIFACT_VERSION}")
             if record.get("task") not in TASKS:
                 raise ValueError(f"task {record.get('task')!r}")
+            if record.get("dtype") not in (None, *ACTIVATION_DTYPES):
+                raise ValueError(f"dtype {record.get('dtype')!r}")
             return cls(**{**record, "config": ProbeConfig(**record["config"])})
         except (TypeError, ValueError, KeyError) as error:
             raise ProbeError(f"{source}: not a probe record this version reads ({error})") from None

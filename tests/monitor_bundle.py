@@ -34,7 +34,12 @@ def _template_hash(source: Path) -> str:
 
 
 def write_untrained_bundle(
-    folder: Path, *, model: str = "smollm2", threshold: float = 0.5, expert: bool = False
+    folder: Path,
+    *,
+    model: str = "smollm2",
+    threshold: float = 0.5,
+    expert: bool = False,
+    dtype: str | None = None,
 ) -> Path:
     """The bundle folder `folder` (created): budget mode at alpha 0.5, delegate when DV > threshold.
     `model` is the embedded model or a model folder (e.g. random weights of another shape), recorded
@@ -64,6 +69,7 @@ def write_untrained_bundle(
             template="",
             template_hash=template_hash,
             seed=0,
+            dtype=dtype,
         )
         save_probe(stem, build_probe(config, dim), artifact)
     # Without an expert entry, served with --no-expert: never read.

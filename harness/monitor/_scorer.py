@@ -89,10 +89,12 @@ class ProbeScorer:
         were trained on is an InputError."""
         safety, reads = load_probe(safety_stem)
         dv, dv_reads = load_probe(dv_stem)
-        for key in ("model_identity", "layer", "max_tokens", "template_hash", "dim"):
+        for key in ("model_identity", "layer", "max_tokens", "template_hash", "dim", "dtype"):
             if getattr(reads, key) != getattr(dv_reads, key):
                 raise InputError(f"{dv_stem}: the DV probe reads a different {key} than the safety probe")
-        loaded = load_model(model or reads.model)
+        # In the dtype the probes were trained in (bfloat16 from a GPU run, on a CPU too): the
+        # certified scores were computed so. A record without one: the device's default.
+        loaded = load_model(model or reads.model, dtype=getattr(torch, reads.dtype) if reads.dtype else None)
         if not identity_matches(reads.model_identity, loaded) and is_legacy_identity(reads.model_identity):
             raise InputError(
                 f"model {model or reads.model}: the probes record the folder identity of an older ctd "

@@ -201,6 +201,7 @@ def probe_stage(
                     template_hash=model.template_hash,
                     seed=seed,
                     metrics=asdict(run),
+                    dtype=str(model.dtype).removeprefix("torch."),
                 ),
             )
     if progress is not None:

@@ -27,6 +27,7 @@ from monitor_run import conversations_of, fill, serve, stop
 from harness import InputError
 from harness.monitor import calibrate_bundle
 from harness.run import RunLayout
+from probes import read_artifact
 
 _LIVE_WRITER = """
 import sys, time
@@ -309,3 +310,11 @@ def test_a_full_decision_log_refuses_checks_before_the_expert_is_paid_and_heals(
     decisions = [r for r in lines if r["event"] == "decision"]
     assert len(decisions) == statuses.count(200) + 1
     assert len(decisions) == paid_after_refusal + 1  # every paid call is a logged, answered decision
+
+
+def test_a_bundle_records_the_dtype_its_probes_were_trained_in(made: dict) -> None:
+    """Both probes of a run's bundle say in which dtype the model computed their activations
+    (float32 on this CPU), which `ctd monitor serve` then loads the model in."""
+    bundle: Path = made["bundle"]
+    for stem in ("safety", "dv"):
+        assert read_artifact(bundle / stem).dtype == "float32", stem

@@ -199,3 +199,16 @@ def test_tokens_of_a_batch_are_those_of_each_conversation_alone(scorer: ProbeSco
         assert batch[:6] + batch[7:] == [cut.tokens(t) for t in texts]
         flags = [t.truncated for t in batch if not isinstance(t, InputError)]
         assert any(flags) == (limit < longest) and all(flags) == (limit == 8)
+
+
+def test_probes_trained_in_bfloat16_are_served_in_bfloat16_on_a_cpu_too(tmp_path: Path) -> None:
+    """Probes whose record says their activations came from a bfloat16 model (a GPU run) read the
+    model in bfloat16 wherever they are served: the certified scores were computed so. A record
+    without a dtype (written before it was kept) reads it in the device's default, float32 here."""
+    trained_on_gpu = write_untrained_bundle(tmp_path / "bf16", dtype="bfloat16")
+    scorer = ProbeScorer.load(trained_on_gpu / "safety", trained_on_gpu / "dv")
+    assert scorer.model.model.dtype == torch.bfloat16
+    scores = np.array(scorer.score([scorer.tokens(c) for c in conversations(4)]))
+    assert scores.shape == (4, 2) and np.isfinite(scores).all()
+    older = write_untrained_bundle(tmp_path / "older")
+    assert ProbeScorer.load(older / "safety", older / "dv").model.model.dtype == torch.float32

@@ -90,6 +90,12 @@ def test_damaged_or_mismatched_probe_is_one_error_naming_the_file(tmp_path: Path
     with pytest.raises(ProbeError, match=r"probe\.json: not a probe record this version reads"):
         load_probe(stem)
 
+    stem.with_suffix(".json").write_text(json.dumps({**record, "dtype": "int8"}))
+    with pytest.raises(
+        ProbeError, match=r"probe\.json: not a probe record this version reads \(dtype 'int8'\)"
+    ):
+        load_probe(stem)
+
     stem.with_suffix(".json").write_text(json.dumps(record))
     stem.with_suffix(".safetensors").write_bytes(b"not weights")
     with pytest.raises(ProbeError, match=r"probe\.safetensors: not a safetensors file"):
