@@ -113,9 +113,11 @@ def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, di
     batch = max(sweep.batch_sizes)
     budgets, chosen = summary_budgets(sweep)
     seeds = len(np.unique(sweep.baselines["seed"]))
+    validated = arch in ctx.configurations
     title = (
         f"{arch} at target budgets ({chosen}), B = {batch}, means over {seeds} seed{'s' * (seeds != 1)} "
         "on each one's evaluation half; gains: mean [min, max] over seeds"
+        + ("" if validated else "; a binary-DV twin, not validated (see Binary vs continuous)")
     )
     part = _Rows(arch, "budget", title)
     found = ctx.arch_numbers(arch).get("validation", {})
@@ -151,7 +153,7 @@ def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, di
                 mean = float(gain.mean()) if gain.size else float("nan")
                 at[f"{b:g}"][f"gain_{versus}_{metric}"] = {"mean": mean, "per_seed": gain.tolist()}
                 part.add(f"CTD - {_LABELS[versus]} {name}", f"{b:g}", b, mean, "gain", gain)
-    for job, key, label in _BUDGET_ROWS:
+    for job, key, label in _BUDGET_ROWS if validated else ():  # a twin's would be rows of dashes
         for b in budgets:
             value = float(_level(found, job, b).get(key, np.nan))
             at[f"{b:g}"][f"{job}_{key}"] = value

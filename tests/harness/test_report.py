@@ -450,6 +450,12 @@ def test_binary_dv_twin_gets_a_comparison(sparse_run: Path) -> None:
     assert rows[2]["binary_auroc"] == pytest.approx(np.mean(cells))
     report = (sparse_run / "report" / "report.md").read_text(encoding="utf-8")
     assert "dv-binary-vs-continuous.png" in report
+    # Its summary has no validation rows (all dashes, for it is not validated) and says why.
+    summary = _csv(sparse_run / "report" / "tables" / "summary.csv")
+    twin = [r for r in summary if r["arch"] == f"{ARCH}-binary"]
+    assert twin and not any("LTT" in r["metric"] for r in twin)
+    assert any("LTT" in r["metric"] for r in summary if r["arch"] == ARCH)
+    assert "a binary-DV twin, not validated (see Binary vs continuous)" in twin[0]["title"]
     # The twin is compared here, not validated (the validate stage skips it): it was said to be
     # missing its validate/ folder.
     assert not any(m.startswith(f"{ARCH}-binary: no validate") for m in _numbers(sparse_run)["missing"])
