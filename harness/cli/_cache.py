@@ -166,7 +166,7 @@ def cache_export(
     ] = None,
 ) -> None:
     """Export stored scores (one row per answer)."""
-    check_writable(out, "--out", tuple(EXPORT_SUFFIXES))
+    check_writable(out, "--out", tuple(EXPORT_SUFFIXES), inputs=[("--cache", cache or Roots.resolve().cache)])
     chosen = EXPORT_SUFFIXES[out.suffix.lower()]
     if export_format is not None and export_format != chosen:
         raise InputError(

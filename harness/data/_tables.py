@@ -83,7 +83,7 @@ def check_writable(
     if path.is_dir():
         raise InputError(f"{option} {path}: is a folder, expected a file name ({' or '.join(suffixes)})")
     for name, source in inputs:
-        if path.exists() and Path(source).exists() and os.path.samefile(path, source):
+        if _same_file(path, Path(source)):
             raise InputError(f"{option} {path}: is the {name} file, which it would replace; use another file")
     if path.suffix.lower() not in suffixes:
         raise InputError(
@@ -91,6 +91,14 @@ def check_writable(
         )
     _check_room(path, path.parent, option)
     return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two names are one file: the same file when both exist (links, other spellings),
+    else the same absolute path (a cache the command is about to create, say)."""
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def check_writable_folder(path: Path, option: str) -> Path:

@@ -244,12 +244,13 @@ def query_items(
     `spend` counts the dollars (and holds the cost limit: `experts.CostLimitReached` stops the
     run, its answers committed); before anything is sent, "about N requests, about $X" goes to
     the progress display and `log`."""
-    check_writable(out, "--out", inputs=reads)
+    cache_path = cache_path or Roots.resolve().cache
+    # The table replaces what is at --out at the end: never the data, nor the paid answers.
+    check_writable(out, "--out", inputs=[*reads, ("--cache", cache_path)])
     keyed = keyed_items(items, spec)  # keying is most of what a pass over the items costs
     check_request_sizes(keyed, spec)
     # The cache opens, and is checked (writable, room, pages sound, no foreign lock), before the
     # endpoint is asked anything: a bad --cache costs no request.
-    cache_path = cache_path or Roots.resolve().cache
     cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
     try:

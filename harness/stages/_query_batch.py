@@ -176,14 +176,15 @@ def batch_in(
     then write `ctd query`'s table for `data` from the cache (nothing is sent). Every results
     file is read and checked before the first commit: a malformed line is one InputError naming
     file:line, and nothing is committed."""
-    check_writable(out, "--out", inputs=[("--data", data)])
+    cache_path = cache_path or Roots.resolve().cache
+    inputs = [("--data", data), ("--cache", cache_path), *(("--batch-in", Path(r)) for r in results)]
+    check_writable(out, "--out", inputs=inputs)
     for path in results:
         if not Path(path).is_file():
             problem = "is a folder, expected a results .jsonl" if Path(path).is_dir() else "no such file"
             raise InputError(f"--batch-in {path}: {problem}")
     dataset = read_dataset(data)
     answers = experts.read_batch_results(results, api_key_env=spec.api_key_env)
-    cache_path = cache_path or Roots.resolve().cache
     cache = ScoreCache.for_run(cache_path)
     started = time.monotonic()
     try:

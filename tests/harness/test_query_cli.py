@@ -167,6 +167,25 @@ def test_out_naming_the_data_file_is_refused_and_the_data_kept(workdir: Path, ex
     assert data.read_bytes() == before and stored(workdir) == (0, 0)
 
 
+@pytest.mark.parametrize("extra", [(), ("--batch-in", "results.jsonl")], ids=["live", "batch-in"])
+def test_out_naming_the_cache_is_refused_and_the_paid_answers_kept(
+    workdir: Path, extra: tuple[str, ...]
+) -> None:
+    """`--out` the cache file (the paid answers), existing or about to be created: the table
+    would replace it at the end, after the requests were paid. One line, nothing asked."""
+    with RunningServer() as running:
+        first = query(workdir, running.url)  # the answers, paid, in cache.sqlite
+        assert first.returncode == 0, first.stderr
+        paid = item_requests(running)
+        before = (workdir / "cache.sqlite").read_bytes()
+        fresh = query(workdir, running.url, *extra, "--cache", "same.csv", out="same.csv")
+        assert_one_line_error(fresh, "--out same.csv: is the --cache file")
+        assert item_requests(running) == paid and not (workdir / "same.csv").exists()
+        result = query(workdir, running.url, *extra, out="./cache.sqlite")
+        assert_one_line_error(result, "--out cache.sqlite: is the --cache file, which it would replace")
+        assert (workdir / "cache.sqlite").read_bytes() == before
+
+
 def test_out_in_a_new_folder_is_created(workdir: Path) -> None:
     with RunningServer() as running:
         result = query(workdir, running.url, out="new/deeper/out.parquet")
