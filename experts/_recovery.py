@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import HTTPStatusError, ResponseError
+from ._errors import ConfigError, HTTPStatusError, ResponseError
 from ._prompts import PromptTemplate
 from ._scoring import Request, Score, parse_response
 
@@ -209,7 +209,8 @@ async def recover(
     """Send the ladder's rungs for an answer that failed with `failure`, one at a time through
     the limiter, each marked on the attempt's `reservation` (which holds their bound since the
     attempt began: the limit never stops the ladder half way), and return the first that has
-    label mass. A rung the server refuses (an HTTP status that no retry changes: 400, 422) is
+    label mass. A rung the server refuses (an HTTP status that no retry changes: 400, 422), or
+    one larger than tpm (which the item's own request was checked against, before the run), is
     passed over; a retryable error (429, 5xx, a timeout: left in flight on the reservation and
     charged its bound) ends the attempt like any other, so the retry asks the item's own request
     again (paid again, as any retry after an answer is). When no rung answers inside the label
@@ -220,6 +221,13 @@ async def recover(
     received, estimated, seconds = list(payloads), base.tokens, 0.0
     said: list[str] = []
     for rung in ladder(base, template, server):
+        try:
+            held.limiter.limit.check_fits(rung.request.tokens)
+        except ConfigError:  # larger than tpm, the whole minute's tokens: no wait admits it
+            said.append(
+                f"{rung.how}: about {rung.request.tokens} tokens, more than tpm = {held.limiter.limit.tpm:g}"
+            )
+            continue
         await held.limiter.admit(rung.request.tokens)
         estimated += rung.request.tokens
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -128,6 +129,27 @@ def test_a_server_that_never_answers_inside_still_fails(tmp_path: Path) -> None:
     (message,) = db_rows(tmp_path / "cache.db", "SELECT message FROM failures")[0]
     assert "wider-top-k: no-label-mass" in message and "named-labels: no-label-mass" in message
     assert stats.failure_reasons == {"no-label-mass": 1}
+
+
+def test_a_rung_larger_than_tpm_is_passed_over_not_a_failure_after_paying(tmp_path: Path) -> None:
+    """tpm admits the item's own request (checked before the run) but not the named-labels rung,
+    which adds a sentence: that rung is passed over and said, as a rung the server refuses is.
+    It stopped the attempt with a tpm error after the plain request was paid, and every rerun
+    paid again."""
+    plan = FaultPlan(recover_on={4: "named-labels"}, outside="no-logprobs")
+    (item,) = _items(4)
+    with RunningServer(plan) as server:
+        spec = make_spec(server.url, top_logprobs=5)
+        base = ExpertClient(spec, cache=None).keyed([item]).tokens[0]
+        # A few tokens over the item's own: wider-top-k (a larger number in the body) fits, the
+        # named-labels sentence (about a dozen tokens) does not.
+        spec = replace(spec, rate=replace(spec.rate, tpm=base + 4))
+        (result,), _ = _score(spec, [item], ScoreCache(tmp_path / "cache.db"))
+        requests = server.server.counts.requests[4]
+    assert (result.source, result.reason) == ("failed", "no-logprobs")
+    assert requests == 2  # plain and wider-top-k; deterministic, so not retried
+    (message,) = db_rows(tmp_path / "cache.db", "SELECT message FROM failures")[0]
+    assert re.search(rf"named-labels: about \d+ tokens, more than tpm = {base + 4}\b", message), message
 
 
 def _old_cache(path: Path, *, failures: bool = False) -> None:
