@@ -24,13 +24,13 @@ class QueryEstimate:
     usd_at_most: float
     free: bool
     batch: bool = False
+    local: bool = True  # free as a built-in (local) expert, not for want of a price
 
     def line(self, *, limit: float | None = None, before: float = 0.0) -> str:
         what = "batch lines" if self.batch else "requests"
         if self.free:
-            text = (
-                f"about {self.requests} {what}, $0: {self.expert} costs nothing (priced at 0: a local model)"
-            )
+            why = "priced at 0: a local model" if self.local else "no price set for it"
+            text = f"about {self.requests} {what}, $0: {self.expert} costs nothing ({why})"
         else:
             discount = " with the batch discount" if self.batch else ""
             text = (
@@ -77,4 +77,5 @@ def estimate_queries(
         usd_at_most=at_most,
         free=price.free,
         batch=batch,
+        local=spec.source == "built-in",
     )

@@ -57,6 +57,18 @@ def check_request_sizes(keyed: experts.KeyedItems, spec: ExpertSpec) -> None:
             raise InputError(f"example {item.id!r}: {exc} (expert {spec.name}, {spec.source})") from None
 
 
+def refuse_uncounted_limit(spec: ExpertSpec, limit: float | None) -> None:
+    """A cost limit on an expert with no price would count every request as $0 and never stop
+    the run: refused, before anything is sent, unless the expert is a built-in one (served
+    locally, free)."""
+    if limit is not None and spec.price.free and spec.source != "built-in":
+        raise InputError(
+            f"--cost-limit {limit:g}: expert {spec.name} ({spec.source}) has no price, so its spending "
+            "cannot be counted against the limit; give it price_input and price_output (USD per "
+            "million tokens) in experts.toml or with `ctd experts add --price-input --price-output`"
+        )
+
+
 def preflight_cache(path: Path, spec: ExpertSpec, items: Sequence[Item]) -> int:
     """A run's cache, checked before its endpoint check: writable, room on its device, its pages
     sound, no other process holding its lock (`ScoreCache.for_run`); a problem is one
@@ -255,12 +267,13 @@ def query_items(
     started = time.monotonic()
     try:
         refuse_pending(keyed, spec, cache)
+        spend = spend or experts.Spend(spec.price)
+        refuse_uncounted_limit(spec, spend.limit)
         if check:
             report = check_expert(spec)
             if not report.ok:
                 raise InputError(report.problem or "the endpoint check failed")
         sink = ExpertProgress(progress) if progress is not None else None
-        spend = spend or experts.Spend(spec.price)
         estimate = estimate_queries(keyed, spec, cache).line(limit=spend.limit, before=spend.before)
         for say in (progress.step if progress is not None else None, log):
             if say is not None:

@@ -10,7 +10,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from ctd_cli import run_ctd
+from ctd_cli import assert_one_line_error, run_ctd
 from eval_data import FAST, SIZES, eval_env, write_tagged_data
 from fault_server import FaultPlan, RunningServer
 
@@ -75,6 +75,25 @@ def test_query_stops_at_the_cost_limit_and_a_higher_limit_finishes(tmp_path: Pat
         assert summary["cached"] == asked and summary["scored"] == 60 - asked
         assert item_requests(server) == dict.fromkeys(range(60), 1)  # nobody paid twice
     assert abs(summary["cost_usd"] + spent - cache_usd(tmp_path / "cache.sqlite")) < 1e-9
+
+
+def test_a_cost_limit_on_an_expert_without_a_price_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    """Every request of an unpriced expert (a URL, or an entry without prices) counts $0, so a
+    limit would never stop the run: one line naming the expert and how to price it, no request
+    (the endpoint check's neither), exit 2. Without the limit the run goes on, saying why it is $0."""
+    (tmp_path / "data.jsonl").write_text(json.dumps({"ids": "a", "inputs": "item-1: hi", "labels": 0}) + "\n")
+    with RunningServer() as server:
+        env = {"CTD_CACHE": str(tmp_path / "cache.sqlite")}
+        args = ("query", "--data", "data.jsonl", "--out", "out.csv", "--expert-url", server.url)
+        args += ("--expert-model", "fault-model")
+        refused = run_ctd(*args, "--cost-limit", "0.001", cwd=tmp_path, env=env)
+        assert_one_line_error(refused, "--cost-limit 0.001", "has no price", "price_input")
+        assert sum(server.server.counts.requests.values()) == 0
+        free = run_ctd(*args, cwd=tmp_path, env=env)
+        assert free.returncode == 0, free.stderr
+        assert "costs nothing (no price set for it)" in free.stderr
 
 
 def test_eval_counts_earlier_spending_and_shows_the_dollars(tmp_path: Path) -> None:

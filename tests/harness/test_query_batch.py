@@ -135,7 +135,7 @@ def test_a_1000_item_batch_round_trip_leaves_nothing_to_pay(
             "dropped": 0,
             "usd": 0.0,  # the expert has no price: the estimate says so, counting the lines written
             "estimate": (
-                f"about {ITEMS * bodies} batch lines, $0: fault costs nothing (priced at 0: a local model)"
+                f"about {ITEMS * bodies} batch lines, $0: fault costs nothing (no price set for it)"
             ),
             "pending": 0,
             "pending_files": {},
