@@ -21,8 +21,9 @@ class RunCosts:
     before: float = 0.0
     spends: dict[str, Spend] = field(default_factory=dict)
     # Writes a stage's dollars so far where a rerun reads them (run.json's record of the running
-    # stage), at most every `record_every` seconds while it spends: a run killed outright (no
-    # Ctrl-C, no SIGTERM) loses at most that much of its record, not the stage's whole spending.
+    # stage), as answers arrive but at most every `record_every` seconds: a run killed outright
+    # (no Ctrl-C, no SIGTERM) loses from its record the answers that arrived within that time
+    # after its last write (however long ago), not the stage's whole spending.
     record: Callable[[str, float], None] | None = None
     record_every: float = 1.0
     _recorded_at: dict[str, float] = field(default_factory=dict)
