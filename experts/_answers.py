@@ -29,6 +29,7 @@ from ._cache import SCHEMA_VERSION, ScoreCache
 from ._claims import _immediate
 from ._errors import ConfigError
 from ._merge import ANSWER_COLUMNS, MergeReport, merge_caches
+from ._recovery import HOWS
 from ._storage import as_storage_error, storage_errors, write_access
 
 __all__ = ["answers_by_how", "forget_answers", "import_answers", "write_answers"]
@@ -52,9 +53,11 @@ _INSERT = (
     "INSERT INTO scores (" + ", ".join(f'"{c}"' for c in ANSWER_COLUMNS) + ") "
     f"VALUES ({', '.join('?' * len(ANSWER_COLUMNS))})"
 )
-_KEY, _CREATED, _SCHEMA, _MASS = (
-    ANSWER_COLUMNS.index(c) for c in ("key", "created", "schema_version", "label_mass")
+_KEY, _CREATED, _SCHEMA, _MASS, _SCORE, _HOW = (
+    ANSWER_COLUMNS.index(c) for c in ("key", "created", "schema_version", "label_mass", "score", "how")
 )
+# A sum of label probabilities: at most 1, but for the rounding of the logprobs it was summed from.
+_MASS_MAX = 1.0 + 1e-6
 _TEXT_AT = tuple(ANSWER_COLUMNS.index(c) for c in _TEXT)
 _REALS_AT = tuple(ANSWER_COLUMNS.index(c) for c in ("score", "latency_ms"))  # label_mass may be null
 _COUNTS_AT = tuple(ANSWER_COLUMNS.index(c) for c in ("prompt_tokens", "completion_tokens"))
@@ -290,7 +293,9 @@ def _looks_whole(row: tuple[Any, ...]) -> bool:
         and type(row[_SCHEMA]) is int
         and row[_SCHEMA] == SCHEMA_VERSION
         and all(type(row[at]) is float and math.isfinite(row[at]) for at in _REALS_AT)
-        and (row[_MASS] is None or (type(row[_MASS]) is float and math.isfinite(row[_MASS])))
+        and 0.0 <= row[_SCORE] <= 1.0
+        and (row[_MASS] is None or (type(row[_MASS]) is float and 0.0 <= row[_MASS] <= _MASS_MAX))
+        and row[_HOW] in HOWS
         and all(row[at] is None or (type(row[at]) is int and row[at] >= 0) for at in _COUNTS_AT)
     )
 
@@ -309,6 +314,8 @@ def _check_field(name: str, value: Any, where: str) -> None:
                 datetime.fromisoformat(value)
             except ValueError:
                 raise wrong("a date and time like 2026-11-25 10:00:00.000000") from None
+        if name == "how" and value not in HOWS:
+            raise wrong(f"one of {', '.join(HOWS)}")
     elif name == "schema_version":
         if not isinstance(value, int) or isinstance(value, bool):
             raise wrong("an integer")
@@ -322,3 +329,7 @@ def _check_field(name: str, value: Any, where: str) -> None:
             raise wrong("a count (an integer >= 0) or null")
     elif not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         raise wrong("a finite number" + (" or null" if name in _NULLABLE else ""))
+    elif name == "score" and not 0 <= value <= 1:
+        raise wrong("a probability in [0, 1]")
+    elif name == "label_mass" and not 0 <= value <= _MASS_MAX:
+        raise wrong("a probability mass in [0, 1] or null")

@@ -158,6 +158,12 @@ def _line(**changes: Any) -> str:
         (_line(key="a" * 64, prompt_tokens=-1), "answers.jsonl:3: field 'prompt_tokens' must be a count"),
         (_line(key="a" * 64, colour="red"), "answers.jsonl:3: unknown field 'colour'"),
         (_line(key="a" * 64, how=3), "answers.jsonl:3: field 'how' must be a string"),
+        (_line(key="a" * 64, score=7.5), "answers.jsonl:3: field 'score' must be a probability in [0, 1]"),
+        (
+            _line(key="a" * 64, label_mass=-3.0),
+            "answers.jsonl:3: field 'label_mass' must be a probability mass",
+        ),
+        (_line(key="a" * 64, how="made-up"), "answers.jsonl:3: field 'how' must be one of top-k"),
         (
             json.dumps({k: v for k, v in GOOD_LINE.items() if k != "response"}) + "\n",
             "missing field 'response'",
@@ -175,6 +181,9 @@ def _line(**changes: Any) -> str:
         "tokens",
         "unknown",
         "how",
+        "score-range",
+        "mass-range",
+        "how-unknown",
         "missing",
         "repeat",
     ],
