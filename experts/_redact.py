@@ -63,9 +63,11 @@ _FIELD = re.compile(
 # Query parameters: `key` and `token` only where they are parameters, not prose ("cache key=").
 _QUERY = re.compile(r"([?&](?:key|token|sig|signature)=)[^&#\s\"']+", re.I)
 # Provider key shapes, found without any context: OpenAI/Anthropic (sk-, sk-proj-, sk-ant-),
-# Hugging Face (hf_), GitHub (ghp_ and kin), JSON web tokens (eyJ header.payload.signature).
+# Groq (gsk_), xAI (xai-), Google (AIza + 35), Hugging Face (hf_), GitHub (ghp_ and kin), JSON
+# web tokens (eyJ header.payload.signature).
 _SHAPED = re.compile(
-    r"\bsk[-_][A-Za-z0-9_\-]{16,}"
+    r"\b(?:g?sk|xai)[-_][A-Za-z0-9_\-]{16,}"
+    r"|\bAIza[A-Za-z0-9_\-]{35}"
     r"|\bhf_[A-Za-z0-9]{20,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"
@@ -74,7 +76,8 @@ _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 
 
 def looks_like_key(text: str) -> bool:
-    """Whether `text` holds a provider key's shape (`sk-...`, `hf_...`, `ghp_...`, a JSON web token)."""
+    """Whether `text` holds a provider key's shape (`sk-...`, `gsk_...`, `AIza...`, `hf_...`,
+    `ghp_...`, a JSON web token)."""
     return _SHAPED.search(text) is not None
 
 

@@ -38,6 +38,9 @@ DIGEST = hashlib.sha256(b"a cache key").hexdigest()
         ("https://h.test/v1?key=AIzaSyD-xyz&alt=json", "https://h.test/v1?key=***&alt=json"),
         ("http://user:pass@h.test:8000/v1: refused", "http://***@h.test:8000/v1: refused"),
         ("token hf_AbCdEfGhIjKlMnOpQrStUvWx here", "token *** here"),
+        ("Invalid API Key gsk_8fJ2kLm9Qw3Rt5Yu7Io1Pa4Sd6Fg8Hj0", "Invalid API Key ***"),
+        ("API key not valid: AIzaSyD3fK9mLq2Rt7Vw1Xy5Zb8Nc4Pd6Ge0Hj1.", "API key not valid: ***."),
+        ("bad key xai-AbCdEf0123456789xyzAbC", "bad key ***"),
         ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig_1", "jwt ***"),
     ],
 )

@@ -131,6 +131,13 @@ GOOD_ENTRY = '[experts.good]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\n\
                 ("top_logprobs = 0", r"top_logprobs = 0"),
                 ("max_attempts = true", r"max_attempts = True"),
                 ('api_key_env = "sk-live-123"', r"api_key_env = '\*\*\*': must name an environment variable"),
+                *[
+                    (f'api_key_env = "{key}"', r"api_key_env = '\*\*\*': must name an environment variable")
+                    for key in (
+                        "gsk_8fJ2kLm9Qw3Rt5Yu7Io1Pa4Sd6Fg8Hj0Kl2Zx4Cv6",
+                        "AIzaSyD3fK9mLq2Rt7Vw1Xy5Zb8Nc4Pd6Ge0Hj1",
+                    )
+                ],
                 ('server = "docker"', r"server = 'docker'"),
             ]
         ],
