@@ -189,10 +189,11 @@ def _ray_options(address: str | None, actors: int | None) -> RayOptions | None:
         if actors is not None:
             raise InputError(f"--actors {actors}: only with --ray (without it one process scores)")
         return None
-    from ..score import RayOptions, check_ray_installed
+    from ..score import RayOptions, check_ray_address, check_ray_installed
 
     options = RayOptions(address=address, actors=actors)
     check_ray_installed()
+    check_ray_address(address)
     return options
 
 

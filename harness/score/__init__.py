@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "ShardScorer": "._shard",
     "ShardTask": "._plan",
     "actor_shape": "._ray",
+    "check_ray_address": "._ray",
     "check_ray_installed": "._ray",
     "output_schema": "._shard",
     "plan_score": "._plan",

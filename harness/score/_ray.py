@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import re
+import socket
 import threading
 import time
 import warnings
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 from .._errors import InputError, RunFailed
 from ._defaults import DEFAULT_ACTOR_THREADS, DEFAULT_RAY_RETRIES
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 LOCAL_RAY = "local"  # --ray local: start Ray on this machine
+CONNECT_SECONDS = 5.0  # how long a cluster's address has to accept a connection
 RAY_EXTRA = "pip install 'ctd-harness[ray]'"
 STOP_MARGIN = 5.0  # seconds past the drain's grace: the actors' look at the board, their commits
 HANDOVER_WAIT = 0.5  # seconds per wait for the next row (a stop signal is seen within it at most)
@@ -270,6 +273,27 @@ def _import_ray() -> tuple[Any, Any]:
 def check_ray_installed() -> None:
     """One InputError line when Ray is missing, before anything is planned or written."""
     _import_ray()
+
+
+def check_ray_address(address: str) -> None:
+    """One InputError line when nothing listens at a cluster named HOST:PORT (or ray://HOST:PORT),
+    before anything is planned or written: `ray.init` retries such an address for minutes."""
+    if address in (LOCAL_RAY, "auto"):
+        return
+    target = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        host, port = target.hostname, target.port
+    except ValueError:  # a port that is not a number: Ray's own error names it
+        return
+    if not host or port is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+    except OSError as error:
+        raise InputError(
+            f"--ray {address}: no Ray cluster answered there ({error.strerror or error}); start one "
+            "with `ray start --head`, or use --ray local"
+        ) from None
 
 
 def _connect(ray: Any, address: str) -> None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
-from ctd_cli import assert_one_line_error, run_ctd, start_ctd
+from ctd_cli import assert_one_line_error, free_port, run_ctd, start_ctd
 from fault_server import FaultPlan, RunningServer
 from monitor_run import conversations_of
 
@@ -516,6 +516,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, made: dict) ->
         ({}, ["--expert", "--expert-cache", str(tmp_path / "a-file" / "c.sqlite")], "a-file"),
         ({}, ["--expert", "--max-failed", "1.5"], "--max-failed 1.5: must lie in [0, 1)"),
         ({}, ["--max-failed", "0.2"], "--max-failed 0.2: only with --expert"),
+        # Nothing listens there: ray.init retried it for minutes, having written score.json.
+        ({}, ["--ray", f"127.0.0.1:{free_port()}"], "no Ray cluster answered there"),
     ):
         given = {"--bundle": made["bundle"], "--data": data, "--out": out, **changed}
         command = [str(token) for pair in given.items() for token in pair]
