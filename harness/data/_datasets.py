@@ -101,6 +101,8 @@ def row_label(row: Mapping[str, object], where: str) -> int | None:
     if raw is None or is_dropped(row):
         return None
     text = str(raw).strip().lower()
+    if not text:  # an empty cell: how a CSV leaves a row unlabelled (JSONL and Parquet give null)
+        return None
     if text not in _LABELS:
         raise InputError(f"{where}: label {raw!r} is not high-stakes, low-stakes or ambiguous")
     return _LABELS[text]
@@ -185,7 +187,7 @@ def _jsonl_rows(path: Path, byte_offset: int, line: int) -> Iterator[tuple[str, 
         if not text.strip():
             continue
         try:
-            row = json.loads(text)
+            row = json.loads(text.rstrip("\r\n"))  # its newline would move the error to "line 2"
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:

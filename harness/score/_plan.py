@@ -175,12 +175,12 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
     shards: list[ShardTask] = []
     rows = 0
     for path in files:
+        if limit is not None and rows >= limit:
+            break  # later files are not read at all: --limit rows are all the job scores
         text = path.suffix.lower() != ".parquet"
         opened: ShardTask | None = None  # the shard being counted, its stop_row not yet known
         count = 0
         for row in walk_rows(path):
-            if limit is not None and rows >= limit:
-                break
             if count % shard_rows == 0:
                 if opened is not None:
                     shards.append(replace(opened, stop_row=count))
@@ -190,6 +190,8 @@ def plan_score(options: ScoreOptions, data: Path, *, shard_rows: int, limit: int
                 )
             count += 1
             rows += 1
+            if limit is not None and rows >= limit:
+                break  # before the next row is read: a row past the limit is never parsed
         if opened is not None:
             shards.append(replace(opened, stop_row=count))
     if rows == 0:

@@ -206,8 +206,9 @@ def run_shards_on_ray(
         except Exception as error:  # Ray's, wrapping the actor's (its traceback is in Ray's logs)
             what = _actor_error(error)
             name, _, message = what.partition(": ")
-            # A shard's own one line (its file changed since the plan): exit 2, as without Ray.
-            if name.rsplit(".", 1)[-1] == InputError.__name__:
+            # A shard's own one line (its file changed since the plan, a --model that cannot
+            # load): exit 2, as without Ray.
+            if name.rsplit(".", 1)[-1] in (InputError.__name__, "ProbeError", "ConfigError"):
                 raise InputError(message) from None
             raise RunFailed(f"the Ray job failed: {what}; Ray's logs: {_logs_dir(ray)}") from None
     finally:

@@ -428,6 +428,9 @@ def test_malformed_line_names_file_and_line(files: dict[str, Path], tmp_path: Pa
     path = _write(tmp_path / "broken.jsonl", _rows("br", 3, 3), raw_lines={4: '{"inputs": "x", "ids": '})
     message = _error(f"train={files['train']} dev={files['mt']} test=grp:{path}")
     assert message.startswith(f"--data test=grp:{path}: {path}:4: malformed JSON"), message
+    # The column is where the line breaks off (after its 23 characters), not "column 1" of a line 2
+    # that the line's own newline made.
+    assert "at column 24)" in message, message
 
 
 def test_unlabelled_row_names_file_and_line(files: dict[str, Path], tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import random
 import signal
 import sqlite3
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -385,6 +386,25 @@ def test_a_damaged_parquet_input_is_one_line_naming_it(tmp_path: Path) -> None:
     (tmp_path / "bad.parquet").write_bytes(damaged)
     with pytest.raises(InputError, match=r"bad\.parquet: row group 1 is not readable"):
         list(walk_rows(tmp_path / "bad.parquet"))
+
+
+def test_a_limit_reads_no_row_past_it_and_a_csv_empty_label_is_no_label(tmp_path: Path, made: dict) -> None:
+    """--limit N plans N rows without parsing the next (a broken row 2 with --limit 1), nor any
+    file after the one holding the last (a broken second file); a CSV's empty label cell is a row
+    without a label, as null is in JSONL and Parquet (it was refused as the label '')."""
+    options = ScoreOptions(bundle=made["bundle"], out=tmp_path / "out")
+    (tmp_path / "one.jsonl").write_text('{"inputs": "hi", "ids": "x"}\n{"inputs": broken\n')
+    assert plan_score(options, tmp_path / "one.jsonl", shard_rows=5, limit=1).shards[0].stop_row == 1
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "a.jsonl").write_text('{"inputs": "hi", "ids": "x"}\n')
+    (tmp_path / "files" / "b.jsonl").write_text("{not json\n")
+    options = replace(options, out=tmp_path / "out2")
+    assert len(plan_score(options, tmp_path / "files", shard_rows=5, limit=1).shards) == 1
+    (tmp_path / "labels.csv").write_text("inputs,ids,labels\nhello,x1,high-stakes\nworld,x2,\n")
+    assert [(row.item.id, row.label) for row in walk_rows(tmp_path / "labels.csv")] == [
+        ("x1", 1),
+        ("x2", None),
+    ]
 
 
 def test_a_failed_job_raises_its_own_error_when_closing_fails_too(
