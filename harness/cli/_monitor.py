@@ -127,7 +127,7 @@ def monitor_calibrate(
     )
     folder, result = written.folder, written.result
     tested = len(result.order)
-    stop = "every one rejected" if result.stopped_at is None else f"stopped at position {result.stopped_at}"
+    stop = _stop_words(result.stopped_at)
     print(
         f"{mode} control at alpha {alpha:g}, delta {delta:g}: {result.certified.size} of {tested} "
         f"thresholds certified ({stop}); n_est {result.n_est}, n_cal {result.n_cal}"
@@ -145,6 +145,11 @@ def monitor_calibrate(
     print(folder)
 
 
+def _stop_words(stopped_at: int | None) -> str:
+    """Where fixed-sequence testing stopped, in the certification line's words."""
+    return "no p-value above delta" if stopped_at is None else f"the test stopped at position {stopped_at}"
+
+
 # What each joint risk counts on D_cal, for the output lines.
 _COUNTED = {"budget": ("delegated", "rows"), "error": ("wrong", "rows"), "fnr": ("missed", "positives")}
 
@@ -155,7 +160,7 @@ def _print_joint(written: Any, given: dict[str, float], delta: float) -> None:
     back), then the threshold and the bundle; exit 1 without a bundle when nothing was."""
     result = written.result
     levels = ", ".join(f"{option[2:]} {value:g}" for option, value in given.items())
-    stop = "every one rejected" if result.stopped_at is None else f"stopped at position {result.stopped_at}"
+    stop = _stop_words(result.stopped_at)
     n_cal = max(result.n_cal.values())  # every D_cal row (the false-negative rate counts positives only)
     print(
         f"joint control of {levels} at delta {delta:g}: {result.certified.size} of {len(result.order)} "
