@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -90,12 +91,23 @@ def print_joint(
                 rate(s),
                 *(rate(p) if p is not None else "" for p in per_risk),
                 f"{s.selection_rate:.1%}",
-                f"{s.mean_realised_budget:.3f}",
-                f"{s.mean_accuracy:.3f}",
+                *(_mean(value) for value in (s.mean_realised_budget, s.mean_accuracy)),
             )
     stdout.print(table)
     stdout.print(
         "A trial violates when its policy exceeds any level on the rows measured; violation rates with 95% "
         "Clopper-Pearson intervals, realised delegation and accuracy are means over the trials that returned "
-        f"a policy. The population (and fresh) rates should stay at or below delta = {result.delta:g}."
+        f"a policy (— where none did). The population (and fresh) rates should stay at or below delta = "
+        f"{result.delta:g}."
     )
+    tested = result.tested.measured("population") if result.tested is not None else None
+    if tested is not None and tested.selections == 0:
+        stdout.print(
+            "LTT returned no policy in any trial: no threshold is certified at these levels on this "
+            "run's calibration halves, so its 0% violation rate shows nothing; try looser levels."
+        )
+
+
+def _mean(value: float) -> str:
+    """A mean over the trials that returned a policy: — where none did (NaN)."""
+    return "—" if math.isnan(value) else f"{value:.3f}"

@@ -70,6 +70,17 @@ def test_joint_table_prints_per_risk_columns(scores: Path):
         assert fragment in result.stdout
 
 
+def test_a_level_nothing_is_certified_at_shows_dashes_and_says_so(scores: Path):
+    """Accuracy 0.97: LTT returns no policy in any trial. Its means over the trials that did are
+    "—", not nan, and a line says its 0% violation rate shows nothing."""
+    result = ctd("validate", "--scores", scores, "--budget", 0.5, "--accuracy", 0.97, *FAST_VALIDATE)
+    assert_ok(result)
+    assert "nan" not in result.stdout
+    (ltt,) = [line for line in result.stdout.splitlines() if "LTT" in line and "population" in line]
+    assert ltt.count("—") == 2, ltt
+    assert "LTT returned no policy in any trial" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("shortcut", "explicit"),
     [
