@@ -6,6 +6,7 @@ import functools
 import itertools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import numpy as np
@@ -186,3 +187,12 @@ def parse_names(text: str, option: str, allowed: tuple[Name, ...]) -> tuple[Name
 def print_json(value: object) -> None:
     """One JSON object on stdout, nothing else."""
     sys.stdout.write(dumps(value) + "\n")
+
+
+def no_run_folder(name: str, folder: Path) -> InputError:
+    """The one line for a run that is not where it was looked for: the whole path, and how to
+    look elsewhere (the likeliest cause is a command run in another folder)."""
+    return InputError(
+        f"run {name!r}: no such run folder ({folder.absolute()}); --runs-dir or $CTD_RUNS_DIR names "
+        "the runs folder"
+    )

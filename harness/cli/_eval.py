@@ -31,6 +31,7 @@ from ..run import (
 )
 from ._common import (
     clean_errors,
+    no_run_folder,
     parse_floats,
     parse_ints,
     parse_names,
@@ -378,7 +379,7 @@ def report_command(
     if not RunLayout(folder).scores.is_file():
         folder = Roots.resolve(runs_dir).run(name).root
     if not folder.is_dir():
-        raise InputError(f"run {name!r}: no such run folder ({folder})")
+        raise no_run_folder(name, folder)
     path = build_report(folder)
     _print_summary(read_summary(RunLayout(folder).report.summary_table))
     _print_warnings(read_warnings(folder))

@@ -8,10 +8,9 @@ from typing import Annotated
 
 import typer
 
-from .._errors import InputError
 from ..export import SAMPLES_PER_LOG
 from ..run import Roots, RunLayout
-from ._common import clean_errors, parse_floats
+from ._common import clean_errors, no_run_folder, parse_floats
 
 __all__ = ["register"]
 
@@ -31,7 +30,7 @@ def _run_folder(name: str, runs_dir: Path | None) -> Path:
         return under_root
     if folder.is_dir():
         return folder  # not a run folder: the export says what it lacks
-    raise InputError(f"run {name!r}: no such run folder ({under_root})")
+    raise no_run_folder(name, under_root)
 
 
 @export_app.command("inspect")

@@ -129,12 +129,20 @@ def runs_command(
         print_json({"runs_root": str(roots.runs), "runs": [asdict(run) for run in runs]})
         return
     if not runs:
-        stdout.print(f"no runs under {escape(str(roots.runs))}")
+        where = escape(str(roots.runs.absolute()))
+        if roots.runs.is_dir():
+            stdout.print(f"no runs under {where}")
+        else:  # the likeliest reason: another folder than the runs were made in
+            stdout.print(
+                f"no runs folder at {where} (`ctd eval` makes it; --runs-dir or $CTD_RUNS_DIR names another)"
+            )
         return
     stage_names = list(dict.fromkeys(name for run in runs for name in run.stages))
     table = Table(title=f"runs under {escape(str(roots.runs))} (stage times: when each last ran, UTC)")
     for column in ("run", "status", "data", "limit", "model", "expert", "cost", *stage_names):
-        table.add_column(column, overflow="fold")  # a long URL or path is folded, never cut
+        # A long URL or path is folded, never cut; a run's name (what the other commands take)
+        # and its status are kept whole.
+        table.add_column(column, overflow="fold", no_wrap=column in ("run", "status"))
     for run in runs:
         limit = "" if run.status == "unreadable" else "all" if run.limit is None else f"{run.limit:,}"
         cost = "-" if run.cost_usd is None else f"${run.cost_usd:.4f}"

@@ -151,6 +151,22 @@ def test_runs_lists_every_shape_of_run_log(tmp_path: Path) -> None:
     assert "01-02 03:04 12.5s" in table.stdout and "not a readable run log" in table.stdout
 
 
+def test_runs_and_report_from_another_folder_say_where_they_looked(tmp_path: Path) -> None:
+    """Run from a folder without runs/ (the likeliest mistake): the whole path looked at and how
+    to name the runs folder, where `ctd runs` said "no runs under runs"; a run's long name in a
+    narrow terminal is on one line, as the other commands take it."""
+    listed = run_ctd("runs", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert f"no runs folder at {tmp_path / 'runs'}" in listed.stdout and "--runs-dir" in listed.stdout
+    report = run_ctd("report", "demo", cwd=tmp_path)
+    assert_one_line_error(report, f"no such run folder ({tmp_path / 'runs' / 'demo'})", "$CTD_RUNS_DIR")
+    long_name = tmp_path / "runs" / "smollm2-smollm2-builtin-limit40"
+    _write_runs(tmp_path / "runs")
+    (tmp_path / "runs" / "old").rename(long_name)
+    table = run_ctd("runs", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env={"COLUMNS": "80"})
+    assert long_name.name in table.stdout, table.stdout
+
+
 def test_run_log_keeps_the_record_of_the_invocation_that_did_the_work(tmp_path: Path) -> None:
     log = RunLog()
     log.started({})
