@@ -377,7 +377,8 @@ def resolve_expert(name: str, path: Path | None = None) -> ExpertSpec:
     experts = load_experts(path)
     if name not in experts:
         raise ConfigError(
-            f"unknown expert {name!r}; known: {', '.join(sorted(experts))} (add one with `ctd experts add`)"
+            f"unknown expert {name!r}; known: {', '.join(sorted(experts))} (add one with `ctd experts add`)",
+            setting="name",
         )
     return experts[name]
 

@@ -183,6 +183,8 @@ def resolve_expert(
             raise InputError(f"--expert-model {exc.shown}: {exc.problem}") from None
         raise InputError(str(exc)) from None
     except ConfigError as exc:
+        if exc.setting == "name":  # an unknown name: the option it was given with says where
+            raise InputError(f"{option}: {exc}") from None
         raise InputError(str(exc)) from None
     spec = replace(spec, method=method) if method else spec
     return ResolvedExpert(spec, named or f"{option} {target}")

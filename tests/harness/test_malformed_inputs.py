@@ -145,7 +145,7 @@ CASES: dict[str, Case] = {
         (*QUERY, "--expert-url", f"http://user:{SECRET}@127.0.0.1:9/v1", "--expert-model", "m"),
         ("--expert-url", "--api-key-env"),
     ),
-    "unknown expert": Case((*QUERY, "--expert", "nosuch"), ("nosuch",)),
+    "unknown expert": Case((*QUERY, "--expert", "nosuch"), ("--expert: unknown expert 'nosuch'",)),
     # the expert, from experts.toml
     "toml rpm nan": Case((*QUERY, *BY_NAME), ("experts.toml:4", "rpm"), registry=_expert(rpm="nan")),
     "toml rpm text": Case((*QUERY, *BY_NAME), ("experts.toml:4", "rpm"), registry=_expert(rpm='"fast"')),
