@@ -147,6 +147,8 @@ async def _probe(
         except _GaveUp as exc:
             return _Verdict(None, str(exc))
         except HTTPStatusError as exc:
+            if exc.status in _KEY_REFUSED:
+                raise  # the key, not the method: said as a key problem (the listing may be open)
             return _Verdict(False, str(exc))  # 400, 404, 422, ...: the request itself is refused
         except ResponseError as exc:
             if exc.reason == "no-label-mass":
@@ -195,6 +197,13 @@ async def check_endpoint(
     return report
 
 
+_KEY_REFUSED = (401, 403)
+
+
+def _key_problem(url: str, status: int, key_hint: str) -> str:
+    return f"{url} refused the request (HTTP {status}): the API key is missing or wrong{key_hint}"
+
+
 async def _check(
     spec: ExpertSpec, transport: httpx.AsyncBaseTransport | None, patience: RetryPolicy
 ) -> EndpointCheck:
@@ -214,11 +223,8 @@ async def _check(
             return report
         except HTTPStatusError as exc:
             report.reachable = True
-            if exc.status in (401, 403):
-                report.problem = (
-                    f"{report.url} refused the request (HTTP {exc.status}): "
-                    f"the API key is missing or wrong{key_hint}"
-                )
+            if exc.status in _KEY_REFUSED:
+                report.problem = _key_problem(report.url, exc.status, key_hint)
             else:
                 report.problem = (
                     f"{report.url}/models answered HTTP {exc.status}: is this an OpenAI-compatible API?"
@@ -248,7 +254,11 @@ async def _check(
         methods = (spec.method,)
         if load_template(spec.template).kind != "pass-through":
             methods += (_other(spec.method),)
-        verdicts = {m: await _probe(endpoint, spec, m, budget) for m in methods}
+        try:
+            verdicts = {m: await _probe(endpoint, spec, m, budget) for m in methods}
+        except HTTPStatusError as exc:  # 401 or 403 on a scoring request, /models open to all
+            report.problem = _key_problem(report.url, exc.status, key_hint)
+            return report
     report.chat_logprobs = verdicts["next-token"].works
     report.completions_echo = verdicts["likelihood"].works if "likelihood" in verdicts else None
     report.problem = _problem(report.url, spec.method, verdicts)

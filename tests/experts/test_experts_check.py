@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,18 @@ def test_a_refused_request_is_the_servers_behaviour_at_the_first_answer(code: in
     assert asked == ["/models", "/chat/completions", "/completions"]
     assert report.chat_logprobs is False and report.completions_echo is False
     assert f"HTTP {code}" in str(report.problem) and "cannot score by logprobs" in str(report.problem)
+
+
+@pytest.mark.parametrize("code", [401, 403])
+def test_a_key_refused_on_scoring_with_an_open_listing_is_a_key_problem(code: int) -> None:
+    """A /models open to all (as OpenRouter's is) and the scoring request refused for its key:
+    the line says the key is missing or wrong, not that the endpoint cannot score by logprobs."""
+    spec = replace(expert_from_url("http://a.test/v1", "m"), api_key_env="JUDGE_KEY")
+    transport, asked = scripted({**MODELS, "/chat/completions": status(code), "/completions": status(code)})
+    report, _ = check(spec, transport=transport, patience=QUICK)
+    assert asked == ["/models", "/chat/completions"]  # no other method tried: the key is the problem
+    said = f"refused the request (HTTP {code}): the API key is missing or wrong; set JUDGE_KEY"
+    assert report.problem == f"http://a.test/v1 {said}"
 
 
 def test_answers_without_logprobs_are_asked_again_then_mean_cannot() -> None:
