@@ -317,16 +317,27 @@ def load_experts(path: Path | None = None) -> dict[str, ExpertSpec]:
     if not path.exists():
         return experts
     text = _registry_text(path)
-    data = _parsed(text, path)
+    experts.update(_file_specs(text, path, _parsed(text, path)))
+    return experts
+
+
+def _file_specs(
+    text: str, path: Path, data: dict[str, Any], leaving_out: str | None = None
+) -> dict[str, ExpertSpec]:
+    """The entries of the user's file (`data`, parsed from `text`) but `leaving_out`, each
+    checked; a problem is one ConfigError line naming the file, the line and the key."""
+    specs = {}
     for name, table in data.get("experts", {}).items():
+        if name == leaving_out:
+            continue
         if not isinstance(table, dict):
             raise ConfigError(f"{path}:{_line_of(text, name)}: experts.{name} must be a table")
         try:
-            experts[name] = _spec_from_table(name, table, str(path))
+            specs[name] = _spec_from_table(name, table, str(path))
         except ConfigError as exc:
             line = _line_of(text, name, exc.setting)
             raise ConfigError(f"{path}:{line}: expert {name!r}: {exc}", setting=exc.setting) from None
-    return experts
+    return specs
 
 
 def _registry_text(path: Path) -> str:
@@ -462,6 +473,9 @@ def add_expert(name: str, entry: dict[str, Any], path: Path | None = None) -> Pa
     with _registry_lock(target):  # two adds at once: each reads what the other wrote
         text = _registry_text(target) if target.exists() else ""
         before = _parsed(text, path).get("experts", {})
+        # Every other entry must read as it is, or the file is left as it was: an add that wrote
+        # its entry, then failed on another's (and exited 2), left a change behind a refusal.
+        _file_specs(text, path, {"experts": before}, leaving_out=name)
         lines = text.splitlines(keepends=True)
         header = _section_header(name)
         start = next((i for i, line in enumerate(lines) if header.fullmatch(line.rstrip("\r\n"))), None)

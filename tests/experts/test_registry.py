@@ -217,6 +217,22 @@ def test_add_expert_rejects_bad_entries_and_leaves_the_file(experts_toml: Path) 
     assert experts_toml.read_bytes() == before
 
 
+def test_add_expert_refuses_beside_another_broken_entry_and_can_replace_it(experts_toml: Path) -> None:
+    """Another entry that cannot be read: the add is refused, naming its file, line and key, and
+    writes nothing (it wrote its entry, then the command failed reading the file back); the
+    broken entry itself can be replaced by an add of its name."""
+    experts_toml.parent.mkdir(parents=True)
+    experts_toml.write_text(
+        '[experts.judge]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\nrpm = "fast"\n'
+    )
+    before = experts_toml.read_bytes()
+    with pytest.raises(ConfigError, match=r"experts\.toml:4: expert 'judge': rpm = 'fast'"):
+        add_expert("judge2", {"base_url": "http://127.0.0.1:9001/v1", "model": "other"})
+    assert experts_toml.read_bytes() == before
+    add_expert("judge", {"base_url": "http://127.0.0.1:9001/v1", "model": "m", "rpm": 60})
+    assert load_experts(experts_toml)["judge"].rate.rpm == 60
+
+
 @pytest.mark.parametrize(
     ("change", "setting"),
     [
