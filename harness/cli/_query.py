@@ -72,8 +72,10 @@ def query_command(
 
     Rerunning resumes: examples whose score is in the cache send no request. Failures after the
     retries are recorded with their reason and listed at the end; they are retried next time.
-    The table is written either way; the exit code is 1 when more than --max-failed of the
-    examples failed (a revoked key, a broken endpoint), 2 for bad input, else 0.
+    A run that goes to its end writes the table, failures included, and exits 0, or 1 when more
+    than --max-failed of the examples failed (a revoked key, a broken endpoint). A run stopped
+    early writes no table (its answers are in the cache): 1 when the endpoint went down, 3 when
+    the machine failed it (a full disk), 4 at --cost-limit. Bad input is 2, before anything is sent.
 
     --batch-out and --batch-in run the same requests as a batch (`vllm run-batch`, a provider's
     Batch API): the first writes them, the second commits their results to the cache.
