@@ -108,8 +108,12 @@ def _budgets_too_small(config: RunConfig, n_test: int, size: calibrate.Calibrati
     n_needed = n_test
     while calibrate.split_sizes(n_needed)[1] < need:
         n_needed += 1
+    # The defaults are named as such: a user who never typed --budgets is not told of one.
+    named = f"--budgets {budget:g}"
+    if config.budgets == calibrate.DEFAULT_BUDGETS:
+        named = f"budget {budget:g} of the default --budgets"
     head = (
-        f"--budgets {budget:g}: the test split has {n_test} examples, so D_cal holds {n_cal}; "
+        f"{named}: the test split has {n_test} examples, so D_cal holds {n_cal}; "
         f"certifying budget {budget:g} at delta {config.delta:g} needs at least {need} (a test split "
         f"of {n_needed} examples)"
     )

@@ -80,7 +80,8 @@ def test_eval_with_limit_writes_the_limited_split_sizes(tmp_path: Path) -> None:
         (("eval", "--limit", "0"), "--limit 0: must be at least 1"),
         (("probe", "--out", "p", "--limit", "-3"), "--limit -3: must be at least 1"),
         # The default budgets need a larger test split than 40 examples can give: said, not run.
-        (("eval", "--limit", "40"), "the test split has 40 examples"),
+        (("eval", "--limit", "40"), "budget 0.05 of the default --budgets: the test split has 40 examples"),
+        (("eval", "--limit", "40", "--budgets", "0.1,0.5"), "--budgets 0.1: the test split has 40 examples"),
     ],
 )
 def test_bad_limits_are_one_line(args: tuple[str, ...], fragment: str, tmp_path: Path) -> None:
