@@ -109,6 +109,12 @@ def main() -> None:
         sys.exit(2)
     except UsageError as exc:
         message = exc.format_message().replace("Value error, ", "")
+        takes_data = exc.ctx is not None and any("--data" in p.opts for p in exc.ctx.command.params)
+        if takes_data and "unexpected extra argument" in message and "=" in message:
+            # `--data train=A dev=B` unquoted: the shell split the spec into two words.
+            message += (
+                "; a --data spec of several parts is one quoted word ('train=A dev=B'), or a --data for each"
+            )
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         print(f"error: {message}{where}", file=sys.stderr)
         sys.exit(2)

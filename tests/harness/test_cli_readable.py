@@ -326,3 +326,13 @@ def test_plain_display_logs_stage_starts_and_steps_but_not_the_checks_status() -
         progress("extract train", 1, 1, unit="tokens")
         progress.print("probe done")
     assert silent.getvalue() == ""
+
+
+def test_an_unquoted_data_spec_says_how_to_give_it(tmp_path: Path) -> None:
+    """`--data train=A dev=B` unquoted, as the spec reads in the docs: the shell's second word is
+    an extra argument, and the line says how to give the spec; a command without --data does not."""
+    result = run_ctd("eval", "--data", "train=a.jsonl", "dev=b.jsonl", cwd=tmp_path)
+    assert_one_line_error(result, "(dev=b.jsonl)", "one quoted word", "--data for each")
+    other = run_ctd("runs", "x=y", cwd=tmp_path)
+    assert_one_line_error(other, "(x=y)")
+    assert "quoted" not in other.stderr
