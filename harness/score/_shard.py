@@ -127,8 +127,9 @@ class ShardScorer:
         self.bundle = read_bundle(Path(options.bundle))
         self.spec: ExpertSpec | None = self.bundle.expert_spec(options.expert_url) if options.expert else None
         # One event loop, expert client and cache for the scorer's life, opened at the first
-        # expert call: the client's breaker then sees every shard's failures (a revoked key or a
-        # dead endpoint stops the job instead of failing each shard's rows anew), and an actor
+        # expert call: the client's breaker then sees every shard's failures (a dead endpoint
+        # stops the job instead of failing each shard's rows anew; a revoked key's 401s are the
+        # rows' failures, which --max-failed judges at the end), and an actor
         # scoring thousands of shards holds one SQLite engine, not one per shard.
         self._loop: asyncio.Runner | None = None
         self._client: ExpertClient | None = None
