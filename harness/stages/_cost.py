@@ -34,8 +34,8 @@ class QueryEstimate:
         else:
             discount = " with the batch discount" if self.batch else ""
             text = (
-                f"about {self.requests} {what}, about ${self.usd:.4f} (at most ${self.usd_at_most:.4f})"
-                f" at {self.expert}'s prices{discount}"
+                f"about {self.requests} {what}, about ${self.usd:.4f} (at most ${self.usd_at_most:.4f}"
+                f" asked once) at {self.expert}'s prices{discount}"
             )
         if limit is not None:
             text += f"; cost limit ${limit:.4f}, ${before:.4f} spent before"
