@@ -86,7 +86,11 @@ def _cascade_figures(
             f"{arch}, {what}: cascade {METRIC_NAMES[metric]} vs target budget, one panel per batch size; "
             f"calibrated policies (solid) selected for {METRIC_NAMES[objective]}, top-k dashed; grey: probe "
             "only (dotted), expert only (dashed; named in a corner when it falls off the axis, which fits "
-            "the curves); CTD drawn last, with diamonds. Below: CTD's paired gain over the probe alone and "
+            "the curves); CTD drawn last, with diamonds. The calibrated policies decide each input on its "
+            "own, so their curves are the same in every panel; top-k takes k = round(budget x B) per batch. "
+            "DV top-k (the DV probe's k highest) and Oracle top-k (the k whose expert answer helps most, "
+            "known only with the labels) are references without a guarantee. Below: CTD's paired gain over "
+            "the probe alone and "
             f"over Unc. top-k, each seed's CTD minus the same seed's baseline; line: the mean over the "
             f"{seeds} seeds, band: the smallest to the largest seed's difference (above zero: CTD ahead "
             "in every seed).",
