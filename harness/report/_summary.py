@@ -153,6 +153,13 @@ def _budget_part(ctx: ReportContext, arch: str, sweep: Sweep) -> tuple[_Rows, di
                 mean = float(gain.mean()) if gain.size else float("nan")
                 at[f"{b:g}"][f"gain_{versus}_{metric}"] = {"mean": mean, "per_seed": gain.tolist()}
                 part.add(f"CTD - {_LABELS[versus]} {name}", f"{b:g}", b, mean, "gain", gain)
+        # The paper compares at every batch size: top-k's quota is per batch, CTD's is not.
+        for other in sorted(size for size in sweep.batch_sizes if size != batch):
+            for b in budgets:
+                gain = paired_gain(sweep, metric, versus="unc-topk", budget=b, batch_size=other)
+                mean = float(gain.mean()) if gain.size else float("nan")
+                at[f"{b:g}"][f"gain_unc-topk_{metric}_b{other}"] = {"mean": mean, "per_seed": gain.tolist()}
+                part.add(f"CTD - {_LABELS['unc-topk']} {name}, B = {other}", f"{b:g}", b, mean, "gain", gain)
     for job, key, label in _BUDGET_ROWS if validated else ():  # a twin's would be rows of dashes
         for b in budgets:
             value = float(_level(found, job, b).get(key, np.nan))
@@ -204,7 +211,9 @@ def summary_lines(ctx: ReportContext) -> list[str]:
         "probe and the expert alone do not depend on the budget; they are repeated for reading down a "
         "column. **Gains** pair each seed's CTD with the same seed's probe or Unc. top-k and show the "
         "mean of the per-seed differences with the smallest and largest in brackets: with few seeds a "
-        "range, not a confidence interval. **Budget control** rows are the validation at that budget on "
+        "range, not a confidence interval; Unc. top-k at the title's B, and at each smaller B in the rows "
+        "that name it (CTD decides each input alone: only top-k depends on B). **Budget control** rows "
+        "are the validation at that budget on "
         "the population (the test split minus D_est): the share of trials whose delegation exceeded it, "
         "and the mean delegation spent. **Performance control** (its level in the title): the share of "
         "trials whose returned policy missed the accuracy target (a guarantee keeps it at or below "

@@ -743,3 +743,21 @@ def test_the_summary_shows_the_budgets_asked_for() -> None:
     shown, chosen = summary_budgets(_sweep_on(long))
     assert len(shown) == MAX_BUDGETS and shown[0] == 0.1 and shown[-1] == 0.95
     assert set(shown) <= set(long) and chosen == f"{MAX_BUDGETS} of the 18 budgets asked for, evenly spaced"
+
+
+def test_the_summary_compares_ctd_with_top_k_at_every_batch_size(full_run: tuple[Path, list[str]]) -> None:
+    """The paper's comparison is per batch size (top-k's quota is per batch): besides the title's
+    largest B, a gain row over Unc. top-k for each smaller one, each the mean of its per-seed
+    gains as `paired_gain` computes them."""
+    run, _ = full_run
+    rows = _csv(run / "report" / "tables" / "summary.csv")
+    numbers = _numbers(run)["archs"][ARCH]["summary"]
+    for metric, name in (("auroc", "AUROC"), ("accuracy", "accuracy")):
+        (row,) = [
+            r for r in rows if r["metric"] == f"CTD - Unc. top-k {name}, B = 32" and r["column"] == "0.3"
+        ]
+        gain = numbers["at"]["0.3"][f"gain_unc-topk_{metric}_b32"]
+        assert float(row["value"]) == pytest.approx(gain["mean"]) == pytest.approx(np.mean(gain["per_seed"]))
+        assert not [r for r in rows if r["metric"] == f"CTD - Unc. top-k {name}, B = 64"]  # the title's B
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "| CTD - Unc. top-k AUROC, B = 32 |" in report
