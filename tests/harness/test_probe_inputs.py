@@ -94,11 +94,12 @@ def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
     for split, split_rows in rows.items():
         write_rows(tmp_path / f"{split}.jsonl", split_rows)
     env = {"CTD_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1"}
-    probe = run_ctd(
+    probe_args = (
         "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", "probe",
         "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
-        cwd=tmp_path, env=env, timeout=600,
     )  # fmt: skip
+    dv_args = ("dv", "--probe-dir", "probe", "--expert-scores", "expert.csv", "--out", "dv.csv", "--json")
+    probe = run_ctd(*probe_args, cwd=tmp_path, env=env, timeout=600)
     assert probe.returncode == 0, probe.stderr
     dev_store = Path(json.loads((tmp_path / "probe" / "stores.json").read_text())["splits"]["dev"]["folder"])
     (shard,) = dev_store.glob("shard-*.f16")
@@ -107,23 +108,13 @@ def test_a_complete_store_with_a_cut_shard_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "expert.csv").write_text(
         "id,expert\n" + "".join(f"{r['ids']},0.5\n" for split in ("dev", "test") for r in rows[split])
     )
-    result = run_ctd(
-        "dv", "--probe-dir", "probe", "--expert-scores", "expert.csv", "--out", "dv.csv", "--json",
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
+    result = run_ctd(*dv_args, cwd=tmp_path, env=env)
     assert_one_line_error(result, str(dev_store), "damaged", shard.name, "rerun")
     assert not (tmp_path / "dv.csv").exists()
     # Rerunning the probe stage, as the line says, extracts that shard again; no folder to delete.
-    again = run_ctd(
-        "probe", "--data", "train=train.jsonl dev=dev.jsonl test=test.jsonl", "--out", "probe",
-        "--arch", "mean", "--seeds", "0", "--epochs", "1", "--max-tokens", "16", "--json",
-        cwd=tmp_path, env=env, timeout=600,
-    )  # fmt: skip
+    again = run_ctd(*probe_args, cwd=tmp_path, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
-    result = run_ctd(
-        "dv", "--probe-dir", "probe", "--expert-scores", "expert.csv", "--out", "dv.csv", "--json",
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
+    result = run_ctd(*dv_args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "dv.csv").is_file()
 
