@@ -54,6 +54,7 @@ from .stages import (
     ValidateStage,
     preflight_cache,
     probe_stage,
+    refuse_uncounted_limit,
 )
 
 __all__ = ["EvalResult", "read_summary", "run_eval"]
@@ -84,8 +85,10 @@ def _prepare(config: RunConfig, runs_root: Path | None) -> _Prepared:
     config.probe_settings  # noqa: B018  (its checks: --arch, --max-tokens/--batch-tokens, --seeds)
     data = load_data(list(config.data) if config.data else None, limit=config.limit)
     expert = config.expert_settings.resolve()
+    refuse_uncounted_limit(expert.spec, config.cost_limit)
     for later in config.cascade:  # a typo in a later expert is told now, not after hours of work
-        replace(config, expert=later, expert_model=None, cascade=()).expert_settings.resolve()
+        spec = replace(config, expert=later, expert_model=None, cascade=()).expert_settings.resolve().spec
+        refuse_uncounted_limit(spec, config.cost_limit)
     try:
         model = describe_model(config.model, revision=config.revision)
         resolve_layer(config.layer, model.n_layers, model.config)

@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "read_expert_calibration": "._expert_calibration",
     "dv_stage": "._dv",
     "preflight_cache": "._query",
+    "refuse_uncounted_limit": "._query",
     "probe_stage": "._probe",
     "query_dataset": "._query",
     "query_items": "._query",

@@ -94,6 +94,15 @@ def test_a_cost_limit_on_an_expert_without_a_price_is_refused_before_anything_is
         free = run_ctd(*args, cwd=tmp_path, env=env)
         assert free.returncode == 0, free.stderr
         assert "costs nothing (no price set for it)" in free.stderr
+        # `ctd eval` says so before its first stage: no run folder, nothing asked.
+        asked = sum(server.server.counts.requests.values())
+        run_env = {**env, "CTD_RUNS_DIR": str(tmp_path / "runs")}
+        evaluated = run_ctd(
+            "eval", "--expert", server.url, "--expert-model", "fault-model", "--cost-limit", "1",
+            cwd=tmp_path, env=run_env, timeout=300,
+        )  # fmt: skip
+        assert_one_line_error(evaluated, "--cost-limit 1", "has no price")
+        assert not (tmp_path / "runs").exists() and sum(server.server.counts.requests.values()) == asked
 
 
 def test_eval_counts_earlier_spending_and_shows_the_dollars(tmp_path: Path) -> None:
