@@ -20,6 +20,7 @@ from ..expert import resolve_expert
 from ..run import Roots
 from ._common import clean_errors, print_json, stdout
 from ._expert_options import (
+    CachedExpertOption,
     CacheOption,
     ExpertModelOption,
     ExpertOption,
@@ -44,6 +45,13 @@ cache_app = typer.Typer(
 
 EXPORT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 """The formats `ctd cache export` writes, by the suffix of --out (the one way to choose)."""
+
+
+def _check_held(store: ScoreCache, expert: str | None, path: Path) -> None:
+    """An --expert the cache holds no answers of is one line naming those it holds."""
+    if expert is not None and expert not in (held := store.counts()):
+        experts_held = ", ".join(sorted(held)) or "none"
+        raise InputError(f"--expert {expert}: no answers of it in {path} (its experts: {experts_held})")
 
 
 def open_cache(path: Path | None) -> ScoreCache:
@@ -151,7 +159,7 @@ def cache_explain(
 @clean_errors
 def cache_export(
     out: Annotated[Path, typer.Option("--out", help="Output file: .csv, .jsonl or .parquet.")],
-    expert: ExpertOption = None,
+    expert: CachedExpertOption = None,
     cache: CacheOption = None,
     with_response: Annotated[
         bool, typer.Option("--with-response", help="Include the raw answers (.jsonl always has them).")
@@ -174,6 +182,7 @@ def cache_export(
             f"name the file .{export_format} (the suffix chooses the format)"
         )
     store = open_cache(cache)
+    _check_held(store, expert, cache or Roots.resolve().cache)  # a typo exported nothing, exit 0
     if chosen == "jsonl":
         with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
             written = experts.write_answers(store, handle, expert=expert)
@@ -218,10 +227,7 @@ def cache_forget(
             + " (choice: the vLLM recovery rung's first version, off by up to 0.18).",
         ),
     ],
-    expert: Annotated[
-        str | None,
-        typer.Option("--expert", help="Only this expert's answers (its name as `ctd cache stats` lists it)."),
-    ] = None,
+    expert: CachedExpertOption = None,
     cache: CacheOption = None,
     backup: Annotated[
         Path | None,
@@ -252,9 +258,7 @@ def cache_forget(
     store = experts.ScoreCache(path)
     forgotten = 0
     try:
-        if expert is not None and expert not in (held := store.counts()):
-            experts_held = ", ".join(sorted(held)) or "none"
-            raise InputError(f"--expert {expert}: no answers of it in {path} (its experts: {experts_held})")
+        _check_held(store, expert, path)
         found = experts.answers_by_how(store, how, expert=expert)
         if yes and found:
             backup = backup or _default_backup(path, how)

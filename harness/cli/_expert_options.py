@@ -15,6 +15,14 @@ ExpertOption = Annotated[
         "--expert", help="A registered expert (see `ctd experts list`), or a base URL with --expert-model."
     ),
 ]
+CachedExpertOption = Annotated[
+    str | None,
+    typer.Option(
+        "--expert",
+        help="Only this expert's answers, named as the cache names it (`ctd cache stats` lists them; "
+        "an expert asked by URL is url:MODEL).",
+    ),
+]
 ExpertUrlOption = Annotated[
     str | None,
     typer.Option("--expert-url", help="Base URL of an OpenAI-compatible API, e.g. http://host:8000/v1."),

@@ -122,6 +122,19 @@ def test_an_export_whose_format_contradicts_its_suffix_is_one_line(workdir: Path
     assert not (workdir / "a.csv").exists()
 
 
+def test_an_export_of_an_expert_the_cache_does_not_hold_is_one_line(workdir: Path) -> None:
+    """A typo, or the URL an expert was asked at (stored as url:MODEL): one line naming the
+    experts the cache holds, no file, where it wrote an empty export and exited 0."""
+    with RunningServer() as running:
+        query(workdir, running.url, "whole.jsonl", "here.sqlite", "o.csv")
+        for given in ("url:fault-modle", running.url):
+            result = run_ctd(
+                "cache", "export", "--expert", given, "--out", "a.csv", "--cache", "here.sqlite", cwd=workdir
+            )
+            assert_one_line_error(result, f"--expert {given}: no answers of it", "its experts: ")
+    assert not (workdir / "a.csv").exists()
+
+
 GOOD_LINE = {
     "key": "f" * 64,
     "expert": "judge",
