@@ -333,11 +333,25 @@ def _file_specs(
         if not isinstance(table, dict):
             raise ConfigError(f"{path}:{_line_of(text, name)}: experts.{name} must be a table")
         try:
-            specs[name] = _spec_from_table(name, table, str(path))
+            specs[name] = _spec_from_table(name, _template_beside(table, path), str(path))
         except ConfigError as exc:
             line = _line_of(text, name, exc.setting)
             raise ConfigError(f"{path}:{line}: expert {name!r}: {exc}", setting=exc.setting) from None
     return specs
+
+
+def _template_beside(table: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The entry with a template file named relative to the registry file made whole (it worked
+    only from the file's own folder); a template file that is not there is an InvalidSetting, so
+    that its line is named now rather than at the first request."""
+    template = table.get("template")
+    if not isinstance(template, str) or not Path(template).suffix:
+        return table  # a built-in template's name
+    whole = Path(template).expanduser()
+    whole = whole if whole.is_absolute() else path.parent / whole
+    if not whole.is_file():
+        raise InvalidSetting("template", repr(template), f"no such file ({whole})")
+    return {**table, "template": str(whole)}
 
 
 def _registry_text(path: Path) -> str:

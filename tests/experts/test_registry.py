@@ -274,6 +274,25 @@ def test_add_expert_writes_a_template_path_absolute(
     assert load_experts()["builtin"].template == "stakes-v1"
 
 
+def test_a_hand_written_template_path_is_relative_to_the_registry_file(
+    experts_toml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`template = "mine.toml"` written by hand beside experts.toml loads from any folder (it
+    worked only from the file's own); one that is not there is the file's line, key and path
+    when the file is read, not a template error without a place at the first request."""
+    experts_toml.parent.mkdir(parents=True)
+    (experts_toml.parent / "mine.toml").write_bytes(STAKES_V1.read_bytes())
+    entry = '[experts.mine]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\ntemplate = "{}"\n'
+    experts_toml.write_text(entry.format("mine.toml"))
+    monkeypatch.chdir(tmp_path)
+    assert load_experts()["mine"].template == str(experts_toml.parent / "mine.toml")
+    experts_toml.write_text(entry.format("gone.toml"))
+    with pytest.raises(
+        ConfigError, match=r"experts\.toml:4: expert 'mine': template = 'gone\.toml': no such file"
+    ):
+        load_experts()
+
+
 def test_add_expert_escapes_control_characters(experts_toml: Path) -> None:
     add_expert("odd", {"base_url": "http://127.0.0.1:9001/v1", "model": 'a\tb\x7f"c\\'})
     assert load_experts()["odd"].model == 'a\tb\x7f"c\\'
