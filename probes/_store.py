@@ -118,24 +118,24 @@ class ActivationStore:
     def is_complete(self) -> bool:
         """Joined, and every shard its planned size: a shard cut short (a disk that filled, a copy
         that stopped) leaves the store incomplete, so the next extraction redoes that shard."""
-        world = self._joined_world()
-        return world is not None and self._damaged_shard(world) is None
+        joined = self._joined()
+        return joined is not None and self._damaged_shard(*joined) is None
 
-    def _joined_world(self) -> int | None:
-        """The number of processes `join` recorded, or None before a join (or if it or the plan
-        is unreadable)."""
+    def _joined(self) -> tuple[int, Plan] | None:
+        """The number of processes `join` recorded and the plan, or None before a join (or if
+        either is unreadable)."""
         try:
-            world = int(json.loads((self.folder / "complete.json").read_text())["world"])
-            self.plan()
+            return int(json.loads((self.folder / "complete.json").read_text())["world"]), self.plan()
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return world
 
-    def _damaged_shard(self, world: int) -> tuple[Path, int, int] | None:
+    def shard_path(self, rank: int, world: int) -> Path:
+        return self.folder / f"shard-{rank}-of-{world}.f16"
+
+    def _damaged_shard(self, world: int, plan: Plan) -> tuple[Path, int, int] | None:
         """(shard, rows it holds, rows planned) of the first shard not of its planned size."""
-        plan = self.plan()
         for rank in range(world):
-            path = self.folder / f"shard-{rank}-of-{world}.f16"
+            path = self.shard_path(rank, world)
             planned = plan.rank_layout(rank, world)[1]
             size = path.stat().st_size if path.is_file() else 0
             if size != planned * 2 * plan.dim:
@@ -196,12 +196,13 @@ class ActivationStore:
 
     def read(self) -> Ragged:
         """The store's activations as a Ragged view over read-only memory maps."""
-        world = self._joined_world()
-        if world is None:
+        joined = self._joined()
+        if joined is None:
             raise ProbeError(
                 f"{self.folder}: the activation store is missing or incomplete; rerun the probe stage"
             )
-        damaged = self._damaged_shard(world)
+        world, plan = joined
+        damaged = self._damaged_shard(world, plan)
         if damaged is not None:
             path, rows, planned = damaged
             raise ProbeError(
@@ -209,10 +210,10 @@ class ActivationStore:
                 f"{planned} rows); rerun the probe stage to extract that shard again"
             )
         index = np.load(self.folder / "index.npz")
-        dim = self.plan().dim
+        dim = plan.dim
         shards = []
         for rank in range(world):
-            path = self.folder / f"shard-{rank}-of-{world}.f16"
+            path = self.shard_path(rank, world)
             rows = path.stat().st_size // (2 * dim)
             shards.append(
                 np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
@@ -232,7 +233,7 @@ class ShardWriter:
         self.store, self.plan, self.rank, self.world = store, plan, rank, world
         self.batches = plan.rank_batches(rank, world)
         self.starts, self.rows = plan.rank_layout(rank, world)
-        self.path = store.folder / f"shard-{rank}-of-{world}.f16"
+        self.path = store.shard_path(rank, world)
         self.progress_path = store.folder / f"progress-{rank}-of-{world}.json"
         self.done: set[int] = set()
         if self.progress_path.is_file() and self._shard_intact():

@@ -174,7 +174,8 @@ def cache_export(
     ] = None,
 ) -> None:
     """Export stored scores (one row per answer)."""
-    check_writable(out, "--out", tuple(EXPORT_SUFFIXES), inputs=[("--cache", cache or Roots.resolve().cache)])
+    cache = cache or Roots.resolve().cache
+    check_writable(out, "--out", tuple(EXPORT_SUFFIXES), inputs=[("--cache", cache)])
     chosen = EXPORT_SUFFIXES[out.suffix.lower()]
     if export_format is not None and export_format != chosen:
         raise InputError(
@@ -182,7 +183,7 @@ def cache_export(
             f"name the file .{export_format} (the suffix chooses the format)"
         )
     store = open_cache(cache)
-    _check_held(store, expert, cache or Roots.resolve().cache)  # a typo exported nothing, exit 0
+    _check_held(store, expert, cache)  # a typo exported nothing, exit 0
     if chosen == "jsonl":
         with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as handle:
             written = experts.write_answers(store, handle, expert=expert)
